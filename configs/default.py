@@ -1,0 +1,81 @@
+"""Default config: Multi30k de→en (embedded), a Transformer sized for 2 CPU cores.
+
+  python train.py --config=configs/default.py --workdir=runs/default     (or: make demo)
+
+Model: 3+3 layers, d_model 256, 4 heads, FFN 1024, joint 8k SentencePiece, bf16 matmuls with
+f32 accumulation. Runtime and result on the 2-core development CPU: see BENCHMARKS.md
+(target: sacreBLEU >= 35 on test2016 within 30 minutes, install included).
+"""
+
+import ml_collections
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.seed = 0                       # parameters, dropout and data order
+  config.num_train_steps = 3000         # optimizer steps
+  config.log_every_steps = 50           # train metrics and the progress line
+  config.eval_every_steps = 1000        # validation loss + BLEU (and at the last step)
+  config.checkpoint_every_steps = 500   # Orbax checkpoint (and at the last step)
+  config.max_checkpoints_to_keep = 3
+  config.label_smoothing = 0.1
+  config.eval_max_sentences = 0         # validation sentences decoded for BLEU; 0 = all
+
+  config.model = ml_collections.ConfigDict()
+  config.model.vocab_size = 8000        # joint source+target SentencePiece pieces
+  config.model.d_model = 256            # embedding / residual width
+  config.model.num_heads = 4            # attention heads (d_model % num_heads == 0)
+  config.model.d_ff = 1024              # feed-forward hidden width
+  config.model.num_encoder_layers = 3
+  config.model.num_decoder_layers = 3
+  config.model.dropout_rate = 0.1       # embeddings and residual branches
+  config.model.attention_dropout_rate = 0.0
+  config.model.ffn_dropout_rate = 0.0
+  config.model.pre_layer_norm = True    # False: the paper's post-LN
+  config.model.positional_encoding = "sinusoidal"  # or "learned"
+  config.model.max_len = 256            # longest position (source, target, decode)
+  config.model.share_embeddings = True  # one table for source and target
+  config.model.tie_output_embedding = True  # softmax weights = target embedding
+  config.model.dtype = "bfloat16"       # matmul inputs; f32 accumulation. "float32": exact path
+
+  config.data = ml_collections.ConfigDict()
+  config.data.dataset = "local"         # folder of {split}.{lang}[.gz] files, or a TFDS name
+  config.data.data_dir = ""             # "" = the embedded Multi30k corpus
+  config.data.source_lang = "de"        # swap with target_lang for en→de
+  config.data.target_lang = "en"
+  config.data.train_split = "train"
+  config.data.eval_split = "val"
+  config.data.test_split = "test2016"   # "" to skip the final test evaluation
+  config.data.cache_dir = ""            # prepared TFDS data; "" = ~/.cache/transformer_jax/tfds
+  config.data.tokenizer_path = ""       # "" = <workdir>/spm.model, trained on first use
+  config.data.tokenizer_max_sentences = 1_000_000
+  config.data.max_source_length = 64    # tokens (EOS included); longer pairs are dropped
+  config.data.max_target_length = 64
+  config.data.batch_size = 96           # packed rows of 64 tokens per step (both sides)
+  config.data.num_threads = 2
+  config.data.prefetch_buffer_size = 64
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.learning_rate = 2e-3  # peak
+  config.optimizer.warmup_steps = 400
+  config.optimizer.b1 = 0.9
+  config.optimizer.b2 = 0.98
+  config.optimizer.eps = 1e-9
+  config.optimizer.weight_decay = 0.0
+  config.optimizer.grad_clip_norm = 1.0
+
+  config.decode = ml_collections.ConfigDict()
+  config.decode.beam_size = 4
+  config.decode.length_penalty = 0.6    # GNMT alpha
+  config.decode.max_length = 128        # absolute cap on generated tokens
+  config.decode.max_length_a = 1.5      # and at most a * source_length + b
+  config.decode.max_length_b = 10
+  config.decode.batch_size = 128        # sentences per decode batch
+  config.decode.num_samples_to_log = 3
+  config.decode.greedy = False
+
+  config.parallelism = ml_collections.ConfigDict()
+  config.parallelism.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = all other devices
+  config.parallelism.axis_rules = (     # logical parameter axis -> mesh axis (None: replicate)
+      ("embed", None), ("vocab", None), ("heads", None), ("kv", None), ("mlp", None))
+  return config

@@ -1,0 +1,155 @@
+"""Parallel text corpora as TFDS datasets: a local-folder array_record builder and TFDS names.
+
+A local corpus is a folder of line-aligned files named `{split}.{lang}` or `{split}.{lang}.gz`
+(UTF-8, one sentence per line). `ParallelTextBuilder` turns it into a TFDS dataset stored as
+`array_record`, prepared once and read by random access through `as_data_source` — no
+TensorFlow needed. Named TFDS datasets (e.g. `wmt17_translate/de-en`) go through the same
+`get_source` call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import tensorflow_datasets as tfds
+
+# The embedded default corpus (Multi30k Task 1, de/en, train/val/test2016).
+EMBEDDED_MULTI30K = Path(__file__).parent / "corpora" / "multi30k"
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "transformer_jax", "tfds")
+
+
+class DataError(ValueError):
+  """A data file is missing or malformed; the message names the file (and line)."""
+
+
+def corpus_file(folder: str | Path, split: str, lang: str) -> Path:
+  """The file holding `split` in `lang`, plain or gzipped; a clear error when absent."""
+  folder = Path(folder)
+  for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
+    if (folder / name).is_file():
+      return folder / name
+  if not folder.is_dir():
+    raise DataError(f"data folder {folder} does not exist")
+  present = sorted(p.name for p in folder.iterdir())
+  raise DataError(
+      f"missing data file {folder}/{split}.{lang}[.gz] (split {split!r}, language {lang!r}); "
+      f"the folder holds: {', '.join(present) or 'nothing'}")
+
+
+def read_lines(path: Path) -> Iterator[str]:
+  """Yields the stripped lines of a UTF-8 text file (gz or plain), naming the line on bad UTF-8."""
+  opener = gzip.open if path.suffix == ".gz" else open
+  with opener(path, "rb") as f:
+    for line_number, raw in enumerate(f, start=1):
+      try:
+        yield raw.decode("utf-8").strip()
+      except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{line_number}: not valid UTF-8 ({e.reason} at byte {e.start})")
+
+
+def read_parallel(folder: str | Path, split: str, langs: tuple[str, str]
+                  ) -> Iterator[tuple[int, str, str]]:
+  """Streams (line_number, text_a, text_b) of a split; errors on unequal line counts."""
+  path_a, path_b = (corpus_file(folder, split, lang) for lang in langs)
+  lines_a, lines_b = read_lines(path_a), read_lines(path_b)
+  count = 0
+  for count, (a, b) in enumerate(zip(lines_a, lines_b), start=1):
+    yield count, a, b
+  # zip stops at the shorter file: whatever is left in either one means the files differ.
+  rest_a, rest_b = sum(1 for _ in lines_a), sum(1 for _ in lines_b)
+  if rest_a or rest_b:
+    raise DataError(
+        f"parallel files have different line counts: {path_a} has {count + rest_a} lines, "
+        f"{path_b} has {count + rest_b}")
+
+
+def _fingerprint(folder: Path, splits: tuple[str, ...], langs: tuple[str, str]) -> str:
+  """A short hash of the corpus files' names, sizes and mtimes: new files, new prepared copy."""
+  h = hashlib.sha1()
+  for split in splits:
+    for lang in langs:
+      p = corpus_file(folder, split, lang)
+      st = p.stat()
+      h.update(f"{p.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode())
+  return h.hexdigest()[:10]
+
+
+class ParallelTextBuilder(tfds.core.GeneratorBasedBuilder):
+  """TFDS builder over a local folder of `{split}.{lang}[.gz]` parallel text files."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def __init__(self, *, folder: str | Path, splits: tuple[str, ...], langs: tuple[str, str],
+               cache_dir: str, **kwargs):
+    self._folder = Path(folder)
+    self._splits = tuple(splits)
+    self._langs = tuple(sorted(langs))
+    name = f"{'-'.join(self._langs)}_{_fingerprint(self._folder, self._splits, self._langs)}"
+    super().__init__(data_dir=cache_dir, config=tfds.core.BuilderConfig(name=name),
+                     file_format="array_record", **kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=f"Parallel text from {self._folder}",
+        features=tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in self._langs}),
+        supervised_keys=None,
+        disable_shuffling=True)  # keep file order, so decoded outputs line up with the files
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {split: self._generate_examples(split) for split in self._splits}
+
+  def _generate_examples(self, split):
+    for line_number, a, b in read_parallel(self._folder, split, self._langs):
+      yield line_number, {self._langs[0]: a, self._langs[1]: b}
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+  """Where a corpus lives: `dataset` is 'local' (folder of text files) or a TFDS name."""
+  dataset: str
+  data_dir: str
+  source_lang: str
+  target_lang: str
+  splits: tuple[str, ...]
+  cache_dir: str
+
+  @property
+  def local_folder(self) -> Path:
+    return Path(self.data_dir) if self.data_dir else EMBEDDED_MULTI30K
+
+
+def get_builder(spec: CorpusSpec) -> tfds.core.DatasetBuilder:
+  """Prepares (once, cached) and returns the TFDS builder for the corpus."""
+  if spec.dataset == "local":
+    builder = ParallelTextBuilder(folder=spec.local_folder, splits=spec.splits,
+                                  langs=(spec.source_lang, spec.target_lang),
+                                  cache_dir=spec.cache_dir)
+  else:
+    builder = tfds.builder(spec.dataset, data_dir=spec.cache_dir or None)
+  builder.download_and_prepare(file_format="array_record")
+  return builder
+
+
+def get_source(spec: CorpusSpec, split: str):
+  """A random-access source of {source_lang: bytes, target_lang: bytes} examples."""
+  builder = get_builder(spec)
+  return builder.as_data_source(split=split)
+
+
+def iterate_pairs(spec: CorpusSpec, split: str) -> Iterator[tuple[str, str]]:
+  """Yields (source, target) strings of a split, in order."""
+  source = get_source(spec, split)
+  for i in range(len(source)):
+    ex = source[i]
+    yield _text(ex[spec.source_lang]), _text(ex[spec.target_lang])
+
+
+def _text(value) -> str:
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)

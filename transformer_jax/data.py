@@ -1,0 +1,166 @@
+"""Input pipelines: a packed, shuffled, checkpointable grain pipeline for training, and padded
+fixed-shape batches for evaluation and decoding."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from collections.abc import Iterator
+
+import grain
+import numpy as np
+import logging
+from grain.experimental import FirstFitPackIterDataset
+
+from transformer_jax import corpus
+from transformer_jax.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Where the corpus lives and how batches are made; built from `config.data`."""
+  dataset: str = "local"          # "local" (folder of {split}.{lang}[.gz]) or a TFDS name
+  data_dir: str = ""              # the local folder; "" = the embedded Multi30k corpus
+  source_lang: str = "de"
+  target_lang: str = "en"
+  train_split: str = "train"
+  eval_split: str = "val"         # validation loss and BLEU during training
+  test_split: str = "test2016"    # BLEU at the end of training ("" to skip)
+  cache_dir: str = ""             # prepared TFDS datasets; "" = ~/.cache/transformer_jax/tfds
+  tokenizer_path: str = ""        # SentencePiece model; "" = <workdir>/spm.model
+  tokenizer_max_sentences: int = 1_000_000  # sentences sampled to train the tokenizer
+  max_source_length: int = 64     # longer training pairs are filtered out (and counted)
+  max_target_length: int = 64     # packed row length on each side too
+  batch_size: int = 64            # packed rows per global batch
+  num_threads: int = 2            # grain reader threads
+  prefetch_buffer_size: int = 64  # elements read ahead
+
+  def __post_init__(self):
+    if self.source_lang == self.target_lang:
+      raise ValueError(f"config.data.source_lang and target_lang are both {self.source_lang!r}")
+    for name in ("max_source_length", "max_target_length", "batch_size", "num_threads"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"config.data.{name}={getattr(self, name)} must be >= 1")
+
+  def corpus_spec(self) -> corpus.CorpusSpec:
+    splits = tuple(s for s in (self.train_split, self.eval_split, self.test_split) if s)
+    return corpus.CorpusSpec(self.dataset, self.data_dir, self.source_lang, self.target_lang,
+                             splits, self.cache_dir or corpus.DEFAULT_CACHE_DIR)
+
+
+class _TokenizeAndFilter:
+  """Tokenizes a raw pair and drops it (counting) when empty or over the length limits."""
+
+  def __init__(self, cfg: DataConfig, tokenizer: Tokenizer):
+    self.cfg, self.tokenizer = cfg, tokenizer
+    self.filtered = 0
+    self._lock = threading.Lock()
+
+  def tokenize(self, example):
+    src = self.tokenizer.encode(corpus._text(example[self.cfg.source_lang]))
+    tgt = self.tokenizer.encode(corpus._text(example[self.cfg.target_lang]))
+    return {"inputs": np.asarray(src, np.int32), "targets": np.asarray(tgt, np.int32)}
+
+  def keep(self, example) -> bool:
+    n_src, n_tgt = len(example["inputs"]), len(example["targets"])
+    ok = (1 < n_src <= self.cfg.max_source_length) and (1 < n_tgt <= self.cfg.max_target_length)
+    if not ok:
+      with self._lock:
+        self.filtered += 1
+    return ok
+
+
+@dataclasses.dataclass
+class TrainPipeline:
+  """The training batches of this host and the counter of filtered pairs."""
+  dataset: grain.IterDataset
+  filter: _TokenizeAndFilter
+  num_examples: int  # pairs in this host's shard of the training split (one epoch)
+
+
+def train_pipeline(cfg: DataConfig, tokenizer: Tokenizer, seed: int,
+                   process_index: int = 0, process_count: int = 1) -> TrainPipeline:
+  """Shuffled (per epoch), tokenized, length-filtered, packed batches for this host.
+
+  Each batch holds `batch_size // process_count` rows of `inputs`/`targets` with their
+  `*_positions` and `*_segment_ids`; the iterator's state checkpoints through Orbax.
+  """
+  if cfg.batch_size % process_count:
+    raise ValueError(f"config.data.batch_size={cfg.batch_size} is not divisible by the "
+                     f"{process_count} processes")
+  source = corpus.get_source(cfg.corpus_spec(), cfg.train_split)
+  if len(source) == 0:
+    raise corpus.DataError(f"training split {cfg.train_split!r} of {cfg.dataset} is empty")
+  step = _TokenizeAndFilter(cfg, tokenizer)
+  shard = grain.MapDataset.source(source)[process_index::process_count]
+  ds = shard.shuffle(seed=seed).repeat().map(step.tokenize)
+  ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.num_threads,
+                                            prefetch_buffer_size=cfg.prefetch_buffer_size))
+  ds = ds.filter(step.keep)
+  rows = cfg.batch_size // process_count
+  ds = FirstFitPackIterDataset(
+      ds, length_struct={"inputs": cfg.max_source_length, "targets": cfg.max_target_length},
+      num_packing_bins=rows, seed=seed, shuffle_bins=True)
+  ds = ds.batch(rows, drop_remainder=True)
+  return TrainPipeline(ds, step, len(shard))
+
+
+@dataclasses.dataclass
+class EvalSet:
+  """A split ready to decode: raw text, token ids, and fixed-shape padded batches."""
+  sources: list[str]
+  references: list[str]
+  source_ids: list[np.ndarray]
+  target_ids: list[np.ndarray]
+
+  def __len__(self):
+    return len(self.sources)
+
+  def batches(self, batch_size: int, max_len: int, bucket: int = 16
+              ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """Length-sorted batches of exactly `batch_size` rows (padded with empty rows), source and
+    target lengths padded to a multiple of `bucket` (few shapes, few compilations), truncated
+    to `max_len`. Yields (indices of the real rows, batch)."""
+    order = sorted(range(len(self)), key=lambda i: len(self.source_ids[i]))
+    for start in range(0, len(order), batch_size):
+      idx = np.asarray(order[start:start + batch_size])
+      yield idx, {"inputs": _pad([self.source_ids[i] for i in idx], batch_size, max_len, bucket),
+                  "targets": _pad([self.target_ids[i] for i in idx], batch_size, max_len,
+                                  bucket)}
+
+
+def _pad(seqs: list[np.ndarray], rows: int, max_len: int, bucket: int) -> np.ndarray:
+  longest = max(len(s) for s in seqs)
+  length = min(max_len, bucket * math.ceil(longest / bucket))
+  out = np.zeros((rows, length), np.int32)
+  for i, s in enumerate(seqs):
+    s = s[:length]
+    out[i, :len(s)] = s
+  return out
+
+
+def load_eval_set(cfg: DataConfig, split: str, tokenizer: Tokenizer,
+                  max_sentences: int = 0) -> EvalSet:
+  """Reads a whole split (eval/test sets are small) in file order, tokenized."""
+  sources, references = [], []
+  for src, ref in corpus.iterate_pairs(cfg.corpus_spec(), split):
+    sources.append(src)
+    references.append(ref)
+    if max_sentences and len(sources) >= max_sentences:
+      break
+  if not sources:
+    raise corpus.DataError(f"split {split!r} of {cfg.dataset} is empty")
+  log.info("Loaded %d %s pairs from split %r", len(sources), cfg.dataset, split)
+  return EvalSet(sources, references,
+                 [np.asarray(tokenizer.encode(s), np.int32) for s in sources],
+                 [np.asarray(tokenizer.encode(r), np.int32) for r in references])
+
+
+def training_sentences(cfg: DataConfig) -> Iterator[str]:
+  """Both sides of every training pair, streamed (for tokenizer training)."""
+  for src, tgt in corpus.iterate_pairs(cfg.corpus_spec(), cfg.train_split):
+    yield src
+    yield tgt

@@ -1,0 +1,212 @@
+"""Beam search and greedy decoding over the cached decoder, each one compiled program.
+
+Beam search keeps `beam_size` live hypotheses per sentence; each step scores 2×beam
+candidates, finishes those ending in EOS that rank within the top `beam_size` (as fairseq does,
+so beam 1 is greedy), and stops when no live hypothesis can beat the best finished one under
+the GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.model import Transformer
+from transformer_jax.tokenizer import EOS_ID, PAD_ID
+
+NEG_INF = -1.0e7
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """Decoding settings; built from `config.decode` (unknown keys fail)."""
+  beam_size: int = 4            # 1 with greedy=False is beam search of width 1 (== greedy)
+  length_penalty: float = 0.6   # GNMT alpha; 0 ranks by total log-probability
+  max_length: int = 128         # most target tokens generated (EOS included)
+  max_length_a: float = 1.5     # and at most a * source_length + b of them
+  max_length_b: int = 10
+  batch_size: int = 64          # sentences decoded together
+  num_samples_to_log: int = 5   # sample translations printed at each evaluation
+  greedy: bool = False          # argmax decoding, no beam
+
+  def __post_init__(self):
+    if self.beam_size < 1:
+      raise ValueError(f"config.decode.beam_size={self.beam_size} must be >= 1")
+    if self.max_length < 1 or self.batch_size < 1:
+      raise ValueError("config.decode.max_length and config.decode.batch_size must be >= 1")
+
+  def length_limit(self, source_length: int) -> int:
+    """Static decode length for a batch whose longest source has `source_length` tokens."""
+    return max(1, min(self.max_length,
+                      int(self.max_length_a * source_length + self.max_length_b)))
+
+
+def length_penalty(length, alpha: float):
+  """GNMT length normalisation ((5 + length) / 6) ** alpha."""
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def _flat(x):  # (B, W, ...) -> (B*W, ...)
+  return x.reshape((-1,) + x.shape[2:])
+
+
+def _unflat(x, batch_size):  # (B*W, ...) -> (B, W, ...)
+  return x.reshape((batch_size, -1) + x.shape[1:])
+
+
+def _gather_beams(tree, beam_indices_BW, batch_size):
+  """Picks, for each sentence, the beams `beam_indices_BW` from every (B*W, ...) leaf."""
+  def gather(x):
+    if x.ndim == 0:  # cache step counters are shared by all beams
+      return x
+    x = _unflat(x, batch_size)
+    idx = beam_indices_BW.reshape(beam_indices_BW.shape + (1,) * (x.ndim - 2))
+    return _flat(jnp.take_along_axis(x, idx, axis=1))
+  return jax.tree_util.tree_map(gather, tree)
+
+
+def _decoder_step(model, params, cache, encoded, inputs, tokens_N):
+  """Log-probabilities (N, V) of the next token after `tokens_N`; PAD is never generated."""
+  logits, mutated = model.apply({"params": params, "cache": cache}, encoded, inputs,
+                                tokens_N[:, None], decode=True, method=Transformer.decode,
+                                mutable=["cache"])
+  log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
+  return log_probs.at[:, PAD_ID].set(NEG_INF), mutated["cache"]
+
+
+def _prepare(model, params, inputs_BS, repeat: int, max_len: int):
+  """Encodes, repeats each sentence `repeat` times and creates the decoding cache."""
+  inputs = jnp.repeat(inputs_BS, repeat, axis=0)
+  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  _, mutated = model.apply({"params": params}, encoded, inputs, max_len,
+                           method=Transformer.init_cache, mutable=["cache"])
+  return inputs, encoded, mutated["cache"]
+
+
+@flax.struct.dataclass
+class BeamState:
+  step: jax.Array                 # tokens generated so far
+  live_seqs: jax.Array            # (B, W, L) live hypotheses
+  live_logprobs: jax.Array        # (B, W) their total log-probability
+  finished_seqs: jax.Array        # (B, W, L) finished hypotheses, best first
+  finished_scores: jax.Array      # (B, W) their length-normalised scores
+  cache: dict
+
+
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_len"))
+def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int):
+  """Returns (sequences (B, W, max_len), scores (B, W)), best first; sequences end in EOS
+  (or stop at max_len) and are padded with 0."""
+  B, W = inputs_BS.shape[0], beam_size
+  inputs, encoded, cache = _prepare(model, params, inputs_BS, W, max_len)
+  state = BeamState(
+      step=jnp.array(0, jnp.int32),
+      live_seqs=jnp.zeros((B, W, max_len), jnp.int32),
+      live_logprobs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (W - 1)), (B, 1)),
+      finished_seqs=jnp.zeros((B, W, max_len), jnp.int32),
+      finished_scores=jnp.full((B, W), NEG_INF),
+      cache=cache)
+
+  def not_done(s: BeamState):
+    # No live hypothesis can still beat the best finished one: its log-prob only falls, and
+    # the length penalty is largest at max_len.
+    best_possible = s.live_logprobs[:, 0] / length_penalty(max_len, alpha)
+    return (s.step < max_len) & jnp.any(best_possible > s.finished_scores[:, 0])
+
+  def step(s: BeamState):
+    previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
+    log_probs, cache = _decoder_step(model, params, s.cache, encoded, inputs, _flat(previous))
+    V = log_probs.shape[-1]
+    candidates_BWV = s.live_logprobs[..., None] + _unflat(log_probs, B)
+    top_logprobs, top_ids = jax.lax.top_k(candidates_BWV.reshape(B, W * V), 2 * W)
+    beam_ids, token_ids = top_ids // V, top_ids % V
+    seqs = jnp.take_along_axis(s.live_seqs, beam_ids[..., None], axis=1)
+    seqs = jax.lax.dynamic_update_slice(seqs, token_ids[..., None], (0, 0, s.step))
+    is_last = s.step + 1 == max_len
+    ended = (token_ids == EOS_ID) | is_last
+    # Only candidates ranked within the top W may finish (the rest only matter as live ones).
+    may_finish = ended & (jnp.arange(2 * W) < W)[None, :]
+    new_scores = jnp.where(may_finish, top_logprobs / length_penalty(s.step + 1, alpha), NEG_INF)
+    all_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)
+    all_seqs = jnp.concatenate([s.finished_seqs, seqs], axis=1)
+    finished_scores, keep = jax.lax.top_k(all_scores, W)
+    finished_seqs = jnp.take_along_axis(all_seqs, keep[..., None], axis=1)
+    live_candidates = jnp.where(ended, NEG_INF, top_logprobs)
+    live_logprobs, keep = jax.lax.top_k(live_candidates, W)
+    live_seqs = jnp.take_along_axis(seqs, keep[..., None], axis=1)
+    live_beams = jnp.take_along_axis(beam_ids, keep, axis=1)
+    return BeamState(step=s.step + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
+                     finished_seqs=finished_seqs, finished_scores=finished_scores,
+                     cache=_gather_beams(cache, live_beams, B))
+
+  state = jax.lax.while_loop(not_done, step, state)
+  return state.finished_seqs, state.finished_scores
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_len"))
+def greedy_search(model, params, inputs_BS, *, max_len: int):
+  """Argmax decoding: returns (sequences (B, max_len), total log-probabilities (B,))."""
+  B = inputs_BS.shape[0]
+  inputs, encoded, cache = _prepare(model, params, inputs_BS, 1, max_len)
+
+  def not_done(carry):
+    step, _, _, done, _ = carry
+    return (step < max_len) & ~jnp.all(done)
+
+  def step_fn(carry):
+    step, seqs, logprobs, done, cache = carry
+    previous = jnp.where(step == 0, 0, jnp.take(seqs, step - 1, axis=1))
+    log_probs, cache = _decoder_step(model, params, cache, encoded, inputs, previous)
+    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+    token = jnp.where(done, PAD_ID, token)
+    logprobs = logprobs + jnp.where(done, 0.0, jnp.take_along_axis(
+        log_probs, token[:, None], axis=1)[:, 0])
+    seqs = jax.lax.dynamic_update_slice(seqs, token[:, None], (0, step))
+    return step + 1, seqs, logprobs, done | (token == EOS_ID), cache
+
+  carry = (jnp.array(0, jnp.int32), jnp.zeros((B, max_len), jnp.int32), jnp.zeros((B,)),
+           jnp.zeros((B,), bool), cache)
+  _, seqs, logprobs, _, _ = jax.lax.while_loop(not_done, step_fn, carry)
+  return seqs, logprobs
+
+
+def sequence_log_prob(model, params, inputs_BS, targets_BT):
+  """Total log-probability of each target sequence (ending in EOS, padded with 0) under the
+  model; used to check decoders against brute force."""
+  logits = model.apply({"params": params}, inputs_BS, targets_BT)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+  token_lp = jnp.take_along_axis(log_probs, targets_BT[..., None], axis=-1)[..., 0]
+  return jnp.sum(jnp.where(targets_BT > 0, token_lp, 0.0), axis=-1)
+
+
+def translate(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None) -> list[str]:
+  """Detokenized translations of every source in `eval_set`, in its order.
+
+  Batches are length-sorted, padded to a few fixed shapes and (with a mesh) split over its
+  batch axes; each shape compiles once.
+  """
+  from transformer_jax import sharding  # local: decode stays usable without a mesh
+  hypotheses: list[str] = [""] * len(eval_set)
+  batch_size = cfg.batch_size
+  if mesh is not None:
+    dp = sharding.data_parallel_size(mesh)
+    batch_size = -(-batch_size // dp) * dp
+  for rows, batch in eval_set.batches(batch_size, max_len=model.config.max_len):
+    inputs = batch["inputs"]
+    max_len = min(cfg.length_limit(inputs.shape[1]), model.config.max_len)
+    if mesh is not None:  # every host holds the whole batch; each places its own part
+      inputs = sharding.global_array_from_full(inputs, mesh)
+    if cfg.greedy:
+      seqs, _ = greedy_search(model, params, inputs, max_len=max_len)
+    else:
+      seqs, _ = beam_search(model, params, inputs, beam_size=cfg.beam_size,
+                            alpha=cfg.length_penalty, max_len=max_len)
+      seqs = seqs[:, 0]
+    seqs = sharding.fetch(seqs)
+    for row, index in enumerate(rows):
+      hypotheses[index] = tokenizer.decode(seqs[row])
+  return hypotheses

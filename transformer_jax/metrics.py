@@ -1,0 +1,127 @@
+"""Run metrics: JSONL and TensorBoard writers, a progress line, and plots of the curves."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import logging
+
+log = logging.getLogger(__name__)
+
+
+class MetricWriter:
+  """Appends `{"step": N, "train/loss": ...}` lines to metrics.jsonl and TensorBoard events.
+
+  Only process 0 writes; the others accept calls and do nothing.
+  """
+
+  def __init__(self, workdir: str | Path):
+    self.path = Path(workdir) / "metrics.jsonl"
+    self.active = jax.process_index() == 0
+    self._tb = None
+    if self.active:
+      from tensorboardX import SummaryWriter  # imported here: only the writing process needs it
+      self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
+
+  def write(self, step: int, metrics: dict[str, float]):
+    if not self.active:
+      return
+    record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+    with self.path.open("a") as f:
+      f.write(json.dumps(record) + "\n")
+    for k, v in metrics.items():
+      self._tb.add_scalar(k, float(v), int(step))
+    self._tb.flush()
+
+  def write_text(self, step: int, tag: str, text: str):
+    if self.active:
+      self._tb.add_text(tag, text, int(step))
+
+  def close(self):
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+  path = Path(path)
+  if not path.is_file():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Progress:
+  """A live progress line (step, loss, tokens/s, ETA): rewritten in place on a terminal,
+  printed as a log line every `log_every` steps elsewhere."""
+
+  def __init__(self, total_steps: int, start_step: int):
+    self.total, self.start = total_steps, start_step
+    self.t0 = time.time()
+    self.tty = sys.stderr.isatty() and jax.process_index() == 0
+
+  def update(self, step: int, metrics: dict[str, float]):
+    done = step - self.start
+    elapsed = time.time() - self.t0
+    eta = elapsed / max(done, 1) * (self.total - step)
+    parts = [f"step {step}/{self.total}", f"{100 * step / self.total:5.1f}%"]
+    if "train/loss" in metrics:
+      parts.append(f"loss {metrics['train/loss']:.3f}")
+    if "perf/tokens_per_sec" in metrics:
+      parts.append(f"{metrics['perf/tokens_per_sec']:,.0f} tok/s")
+    parts.append(f"elapsed {_hms(elapsed)}")
+    parts.append(f"ETA {_hms(eta)}")
+    line = " | ".join(parts)
+    if self.tty:
+      sys.stderr.write("\r" + line.ljust(100))
+      sys.stderr.flush()
+    elif jax.process_index() == 0:
+      log.info("%s", line)
+
+  def newline(self):
+    if self.tty:
+      sys.stderr.write("\n")
+
+
+def _hms(seconds: float) -> str:
+  seconds = int(seconds)
+  return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def plot_metrics(workdir: str | Path) -> Path | None:
+  """Draws training/eval loss and BLEU against step into <workdir>/metrics.png."""
+  records = read_metrics(Path(workdir) / "metrics.jsonl")
+  if not records or jax.process_index() != 0:
+    return None
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  def series(key):
+    pts = [(r["step"], r[key]) for r in records if key in r]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+  fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(11, 4))
+  for key in ("train/loss", "eval/loss"):
+    xs, ys = series(key)
+    if xs:
+      ax_loss.plot(xs, ys, label=key, marker="." if key.startswith("eval") else None)
+  ax_loss.set_xlabel("step")
+  ax_loss.set_ylabel("cross-entropy (nats/token)")
+  ax_loss.legend()
+  ax_loss.grid(alpha=0.3)
+  for key in ("eval/bleu", "test/bleu"):
+    xs, ys = series(key)
+    if xs:
+      ax_bleu.plot(xs, ys, label=key, marker="o")
+  ax_bleu.set_xlabel("step")
+  ax_bleu.set_ylabel("sacreBLEU")
+  ax_bleu.legend()
+  ax_bleu.grid(alpha=0.3)
+  fig.tight_layout()
+  out = Path(workdir) / "metrics.png"
+  fig.savefig(out, dpi=100)
+  plt.close(fig)
+  return out

@@ -1,0 +1,442 @@
+"""The encoder–decoder Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in Linen.
+
+Shape suffixes used in names (one letter per axis):
+  B batch, S source length, T target length (or query length), D d_model, H heads,
+  K head dim (d_model // num_heads), F feed-forward width, V vocabulary.
+Parameters carry logical axis names (embed, heads, kv, mlp, vocab) that the sharding rules in
+`sharding.py` map onto mesh axes.
+
+Numerics: with `dtype="bfloat16"`, matmul inputs are cast to bf16 and accumulated in f32
+(`preferred_element_type`), the residual stream, LayerNorm and softmax stay f32. With
+`dtype="float32"` everything is f32, the exact reference path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NEG_INF = -1e9  # added to masked attention logits; exp() of it is exactly 0 in f32
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Sizes and options of the Transformer; built from `config.model` (unknown keys fail)."""
+  vocab_size: int = 8000                  # joint source/target subword vocabulary
+  d_model: int = 512                      # width of embeddings and the residual stream
+  num_heads: int = 8                      # attention heads; d_model % num_heads == 0
+  d_ff: int = 2048                        # hidden width of the position-wise feed-forward
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  dropout_rate: float = 0.1               # on embeddings and each residual branch
+  attention_dropout_rate: float = 0.0     # on attention weights
+  ffn_dropout_rate: float = 0.0           # after the feed-forward activation
+  pre_layer_norm: bool = True             # pre-LN (stable default) or the paper's post-LN
+  positional_encoding: str = "sinusoidal"  # "sinusoidal" or "learned"
+  max_len: int = 256                      # longest source/target position supported
+  share_embeddings: bool = True           # one embedding table for source and target
+  tie_output_embedding: bool = True       # output softmax uses the target embedding matrix
+  dtype: str = "float32"                  # compute dtype of matmuls: float32 or bfloat16
+
+  def __post_init__(self):
+    if self.d_model % self.num_heads:
+      raise ValueError(f"config.model.d_model={self.d_model} is not divisible by "
+                       f"config.model.num_heads={self.num_heads}")
+    if self.positional_encoding not in ("sinusoidal", "learned"):
+      raise ValueError(f"config.model.positional_encoding={self.positional_encoding!r}: "
+                       "expected 'sinusoidal' or 'learned'")
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"config.model.dtype={self.dtype!r}: expected 'float32' or 'bfloat16'")
+    for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"config.model.{name}={getattr(self, name)} must be positive")
+    for name in ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"config.model.{name}={getattr(self, name)} must be in [0, 1)")
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  @property
+  def compute_dtype(self) -> Any:
+    return jnp.bfloat16 if self.dtype == "bfloat16" else jnp.float32
+
+
+def _einsum_grad_specs(spec: str) -> tuple[str, str]:
+  """For "a,b->c", the specs of the two gradients: "c,b->a" and "c,a->b" (cotangent first:
+  XLA:CPU has no bf16 kernel for some operand orders of the second one)."""
+  inputs, out = spec.split("->")
+  lhs, rhs = inputs.split(",")
+  return f"{out},{rhs}->{lhs}", f"{out},{lhs}->{rhs}"
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bf16_einsum(spec, a, b):
+  return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                    preferred_element_type=jnp.float32)
+
+
+def _bf16_einsum_fwd(spec, a, b):
+  a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  out = jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32)
+  # Zero-size sentinels carry the input dtypes (residuals must be arrays).
+  return out, (a16, b16, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
+
+
+def _bf16_einsum_bwd(spec, residuals, g):
+  # The backward matmuls also take bf16 inputs and accumulate in f32; without this rule the
+  # f32 cotangent promotes them to slow f32 matmuls.
+  a16, b16, a_like, b_like = residuals
+  g16 = g.astype(jnp.bfloat16)
+  spec_a, spec_b = _einsum_grad_specs(spec)
+  da = jnp.einsum(spec_a, g16, b16, preferred_element_type=jnp.float32)
+  db = jnp.einsum(spec_b, g16, a16, preferred_element_type=jnp.float32)
+  return da.astype(a_like.dtype), db.astype(b_like.dtype)
+
+
+_bf16_einsum.defvjp(_bf16_einsum_fwd, _bf16_einsum_bwd)
+
+
+def matmul(spec: str, a, b, dtype, bf16_backward: bool = True):
+  """einsum(spec, a, b) with f32 results: exact f32, or bf16 inputs with f32 accumulation
+  when `dtype` is bfloat16 (in the backward pass too, unless `bf16_backward` is False)."""
+  if dtype == jnp.bfloat16 and bf16_backward:
+    return _bf16_einsum(spec, a, b)
+  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _param(module, name, init, shape, axes):
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+class Projection(nn.Module):
+  """A linear map contracting the trailing `len(in_shape)` axes of x into `out_shape` axes."""
+  in_shape: tuple[int, ...]
+  out_shape: tuple[int, ...]
+  axes: tuple[str, ...]  # logical names of the kernel's axes (in..., out...)
+  dtype: Any = jnp.float32
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    fan_in = math.prod(self.in_shape)
+    fan_out = math.prod(self.out_shape)
+    # Xavier-uniform over the flattened (fan_in, fan_out) matrix, whatever the axis split.
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+    init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -limit, limit)
+    kernel = _param(self, "kernel", init, self.in_shape + self.out_shape, self.axes)
+    letters = "abcdefgh"
+    n_in, n_out = len(self.in_shape), len(self.out_shape)
+    contract, out = letters[:n_in], letters[n_in:n_in + n_out]
+    y = matmul(f"...{contract},{contract}{out}->...{out}", x, kernel, self.dtype)
+    if self.use_bias:
+      y = y + _param(self, "bias", nn.initializers.zeros, self.out_shape,
+                     self.axes[len(self.in_shape):])
+    return y
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+  """The paper's fixed encodings: sin on even, cos on odd dims, wavelengths 2π…10000·2π."""
+  position = np.arange(max_len)[:, None]
+  div_term = np.exp(np.arange(0, d_model, 2) * -(math.log(10000.0) / d_model))
+  table = np.zeros((max_len, d_model), dtype=np.float32)
+  table[:, 0::2] = np.sin(position * div_term)
+  table[:, 1::2] = np.cos(position * div_term)[:, : d_model // 2]
+  return table
+
+
+class Embedding(nn.Module):
+  """Token embedding scaled by sqrt(d_model); `attend` gives output logits (tied softmax)."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.table_VD = _param(self, "embedding", nn.initializers.normal(cfg.d_model ** -0.5),
+                           (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
+
+  def __call__(self, ids_BT):
+    return jnp.take(self.table_VD, ids_BT, axis=0) * math.sqrt(self.config.d_model)
+
+  def attend(self, x_BTD):
+    return matmul("btd,vd->btv", x_BTD, self.table_VD, self.config.compute_dtype)
+
+
+class PositionalEncoding(nn.Module):
+  """Adds sinusoidal (or learned) position encodings at the given positions.
+
+  With `decode=True` the position is the step count kept in the 'cache' collection.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, decode: bool = False):
+    cfg = self.config
+    if decode:
+      started = self.has_variable("cache", "position")
+      position = self.variable("cache", "position", lambda: jnp.array(0, dtype=jnp.int32))
+      positions_BT = jnp.broadcast_to(position.value, x_BTD.shape[:2])
+      if started:
+        position.value = position.value + 1
+    if cfg.positional_encoding == "learned":
+      table = _param(self, "position_embedding", nn.initializers.normal(0.02),
+                     (cfg.max_len, cfg.d_model), (None, "embed"))
+    else:
+      table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
+    return x_BTD + jnp.take(table, positions_BT, axis=0)
+
+
+def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
+                                 dropout: nn.Module | None = None):
+  """softmax(Q K^T / sqrt(d_k)) V over each head; returns (output_BTHK, weights_BHTS)."""
+  q_BTHK = q_BTHK / math.sqrt(q_BTHK.shape[-1])
+  # XLA:CPU lacks bf16 kernels for some batched attention gradients: those stay f32.
+  logits_BHTS = matmul("bthk,bshk->bhts", q_BTHK, k_BSHK, dtype, bf16_backward=False)
+  logits_BHTS = jnp.where(mask_BHTS, logits_BHTS, NEG_INF)
+  weights_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
+  dropped_BHTS = weights_BHTS if dropout is None else dropout(weights_BHTS)
+  out_BTHK = matmul("bhts,bshk->bthk", dropped_BHTS, v_BSHK, dtype, bf16_backward=False)
+  return out_BTHK, weights_BHTS
+
+
+class MultiHeadAttention(nn.Module):
+  """Q/K/V projections split into heads, scaled dot-product attention, heads merged back.
+
+  With `decode=True`, self-attention keeps keys/values of earlier steps in a 'cache' variable
+  and cross-attention computes the encoder's keys/values once, when the cache is created.
+  """
+  config: ModelConfig
+  is_cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, x_BTD, context_BSD, mask_BHTS, deterministic: bool, decode: bool = False):
+    cfg = self.config
+    H, K, D, dtype = cfg.num_heads, cfg.head_dim, cfg.d_model, cfg.compute_dtype
+    split_heads = lambda name: Projection((D,), (H, K), ("embed", "heads", "kv"), dtype, name=name)
+    q_BTHK = split_heads("query")(x_BTD)
+
+    if decode and self.is_cross_attention:
+      # Encoder keys/values never change while decoding: compute them when the cache is made.
+      if not self.has_variable("cache", "cached_key"):
+        self.variable("cache", "cached_key", lambda: split_heads("key")(context_BSD))
+        self.variable("cache", "cached_value", lambda: split_heads("value")(context_BSD))
+      k_BSHK = self.get_variable("cache", "cached_key")
+      v_BSHK = self.get_variable("cache", "cached_value")
+    else:
+      k_BSHK = split_heads("key")(context_BSD)
+      v_BSHK = split_heads("value")(context_BSD)
+      if decode:
+        k_BSHK, v_BSHK, mask_BHTS = self._update_self_attention_cache(k_BSHK, v_BSHK, mask_BHTS)
+
+    dropout = None
+    if cfg.attention_dropout_rate > 0 and not deterministic:
+      dropout = nn.Dropout(cfg.attention_dropout_rate, deterministic=False)
+    out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
+                                                          dtype, dropout)
+    self.sow("intermediates", "attention_weights", weights_BHTS)
+    merge_heads = Projection((H, K), (D,), ("heads", "kv", "embed"), dtype, name="output")
+    return merge_heads(out_BTHK)
+
+  def _update_self_attention_cache(self, k_B1HK, v_B1HK, mask_BHTS):
+    """Writes this step's key/value at the cache index; attends to positions <= index."""
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, k_B1HK.shape, k_B1HK.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, v_B1HK.shape, v_B1HK.dtype)
+    index = self.variable("cache", "index", lambda: jnp.array(0, dtype=jnp.int32))
+    if not initialized:  # creating the cache (full-length dummy input): nothing to attend to
+      return k_B1HK, v_B1HK, mask_BHTS
+    if k_B1HK.shape[1] != 1:
+      raise ValueError(f"cached decoding takes one token per step, got {k_B1HK.shape[1]}")
+    i = index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k_B1HK, (0, i, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v_B1HK, (0, i, 0, 0))
+    index.value = i + 1
+    max_len = cached_key.value.shape[1]
+    causal_11TS = (jnp.arange(max_len) <= i)[None, None, None, :]
+    return cached_key.value, cached_value.value, causal_11TS
+
+
+class FeedForward(nn.Module):
+  """Position-wise feed-forward: Linear(D->F), ReLU, dropout, Linear(F->D)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, deterministic: bool):
+    cfg = self.config
+    h_BTF = Projection((cfg.d_model,), (cfg.d_ff,), ("embed", "mlp"), cfg.compute_dtype,
+                       name="wi")(x_BTD)
+    h_BTF = nn.relu(h_BTF)
+    h_BTF = nn.Dropout(cfg.ffn_dropout_rate)(h_BTF, deterministic=deterministic)
+    return Projection((cfg.d_ff,), (cfg.d_model,), ("mlp", "embed"), cfg.compute_dtype,
+                      name="wo")(h_BTF)
+
+
+class ResidualBlock(nn.Module):
+  """x + Dropout(sublayer(LN(x))) (pre-LN) or LN(x + Dropout(sublayer(x))) (post-LN)."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, sublayer, deterministic: bool):
+    cfg = self.config
+    norm = nn.LayerNorm(name="layer_norm", param_dtype=jnp.float32)
+    dropout = nn.Dropout(cfg.dropout_rate)
+    if cfg.pre_layer_norm:
+      return x_BTD + dropout(sublayer(norm(x_BTD)), deterministic=deterministic)
+    return norm(x_BTD + dropout(sublayer(x_BTD), deterministic=deterministic))
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention over the source (padding mask), then the feed-forward block."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BSD, mask_BHSS, deterministic: bool):
+    cfg = self.config
+    attention = MultiHeadAttention(cfg, name="self_attention")
+    ffn = FeedForward(cfg, name="feed_forward")
+    x_BSD = ResidualBlock(cfg, name="attention_block")(
+        x_BSD, lambda h: attention(h, h, mask_BHSS, deterministic), deterministic)
+    return ResidualBlock(cfg, name="ffn_block")(
+        x_BSD, lambda h: ffn(h, deterministic), deterministic)
+
+
+class DecoderLayer(nn.Module):
+  """Masked (causal) self-attention, encoder–decoder attention, then the feed-forward block."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, y_BTD, encoded_BSD, self_mask_BHTT, cross_mask_BHTS, deterministic: bool,
+               decode: bool = False):
+    cfg = self.config
+    self_attention = MultiHeadAttention(cfg, name="self_attention")
+    cross_attention = MultiHeadAttention(cfg, is_cross_attention=True, name="cross_attention")
+    ffn = FeedForward(cfg, name="feed_forward")
+    y_BTD = ResidualBlock(cfg, name="self_attention_block")(
+        y_BTD, lambda h: self_attention(h, h, self_mask_BHTT, deterministic, decode),
+        deterministic)
+    y_BTD = ResidualBlock(cfg, name="cross_attention_block")(
+        y_BTD, lambda h: cross_attention(h, encoded_BSD, cross_mask_BHTS, deterministic, decode),
+        deterministic)
+    return ResidualBlock(cfg, name="ffn_block")(
+        y_BTD, lambda h: ffn(h, deterministic), deterministic)
+
+
+def padding_mask(query_BT, key_BS):
+  """True where both the query and the key token are real (non-padding), as (B, 1, T, S)."""
+  return ((query_BT > 0)[:, None, :, None]) & ((key_BS > 0)[:, None, None, :])
+
+
+def segment_mask(query_segments_BT, key_segments_BS):
+  """True where query and key belong to the same packed example, as (B, 1, T, S)."""
+  return query_segments_BT[:, None, :, None] == key_segments_BS[:, None, None, :]
+
+
+def causal_mask(length: int):
+  """True where the key position is not after the query position, as (1, 1, T, T)."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def shift_right(targets_BT, positions_BT=None):
+  """Decoder inputs: targets moved one step right, with 0 (the start token) at each start."""
+  shifted_BT = jnp.pad(targets_BT, ((0, 0), (1, 0)))[:, :-1]
+  if positions_BT is not None:  # packed rows: every example starts with its own start token
+    shifted_BT = jnp.where(positions_BT == 0, 0, shifted_BT)
+  return shifted_BT
+
+
+def default_positions(ids_BT):
+  return jnp.broadcast_to(jnp.arange(ids_BT.shape[1], dtype=jnp.int32), ids_BT.shape)
+
+
+class Transformer(nn.Module):
+  """Encoder–decoder Transformer; `__call__` gives training logits, `encode`/`decode` decode."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.source_embedding = Embedding(cfg)
+    self.target_embedding = self.source_embedding if cfg.share_embeddings else Embedding(cfg)
+    self.source_positional_encoding = PositionalEncoding(cfg)
+    # A module of its own on the target side: in decode mode it keeps the step count.
+    self.target_positional_encoding = PositionalEncoding(cfg)
+    self.embedding_dropout = nn.Dropout(cfg.dropout_rate)
+    self.encoder_layers = [EncoderLayer(cfg, name=f"encoder_{i}")
+                           for i in range(cfg.num_encoder_layers)]
+    self.decoder_layers = [DecoderLayer(cfg, name=f"decoder_{i}")
+                           for i in range(cfg.num_decoder_layers)]
+    if cfg.pre_layer_norm:  # pre-LN leaves the stack's output unnormalised: one final LN each
+      self.encoder_norm = nn.LayerNorm(name="encoder_norm", param_dtype=jnp.float32)
+      self.decoder_norm = nn.LayerNorm(name="decoder_norm", param_dtype=jnp.float32)
+    if not cfg.tie_output_embedding:
+      self.output_projection = Projection((cfg.d_model,), (cfg.vocab_size,), ("embed", "vocab"),
+                                          cfg.compute_dtype, use_bias=False)
+
+  def encode(self, inputs_BS, inputs_positions_BS=None, inputs_segmentation_BS=None,
+             train: bool = False):
+    """Encoder output (B, S, D) for source ids (0 = padding)."""
+    if inputs_positions_BS is None:
+      inputs_positions_BS = default_positions(inputs_BS)
+    mask_B1SS = padding_mask(inputs_BS, inputs_BS)
+    if inputs_segmentation_BS is not None:
+      mask_B1SS &= segment_mask(inputs_segmentation_BS, inputs_segmentation_BS)
+    x_BSD = self.source_positional_encoding(self.source_embedding(inputs_BS), inputs_positions_BS)
+    x_BSD = self.embedding_dropout(x_BSD, deterministic=not train)
+    for layer in self.encoder_layers:
+      x_BSD = layer(x_BSD, mask_B1SS, deterministic=not train)
+    return self.encoder_norm(x_BSD) if self.config.pre_layer_norm else x_BSD
+
+  def decode(self, encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT=None,
+             targets_positions_BT=None, inputs_segmentation_BS=None,
+             targets_segmentation_BT=None, train: bool = False, decode: bool = False):
+    """Logits (B, T, V) over the next token given decoder inputs (the shifted targets).
+
+    Teacher forcing needs `targets_BT` (for the padding mask). With `decode=True` it runs one
+    step (T == 1) against the cache: the position and the causal mask come from the cache.
+    """
+    cfg = self.config
+    T = decoder_inputs_BT.shape[1]
+    if decode:
+      positions_BT = None  # kept in the cache by the positional encoding
+      self_mask_B1TT = causal_mask(T)  # used only when the cache is created
+      cross_mask_B1TS = (inputs_BS > 0)[:, None, None, :]
+    else:
+      positions_BT = (default_positions(decoder_inputs_BT) if targets_positions_BT is None
+                      else targets_positions_BT)
+      self_mask_B1TT = padding_mask(targets_BT, targets_BT) & causal_mask(T)
+      cross_mask_B1TS = padding_mask(targets_BT, inputs_BS)
+      if targets_segmentation_BT is not None:
+        self_mask_B1TT &= segment_mask(targets_segmentation_BT, targets_segmentation_BT)
+        cross_mask_B1TS &= segment_mask(targets_segmentation_BT, inputs_segmentation_BS)
+    y_BTD = self.target_positional_encoding(self.target_embedding(decoder_inputs_BT),
+                                            positions_BT, decode)
+    y_BTD = self.embedding_dropout(y_BTD, deterministic=not train)
+    for layer in self.decoder_layers:
+      y_BTD = layer(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS,
+                    deterministic=not train, decode=decode)
+    if cfg.pre_layer_norm:
+      y_BTD = self.decoder_norm(y_BTD)
+    if cfg.tie_output_embedding:
+      return self.target_embedding.attend(y_BTD)
+    return self.output_projection(y_BTD)
+
+  def __call__(self, inputs_BS, targets_BT, inputs_positions_BS=None, targets_positions_BT=None,
+               inputs_segmentation_BS=None, targets_segmentation_BT=None, train: bool = False):
+    """Teacher-forced logits (B, T, V): predicts targets[t] from source and targets[<t]."""
+    encoded_BSD = self.encode(inputs_BS, inputs_positions_BS, inputs_segmentation_BS, train)
+    decoder_inputs_BT = shift_right(targets_BT, targets_positions_BT)
+    return self.decode(encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT,
+                       targets_positions_BT, inputs_segmentation_BS, targets_segmentation_BT,
+                       train)
+
+  def init_cache(self, encoded_BSD, inputs_BS, max_decode_len: int):
+    """Creates the decoding cache (run with mutable=['cache']): empty self-attention
+    keys/values for `max_decode_len` steps and the encoder's cross-attention keys/values."""
+    dummy_BT = jnp.zeros((inputs_BS.shape[0], max_decode_len), jnp.int32)
+    return self.decode(encoded_BSD, inputs_BS, dummy_BT, decode=True)

@@ -1,0 +1,108 @@
+"""Device mesh, logical-axis rules, multi-host start-up and placement of host batches.
+
+The mesh has axes (data, fsdp, tensor). Parameters carry logical axis names; the rule table
+maps each name to a mesh axis (or None: replicated). Batches are split over data and fsdp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelismConfig:
+  """Mesh shape and logical-axis rules; built from `config.parallelism`."""
+  mesh_shape: tuple[int, ...] = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the rest
+  # (logical axis, mesh axis or None). Pure data parallelism: every parameter replicated.
+  axis_rules: tuple[tuple[str, str | None], ...] = (
+      ("embed", None), ("vocab", None), ("heads", None), ("kv", None), ("mlp", None))
+
+  def __post_init__(self):
+    object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+    object.__setattr__(self, "axis_rules", tuple(tuple(r) for r in self.axis_rules))
+    if len(self.mesh_shape) != len(MESH_AXES):
+      raise ValueError(f"config.parallelism.mesh_shape={self.mesh_shape} needs "
+                       f"{len(MESH_AXES)} entries {MESH_AXES}")
+    if list(self.mesh_shape).count(-1) > 1:
+      raise ValueError(f"config.parallelism.mesh_shape={self.mesh_shape}: at most one -1")
+    for name, axis in self.axis_rules:
+      if axis is not None and axis not in MESH_AXES:
+        raise ValueError(f"config.parallelism.axis_rules maps {name!r} to unknown mesh axis "
+                         f"{axis!r}; expected one of {MESH_AXES} or None")
+
+
+def resolve_mesh_shape(mesh_shape, num_devices: int) -> tuple[int, ...]:
+  """Replaces -1 by what is left of the devices; checks the product is the device count."""
+  known = math.prod(d for d in mesh_shape if d != -1)
+  shape = tuple(num_devices // known if d == -1 else d for d in mesh_shape)
+  if math.prod(shape) != num_devices or known <= 0:
+    raise ValueError(f"config.parallelism.mesh_shape={tuple(mesh_shape)} does not fit the "
+                     f"{num_devices} available devices")
+  return shape
+
+
+def make_mesh(cfg: ParallelismConfig, devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  shape = resolve_mesh_shape(cfg.mesh_shape, len(devices))
+  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def logical_to_mesh(boxed_tree, mesh: Mesh, rules):
+  """NamedShardings for a tree of (possibly logically-annotated) arrays."""
+  specs = nn.get_partition_spec(boxed_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def global_batch(host_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Assembles each host's rows into global arrays split over the batch mesh axes."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in host_batch.items()}
+
+
+def global_array_from_full(array: np.ndarray, mesh: Mesh) -> jax.Array:
+  """A global array split over the batch axes, from a full copy held by every host."""
+  return jax.make_array_from_callback(array.shape, batch_sharding(mesh), lambda idx: array[idx])
+
+
+def fetch(array: jax.Array) -> np.ndarray:
+  """The whole value of a (possibly multi-host) global array, on every host."""
+  if jax.process_count() > 1 and not array.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+  return np.asarray(jax.device_get(array))
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None, process_id: int | None = None):
+  """Starts jax.distributed for multi-host runs: explicit flags, or JAX's own detection on
+  TPU pods and SLURM clusters (`JAX_COORDINATOR_ADDRESS` etc.). A no-op on one process."""
+  import os
+  explicit = coordinator_address is not None
+  detected = any(k in os.environ for k in ("SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES",
+                                           "JAX_COORDINATOR_ADDRESS"))
+  if explicit:
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+  elif detected and (num_processes or 0) != 1:
+    jax.distributed.initialize()

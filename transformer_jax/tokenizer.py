@@ -1,0 +1,102 @@
+"""Joint SentencePiece tokenizer: trained once on the training split, cached and reused."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+import logging
+
+log = logging.getLogger(__name__)
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2  # PAD doubles as the decoder's start-of-sequence token.
+
+
+class Tokenizer:
+  """A SentencePiece model with the id conventions the model and decoder rely on."""
+
+  def __init__(self, model_proto: bytes, path: str = ""):
+    self.path = path
+    self.model_proto = model_proto
+    self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    if (self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+      raise ValueError(f"tokenizer {path or '<bytes>'} has pad/eos/unk ids "
+                       f"{(self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id())}, "
+                       f"expected {(PAD_ID, EOS_ID, UNK_ID)}")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Subword ids of `text`, followed by EOS."""
+    return self.sp.encode(text) + [EOS_ID]
+
+  def decode(self, ids) -> str:
+    """Detokenized text of ids, stopping at the first EOS and skipping padding."""
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == EOS_ID:
+        break
+      if i != PAD_ID:
+        out.append(i)
+    return self.sp.decode(out)
+
+  def pieces(self, ids) -> list[str]:
+    """The subword strings of ids (for attention-map labels and debugging)."""
+    return [self.sp.id_to_piece(int(i)) for i in ids]
+
+  @classmethod
+  def load(cls, path: str | Path) -> "Tokenizer":
+    path = Path(path)
+    if not path.is_file():
+      raise FileNotFoundError(f"tokenizer model {path} does not exist")
+    return cls(path.read_bytes(), str(path))
+
+
+def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
+                    max_sentences: int = 1_000_000, seed: int = 0) -> Tokenizer:
+  """Trains a joint unigram SentencePiece model on (a sample of) `sentences`; writes `path`."""
+  sample = _reservoir_sample(sentences, max_sentences, seed)
+  log.info("Training a %d-piece SentencePiece model on %d sentences", vocab_size, len(sample))
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
+      model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
+      unk_id=UNK_ID, bos_id=-1, num_threads=os.cpu_count() or 1,
+      hard_vocab_limit=False, minloglevel=2)
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".tmp")
+  tmp.write_bytes(model.getvalue())
+  os.replace(tmp, path)  # atomic: a half-written model is never picked up by the next run
+  return Tokenizer(model.getvalue(), str(path))
+
+
+def load_or_train(path: str | Path, sentences_fn, vocab_size: int, max_sentences: int,
+                  seed: int = 0) -> Tokenizer:
+  """Loads the tokenizer at `path`, or trains it on `sentences_fn()` when it is not there yet."""
+  if Path(path).is_file():
+    return Tokenizer.load(path)
+  return train_tokenizer(sentences_fn(), vocab_size, path, max_sentences, seed)
+
+
+def _reservoir_sample(items: Iterable[str], k: int, seed: int) -> list[str]:
+  """Up to k items, uniformly sampled in one streaming pass (bounded memory on big corpora)."""
+  rng = random.Random(seed)
+  sample: list[str] = []
+  for n, item in enumerate(items):
+    if not item:
+      continue
+    if len(sample) < k:
+      sample.append(item)
+    else:
+      j = rng.randint(0, n)
+      if j < k:
+        sample[j] = item
+  return sample

@@ -1,0 +1,300 @@
+"""TrainState, the pure train/eval steps, and the training loop with evaluation and resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import logging
+from flax.training import train_state
+
+from transformer_jax import checkpoints, data, decode, evaluate, metrics, sharding, tokenizer
+from transformer_jax.config import ConfigError, TrainConfig
+from transformer_jax.model import Transformer
+from transformer_jax.optimizer import learning_rate_schedule, make_optimizer
+
+log = logging.getLogger(__name__)
+
+
+class TrainState(train_state.TrainState):
+  """Step, parameters and optimizer state (apply_fn and tx are static)."""
+
+
+def cross_entropy(logits_BTV, targets_BT, weights_BT, label_smoothing: float):
+  """Sums over real tokens of (label-smoothed loss, plain NLL), and the token count.
+
+  The smoothed loss has its minimum (the entropy of the smoothed target) subtracted, so that
+  a perfect model scores 0 whatever the smoothing.
+  """
+  V = logits_BTV.shape[-1]
+  log_probs = jax.nn.log_softmax(logits_BTV.astype(jnp.float32))
+  nll_BT = -jnp.take_along_axis(log_probs, targets_BT[..., None], axis=-1)[..., 0]
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (V - 1)
+  smooth_BT = confidence * nll_BT - low * (jnp.sum(log_probs, axis=-1) + nll_BT)
+  entropy = -(confidence * np.log(confidence) + (V - 1) * low * np.log(low + 1e-20)) \
+      if label_smoothing > 0 else 0.0
+  loss_BT = smooth_BT - entropy
+  w = weights_BT.astype(jnp.float32)
+  return jnp.sum(loss_BT * w), jnp.sum(nll_BT * w), jnp.sum(w)
+
+
+def _logits(model, params, batch, train, rngs=None):
+  return model.apply(
+      {"params": params}, batch["inputs"], batch["targets"],
+      inputs_positions_BS=batch.get("inputs_positions"),
+      targets_positions_BT=batch.get("targets_positions"),
+      inputs_segmentation_BS=batch.get("inputs_segment_ids"),
+      targets_segmentation_BT=batch.get("targets_segment_ids"),
+      train=train, rngs=rngs)
+
+
+def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float):
+  """One optimizer step; returns the new state and metric sums with their denominators."""
+  dropout_rng = jax.random.fold_in(rng, state.step)
+  weights = batch["targets"] > 0
+
+  def loss_fn(params):
+    logits = _logits(model, params, batch, True, {"dropout": dropout_rng})
+    loss_sum, nll_sum, num_tokens = cross_entropy(logits, batch["targets"], weights,
+                                                  label_smoothing)
+    return loss_sum / jnp.maximum(num_tokens, 1.0), (loss_sum, nll_sum, num_tokens)
+
+  grads, (loss_sum, nll_sum, num_tokens) = jax.grad(loss_fn, has_aux=True)(state.params)
+  new_state = state.apply_gradients(grads=grads)
+  return new_state, {"loss_sum": loss_sum, "nll_sum": nll_sum, "num_tokens": num_tokens,
+                     "grad_norm": optax_global_norm(grads), "steps": jnp.float32(1.0)}
+
+
+def optax_global_norm(tree):
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def eval_step(params, batch, *, model):
+  """Summed NLL and token count of a padded batch (no dropout, no smoothing)."""
+  logits = _logits(model, params, batch, False)
+  _, nll_sum, num_tokens = cross_entropy(logits, batch["targets"], batch["targets"] > 0, 0.0)
+  return {"nll_sum": nll_sum, "num_tokens": num_tokens}
+
+
+def create_state(cfg: TrainConfig, model: Transformer, mesh, rng):
+  """Initialised TrainState, laid out on the mesh by the logical-axis rules, and its
+  shardings."""
+  tx = make_optimizer(cfg.optimizer)
+  dummy = jnp.ones((1, 8), jnp.int32)
+
+  def init(rng):
+    variables = model.init(rng, dummy, dummy)
+    return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
+
+  boxed = jax.eval_shape(init, rng)
+  state_sharding = sharding.logical_to_mesh(boxed, mesh, cfg.parallelism.axis_rules)
+  state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=state_sharding)(rng)
+  return state, state_sharding
+
+
+def count_params(params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+
+
+def _sum_metrics(acc, new):
+  return new if acc is None else jax.tree_util.tree_map(jnp.add, acc, new)
+
+
+@dataclasses.dataclass
+class Evaluator:
+  """Validation loss, and BLEU of beam-search translations, on one split."""
+  name: str
+  eval_set: data.EvalSet
+  model: Transformer
+  cfg: TrainConfig
+  mesh: object
+  tok: tokenizer.Tokenizer
+
+  def __post_init__(self):
+    self._eval_step = jax.jit(functools.partial(eval_step, model=self.model))
+
+  def loss(self, params) -> float:
+    total = None
+    dp = sharding.data_parallel_size(self.mesh)
+    batch_size = -(-self.cfg.decode.batch_size // dp) * dp
+    for _, batch in self.eval_set.batches(batch_size, self.cfg.model.max_len):
+      batch = {k: sharding.global_array_from_full(v, self.mesh) for k, v in batch.items()}
+      total = _sum_metrics(total, self._eval_step(params, batch))
+    total = jax.device_get(total)
+    return float(total["nll_sum"] / max(total["num_tokens"], 1.0))
+
+  def bleu(self, params) -> tuple[evaluate.Score, list[str]]:
+    hyps = decode.translate(self.model, params, self.eval_set, self.tok, self.cfg.decode,
+                            self.mesh)
+    return evaluate.score(hyps, self.eval_set.references), hyps
+
+
+def _log_samples(eval_set: data.EvalSet, hyps: list[str], n: int, label: str) -> str:
+  lines = []
+  for i in range(min(n, len(hyps))):
+    lines.append(f"  SRC: {eval_set.sources[i]}\n  REF: {eval_set.references[i]}\n"
+                 f"  HYP: {hyps[i]}")
+  text = "\n".join(lines)
+  if text:
+    log.info("%s sample translations:\n%s", label, text)
+  return text
+
+
+def _write_lines(path: Path, lines: list[str]):
+  if jax.process_index() == 0:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def load_tokenizer(cfg: TrainConfig, workdir: Path) -> tokenizer.Tokenizer:
+  """The run's tokenizer: the configured path, or <workdir>/spm.model, trained if absent."""
+  path = Path(cfg.data.tokenizer_path) if cfg.data.tokenizer_path else workdir / "spm.model"
+  if jax.process_index() != 0 and not path.is_file():
+    _wait_for(path)  # process 0 trains it; the others read the same file (shared workdir)
+  tok = tokenizer.load_or_train(path, lambda: data.training_sentences(cfg.data),
+                                cfg.model.vocab_size, cfg.data.tokenizer_max_sentences, cfg.seed)
+  if tok.vocab_size > cfg.model.vocab_size:
+    raise ConfigError(f"tokenizer {path} has {tok.vocab_size} pieces but "
+                      f"config.model.vocab_size={cfg.model.vocab_size}")
+  return tok
+
+
+def _wait_for(path: Path, timeout_s: float = 600.0):
+  start = time.time()
+  while not path.is_file():
+    if time.time() - start > timeout_s:
+      raise TimeoutError(f"tokenizer {path} did not appear within {timeout_s:.0f}s")
+    time.sleep(1.0)
+
+
+def save_config(config_dict: dict, workdir: Path):
+  if jax.process_index() == 0:
+    (workdir / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True))
+
+
+def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict | None = None
+                       ) -> dict[str, float]:
+  """Trains (resuming from the latest checkpoint in `workdir`), evaluates, and returns the
+  final metrics (including `test/bleu` when a test split is configured)."""
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  if config_dict is not None:
+    save_config(config_dict, workdir)
+  tok = load_tokenizer(cfg, workdir)
+  mesh = sharding.make_mesh(cfg.parallelism)
+  dp = sharding.data_parallel_size(mesh)
+  if cfg.data.batch_size % dp:
+    raise ConfigError(f"config.data.batch_size={cfg.data.batch_size} is not divisible by the "
+                      f"data-parallel size {dp} (mesh {dict(mesh.shape)})")
+  model = Transformer(cfg.model)
+  rng = jax.random.PRNGKey(cfg.seed)
+  init_rng, dropout_rng = jax.random.split(rng)
+
+  pipeline = data.train_pipeline(cfg.data, tok, cfg.seed, jax.process_index(),
+                                 jax.process_count())
+  train_iter = iter(pipeline.dataset)
+  state, state_sharding = create_state(cfg, model, mesh, init_rng)
+  log.info("Model: %s parameters; mesh %s", f"{count_params(state.params):,}",
+               dict(mesh.shape))
+  ckpt = checkpoints.Checkpointer(workdir / "checkpoints", cfg.max_checkpoints_to_keep)
+  start_step = ckpt.latest_step() or 0
+  if start_step:
+    state = ckpt.restore(start_step, checkpoints.abstract_like(state), train_iter)
+    log.info("Resuming from step %d", start_step)
+
+  batch_sharding = sharding.batch_sharding(mesh)
+  p_train_step = jax.jit(
+      functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing),
+      in_shardings=(state_sharding, batch_sharding, sharding.replicated(mesh)),
+      out_shardings=(state_sharding, sharding.replicated(mesh)),
+      donate_argnums=(0,))
+  lr_fn = learning_rate_schedule(cfg.optimizer)
+  writer = metrics.MetricWriter(workdir)
+  evaluator = Evaluator("eval", data.load_eval_set(cfg.data, cfg.data.eval_split, tok,
+                                                   cfg.eval_max_sentences),
+                        model, cfg, mesh, tok)
+  progress = metrics.Progress(cfg.num_train_steps, start_step)
+  acc, real_tokens, t_last = None, 0, time.time()
+  final: dict[str, float] = {}
+
+  for step in range(start_step + 1, cfg.num_train_steps + 1):
+    host_batch = next(train_iter)
+    real_tokens += int((host_batch["inputs"] > 0).sum() + (host_batch["targets"] > 0).sum())
+    state, step_metrics = p_train_step(state, sharding.global_batch(host_batch, mesh),
+                                       dropout_rng)
+    acc = _sum_metrics(acc, step_metrics)
+    last = step == cfg.num_train_steps
+
+    if step % cfg.log_every_steps == 0 or last:
+      acc = jax.device_get(acc)
+      elapsed = time.time() - t_last
+      n = max(acc["num_tokens"], 1.0)
+      logged = {"train/loss": acc["loss_sum"] / n, "train/nll": acc["nll_sum"] / n,
+                "train/grad_norm": acc["grad_norm"] / acc["steps"],
+                "train/learning_rate": float(lr_fn(step - 1)),
+                "perf/tokens_per_sec": real_tokens * jax.process_count() / elapsed,
+                "perf/steps_per_sec": acc["steps"] / elapsed,
+                "data/filtered_examples": pipeline.filter.filtered}
+      if not np.isfinite(logged["train/loss"]):
+        raise FloatingPointError(f"non-finite training loss {logged['train/loss']} at step "
+                                 f"{step}; the last checkpoint in {ckpt.directory} is intact")
+      writer.write(step, logged)
+      progress.update(step, logged)
+      acc, real_tokens, t_last = None, 0, time.time()
+
+    if step % cfg.eval_every_steps == 0 or last:
+      t_eval = time.time()
+      progress.newline()
+      score, hyps = evaluator.bleu(state.params)
+      eval_metrics = {"eval/loss": evaluator.loss(state.params), "eval/bleu": score.bleu,
+                      "eval/chrf": score.chrf}
+      writer.write(step, eval_metrics)
+      writer.write_text(step, "eval/samples", _log_samples(evaluator.eval_set, hyps,
+                                                           cfg.decode.num_samples_to_log, "eval"))
+      log.info("step %d: eval loss %.4f, %s [%.1fs]", step, eval_metrics["eval/loss"],
+                   score, time.time() - t_eval)
+      final.update(eval_metrics)
+      metrics.plot_metrics(workdir)
+      t_last = time.time()  # evaluation time does not count against training speed
+
+    if step % cfg.checkpoint_every_steps == 0 or last:
+      ckpt.save(step, state, train_iter)
+      t_last = time.time()
+
+  if cfg.data.test_split:
+    final.update(_test(cfg, workdir, model, state.params, tok, mesh, writer,
+                       cfg.num_train_steps))
+  metrics.plot_metrics(workdir)
+  writer.close()
+  ckpt.close()
+  return final
+
+
+def _test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, float]:
+  """BLEU on the test split, with its signature; writes the hypotheses to the workdir."""
+  test = Evaluator("test", data.load_eval_set(cfg.data, cfg.data.test_split, tok), model, cfg,
+                   mesh, tok)
+  t0 = time.time()
+  score, hyps = test.bleu(params)
+  seconds = time.time() - t0
+  _write_lines(workdir / f"{cfg.data.test_split}.hyp.{cfg.data.target_lang}", hyps)
+  result = {"test/bleu": score.bleu, "test/chrf": score.chrf,
+            "perf/test_decode_sentences_per_sec": len(hyps) / seconds}
+  writer.write(step, result)
+  samples = _log_samples(test.eval_set, hyps, cfg.decode.num_samples_to_log, "test")
+  if jax.process_index() == 0:
+    print(f"\n{cfg.data.test_split} ({len(hyps)} sentences, beam {cfg.decode.beam_size}, "
+          f"{len(hyps) / seconds:.1f} sent/s):\n  {score}\n{samples}", flush=True)
+    (workdir / "test_results.json").write_text(json.dumps(
+        {"split": cfg.data.test_split, "step": step, "bleu": score.bleu,
+         "bleu_signature": score.bleu_signature, "chrf": score.chrf,
+         "chrf_signature": score.chrf_signature, "beam_size": cfg.decode.beam_size,
+         "length_penalty": cfg.decode.length_penalty}, indent=2))
+  return result

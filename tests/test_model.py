@@ -165,10 +165,10 @@ def test_bfloat16_path_is_close_to_float32_and_differentiable():
   np.testing.assert_allclose(np.asarray(l16), np.asarray(l32), atol=0.1)
   loss = lambda m: lambda p: jnp.mean(m.apply({"params": p}, INPUTS, TARGETS) ** 2)
   g32, g16 = jax.grad(loss(model32))(params), jax.grad(loss(model16))(params)
-  for a, b in zip(jax.tree_util.tree_leaves(g32), jax.tree_util.tree_leaves(g16)):
-    assert b.dtype == jnp.float32
-    err = float(jnp.linalg.norm(b - a))
-    assert err <= 0.05 * float(jnp.linalg.norm(a)) + 1e-4, (err, float(jnp.linalg.norm(a)))
+  assert all(g.dtype == jnp.float32 for g in jax.tree_util.tree_leaves(g16))
+  flat = lambda g: jnp.concatenate([x.ravel() for x in jax.tree_util.tree_leaves(g)])
+  err = float(jnp.linalg.norm(flat(g16) - flat(g32)) / jnp.linalg.norm(flat(g32)))
+  assert err < 0.05, err  # bf16 rounding, not a wrong gradient (that would be ~1)
 
 
 def test_d_model_not_divisible_by_heads_is_a_clear_error():

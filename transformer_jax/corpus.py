@@ -66,6 +66,8 @@ def read_parallel(folder: str | Path, split: str, langs: tuple[str, str]
     raise DataError(
         f"parallel files have different line counts: {path_a} has {count + rest_a} lines, "
         f"{path_b} has {count + rest_b}")
+  if count == 0:
+    raise DataError(f"split {split!r} is empty: {path_a} and {path_b} have no lines")
 
 
 def _fingerprint(folder: Path, splits: tuple[str, ...], langs: tuple[str, str]) -> str:

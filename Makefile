@@ -1,0 +1,28 @@
+# Every target sets itself up: `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+WORKDIR ?= runs/default
+
+.PHONY: install demo test test-fast bench lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# Train the default config (Multi30k de->en, embedded) and print test2016 BLEU + translations.
+demo: install
+	$(PY) train.py --config=configs/default.py --workdir=$(WORKDIR)
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: install
+	$(PY) benchmarks/train_speed.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

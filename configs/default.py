@@ -46,6 +46,8 @@ def get_config():
   config.data.train_split = "train"
   config.data.eval_split = "val"
   config.data.test_split = "test2016"   # "" to skip the final test evaluation
+  config.data.eval_dataset = ""         # dataset of eval_split if not `dataset` (TFDS name)
+  config.data.test_dataset = ""         # dataset of test_split if not `dataset` (TFDS name)
   config.data.cache_dir = ""            # prepared TFDS data; "" = ~/.cache/transformer_jax/tfds
   config.data.tokenizer_path = ""       # "" = <workdir>/spm.model, trained on first use
   config.data.tokenizer_max_sentences = 1_000_000

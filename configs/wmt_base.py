@@ -1,4 +1,4 @@
-"""The paper's base Transformer on WMT'17 de→en (TFDS), tested on newstest2014.
+"""The paper's base Transformer trained on WMT'17 de→en (TFDS), tested on newstest2014.
 
   pip install -e '.[wmt]'    # TFDS's WMT builders need TensorFlow
   python train.py --config=configs/wmt_base.py --workdir=runs/wmt_base
@@ -31,8 +31,10 @@ def get_config():
 
   config.data.dataset = "wmt17_translate/de-en"  # TFDS name; features {'de', 'en'}
   config.data.train_split = "train"
-  config.data.eval_split = "validation"   # newstest2013
-  config.data.test_split = "test"         # newstest2014
+  config.data.eval_dataset = "wmt14_translate/de-en"
+  config.data.eval_split = "validation"   # newstest2013 (wmt14's validation)
+  config.data.test_dataset = "wmt14_translate/de-en"
+  config.data.test_split = "test"         # newstest2014 (wmt14's test)
   config.data.tokenizer_max_sentences = 2_000_000
   config.data.max_source_length = 128
   config.data.max_target_length = 128

@@ -24,7 +24,8 @@ def test_wmt_base_config_builds_with_the_paper_sizes():
   assert (m.num_encoder_layers, m.num_decoder_layers, m.d_model, m.num_heads, m.d_ff) == \
       (6, 6, 512, 8, 2048)
   assert cfg.data.dataset.startswith("wmt17_translate/de-en")
-  assert cfg.data.test_split == "test"  # newstest2014 in TFDS's wmt17 de-en
+  # newstest2014 is the test split of TFDS's wmt14 (wmt17's is newstest2017).
+  assert (cfg.data.test_dataset, cfg.data.test_split) == ("wmt14_translate/de-en", "test")
 
 
 def test_unknown_key_in_a_section_is_named():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,16 +57,16 @@ def read_parallel(folder: str | Path, split: str, langs: tuple[str, str]
                   ) -> Iterator[tuple[int, str, str]]:
   """Streams (line_number, text_a, text_b) of a split; errors on unequal line counts."""
   path_a, path_b = (corpus_file(folder, split, lang) for lang in langs)
-  lines_a, lines_b = read_lines(path_a), read_lines(path_b)
-  count = 0
-  for count, (a, b) in enumerate(zip(lines_a, lines_b), start=1):
-    yield count, a, b
-  # zip stops at the shorter file: whatever is left in either one means the files differ.
-  rest_a, rest_b = sum(1 for _ in lines_a), sum(1 for _ in lines_b)
-  if rest_a or rest_b:
-    raise DataError(
-        f"parallel files have different line counts: {path_a} has {count + rest_a} lines, "
-        f"{path_b} has {count + rest_b}")
+  count = lines_a = lines_b = 0
+  for a, b in itertools.zip_longest(read_lines(path_a), read_lines(path_b)):
+    lines_a += a is not None
+    lines_b += b is not None
+    if a is not None and b is not None:
+      count += 1
+      yield count, a, b
+  if lines_a != lines_b:  # found only at the end: the files are streamed, never held in memory
+    raise DataError(f"parallel files have different line counts: {path_a} has {lines_a} lines, "
+                    f"{path_b} has {lines_b}")
   if count == 0:
     raise DataError(f"split {split!r} is empty: {path_a} and {path_b} have no lines")
 

@@ -29,6 +29,8 @@ class DataConfig:
   train_split: str = "train"
   eval_split: str = "val"         # validation loss and BLEU during training
   test_split: str = "test2016"    # BLEU at the end of training ("" to skip)
+  eval_dataset: str = ""          # TFDS name for eval_split when it differs; "" = dataset
+  test_dataset: str = ""          # TFDS name for test_split when it differs; "" = dataset
   cache_dir: str = ""             # prepared TFDS datasets; "" = ~/.cache/transformer_jax/tfds
   tokenizer_path: str = ""        # SentencePiece model; "" = <workdir>/spm.model
   tokenizer_max_sentences: int = 1_000_000  # sentences sampled to train the tokenizer
@@ -45,10 +47,16 @@ class DataConfig:
       if getattr(self, name) < 1:
         raise ValueError(f"config.data.{name}={getattr(self, name)} must be >= 1")
 
-  def corpus_spec(self) -> corpus.CorpusSpec:
-    splits = tuple(s for s in (self.train_split, self.eval_split, self.test_split) if s)
-    return corpus.CorpusSpec(self.dataset, self.data_dir, self.source_lang, self.target_lang,
-                             splits, self.cache_dir or corpus.DEFAULT_CACHE_DIR)
+  def corpus_spec(self, dataset: str = "") -> corpus.CorpusSpec:
+    """The corpus of `dataset` (default: the training dataset) with the splits it serves."""
+    dataset = dataset or self.dataset
+    splits = [self.train_split] if dataset == self.dataset else []
+    splits += [split for split, ds in ((self.eval_split, self.eval_dataset),
+                                       (self.test_split, self.test_dataset))
+               if split and (ds or self.dataset) == dataset]
+    return corpus.CorpusSpec(dataset, self.data_dir, self.source_lang, self.target_lang,
+                             tuple(dict.fromkeys(splits)),
+                             self.cache_dir or corpus.DEFAULT_CACHE_DIR)
 
 
 class _TokenizeAndFilter:
@@ -143,17 +151,17 @@ def _pad(seqs: list[np.ndarray], rows: int, max_len: int, bucket: int) -> np.nda
 
 
 def load_eval_set(cfg: DataConfig, split: str, tokenizer: Tokenizer,
-                  max_sentences: int = 0) -> EvalSet:
+                  max_sentences: int = 0, dataset: str = "") -> EvalSet:
   """Reads a whole split (eval/test sets are small) in file order, tokenized."""
   sources, references = [], []
-  for src, ref in corpus.iterate_pairs(cfg.corpus_spec(), split):
+  for src, ref in corpus.iterate_pairs(cfg.corpus_spec(dataset), split):
     sources.append(src)
     references.append(ref)
     if max_sentences and len(sources) >= max_sentences:
       break
   if not sources:
-    raise corpus.DataError(f"split {split!r} of {cfg.dataset} is empty")
-  log.info("Loaded %d %s pairs from split %r", len(sources), cfg.dataset, split)
+    raise corpus.DataError(f"split {split!r} of {dataset or cfg.dataset} is empty")
+  log.info("Loaded %d %s pairs from split %r", len(sources), dataset or cfg.dataset, split)
   return EvalSet(sources, references,
                  [np.asarray(tokenizer.encode(s), np.int32) for s in sources],
                  [np.asarray(tokenizer.encode(r), np.int32) for r in references])

@@ -54,15 +54,31 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 class Progress:
-  """A live progress line (step, loss, tokens/s, ETA): rewritten in place on a terminal,
-  printed as a log line every `log_every` steps elsewhere."""
+  """Live progress: a tqdm bar (step, loss, tokens/s, ETA) on a terminal, and a log line
+  every `log_every_steps` elsewhere (CI logs, nohup)."""
 
   def __init__(self, total_steps: int, start_step: int):
     self.total, self.start = total_steps, start_step
     self.t0 = time.time()
-    self.tty = sys.stderr.isatty() and jax.process_index() == 0
+    self.bar = None
+    if sys.stderr.isatty() and jax.process_index() == 0:
+      from tqdm import tqdm
+      self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+      self._shown = start_step
 
   def update(self, step: int, metrics: dict[str, float]):
+    if self.bar is not None:
+      self.bar.update(step - self._shown)
+      self._shown = step
+      postfix = {}
+      if "train/loss" in metrics:
+        postfix["loss"] = f"{metrics['train/loss']:.3f}"
+      if "perf/tokens_per_sec" in metrics:
+        postfix["tok/s"] = f"{metrics['perf/tokens_per_sec']:,.0f}"
+      self.bar.set_postfix(postfix)
+      return
+    if jax.process_index() != 0:
+      return
     done = step - self.start
     elapsed = time.time() - self.t0
     eta = elapsed / max(done, 1) * (self.total - step)
@@ -71,18 +87,12 @@ class Progress:
       parts.append(f"loss {metrics['train/loss']:.3f}")
     if "perf/tokens_per_sec" in metrics:
       parts.append(f"{metrics['perf/tokens_per_sec']:,.0f} tok/s")
-    parts.append(f"elapsed {_hms(elapsed)}")
-    parts.append(f"ETA {_hms(eta)}")
-    line = " | ".join(parts)
-    if self.tty:
-      sys.stderr.write("\r" + line.ljust(100))
-      sys.stderr.flush()
-    elif jax.process_index() == 0:
-      log.info("%s", line)
+    parts += [f"elapsed {_hms(elapsed)}", f"ETA {_hms(eta)}"]
+    log.info("%s", " | ".join(parts))
 
-  def newline(self):
-    if self.tty:
-      sys.stderr.write("\n")
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
 
 
 def _hms(seconds: float) -> str:

@@ -218,7 +218,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   lr_fn = learning_rate_schedule(cfg.optimizer)
   writer = metrics.MetricWriter(workdir)
   evaluator = Evaluator("eval", data.load_eval_set(cfg.data, cfg.data.eval_split, tok,
-                                                   cfg.eval_max_sentences),
+                                                   cfg.eval_max_sentences,
+                                                   cfg.data.eval_dataset),
                         model, cfg, mesh, tok)
   progress = metrics.Progress(cfg.num_train_steps, start_step)
   acc, real_tokens, t_last = None, 0, time.time()
@@ -251,7 +252,6 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
 
     if step % cfg.eval_every_steps == 0 or last:
       t_eval = time.time()
-      progress.newline()
       score, hyps = evaluator.bleu(state.params)
       eval_metrics = {"eval/loss": evaluator.loss(state.params), "eval/bleu": score.bleu,
                       "eval/chrf": score.chrf}
@@ -268,6 +268,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
       ckpt.save(step, state, train_iter)
       t_last = time.time()
 
+  progress.close()
   if cfg.data.test_split:
     final.update(_test(cfg, workdir, model, state.params, tok, mesh, writer,
                        cfg.num_train_steps))
@@ -279,8 +280,9 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
 
 def _test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, float]:
   """BLEU on the test split, with its signature; writes the hypotheses to the workdir."""
-  test = Evaluator("test", data.load_eval_set(cfg.data, cfg.data.test_split, tok), model, cfg,
-                   mesh, tok)
+  test = Evaluator("test", data.load_eval_set(cfg.data, cfg.data.test_split, tok,
+                                              dataset=cfg.data.test_dataset),
+                   model, cfg, mesh, tok)
   t0 = time.time()
   score, hyps = test.bleu(params)
   seconds = time.time() - t0

@@ -1,0 +1,48 @@
+"""Prints a BENCHMARKS.md entry for a finished training run, from the files it wrote.
+
+  python benchmarks/report_run.py runs/default --command "make demo" --wall-seconds 1650
+"""
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+from pathlib import Path
+
+
+def main():
+  p = argparse.ArgumentParser()
+  p.add_argument("workdir")
+  p.add_argument("--command", required=True)
+  p.add_argument("--wall-seconds", type=float, required=True, help="measured by the caller")
+  args = p.parse_args()
+  workdir = Path(args.workdir)
+  test = json.loads((workdir / "test_results.json").read_text())
+  records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  evals = [(r["step"], r["eval/bleu"]) for r in records if "eval/bleu" in r]
+  speeds = [r["perf/tokens_per_sec"] for r in records if "perf/tokens_per_sec" in r]
+  decode = [r["perf/test_decode_sentences_per_sec"] for r in records
+            if "perf/test_decode_sentences_per_sec" in r]
+  cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | cut -d: -f2"],
+                       capture_output=True, text=True).stdout.strip() or platform.processor()
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+  print(f"- date: {datetime.date.today()}; commit {commit}; machine: {cpu}, "
+        f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores")
+  print(f"- command: `{args.command}`; wall time {args.wall_seconds / 60:.1f} min "
+        f"(install, tokenizer, data preparation, training, evaluations and test included)")
+  print(f"- test ({test['split']}, step {test['step']}, beam {test['beam_size']}, "
+        f"alpha {test['length_penalty']}): **sacreBLEU {test['bleu']:.2f}**, "
+        f"chrF {test['chrf']:.2f}")
+  print(f"  - BLEU signature: `{test['bleu_signature']}`")
+  print(f"- validation BLEU by step: " + ", ".join(f"{s}: {b:.2f}" for s, b in evals))
+  if speeds:
+    print(f"- training speed: median {sorted(speeds)[len(speeds) // 2]:,.0f} real src+tgt "
+          f"tokens/s")
+  if decode:
+    print(f"- test decoding: {decode[-1]:.1f} sentences/s (beam {test['beam_size']})")
+
+
+if __name__ == "__main__":
+  main()

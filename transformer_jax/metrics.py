@@ -114,12 +114,13 @@ def plot_metrics(workdir: str | Path) -> Path | None:
     return [p[0] for p in pts], [p[1] for p in pts]
 
   fig, (ax_loss, ax_bleu) = plt.subplots(1, 2, figsize=(11, 4))
-  for key in ("train/loss", "eval/loss"):
+  # Both curves are plain NLL (train/loss is label-smoothed, so not comparable to eval/loss).
+  for key, label in (("train/nll", "train NLL"), ("eval/loss", "validation NLL")):
     xs, ys = series(key)
     if xs:
-      ax_loss.plot(xs, ys, label=key, marker="." if key.startswith("eval") else None)
+      ax_loss.plot(xs, ys, label=label, marker="." if key.startswith("eval") else None)
   ax_loss.set_xlabel("step")
-  ax_loss.set_ylabel("cross-entropy (nats/token)")
+  ax_loss.set_ylabel("negative log-likelihood (nats/token)")
   ax_loss.legend()
   ax_loss.grid(alpha=0.3)
   for key in ("eval/bleu", "test/bleu"):

@@ -16,10 +16,11 @@ def get_config():
   config.num_train_steps = 1000         # optimizer steps (~11 epochs of Multi30k)
   config.log_every_steps = 50           # train metrics and the progress line
   config.eval_every_steps = 250         # validation loss + BLEU (and at the last step)
-  config.checkpoint_every_steps = 250   # Orbax checkpoint (and at the last step)
-  config.max_checkpoints_to_keep = 3
+  config.checkpoint_every_steps = 100   # Orbax checkpoint (and at the last step)
+  config.max_checkpoints_to_keep = 5    # newest ones; the best by BLEU is kept apart
   config.label_smoothing = 0.1
   config.eval_max_sentences = 0         # validation sentences decoded for BLEU; 0 = all
+  config.early_stopping_patience = 0    # stop after N evals without better BLEU; 0 = never
 
   config.model = ml_collections.ConfigDict()
   config.model.vocab_size = 8000        # joint source+target SentencePiece pieces
@@ -74,7 +75,13 @@ def get_config():
   config.decode.max_length_b = 10
   config.decode.batch_size = 128        # sentences per decode batch
   config.decode.num_samples_to_log = 3
-  config.decode.greedy = False
+  config.decode.greedy = False          # argmax decoding instead of beam search
+  config.decode.sampling = False        # ancestral sampling instead of beam search
+  config.decode.temperature = 1.0       # sampling: logits / temperature
+  config.decode.top_k = 0               # sampling: k most likely tokens only (0 = all)
+  config.decode.top_p = 1.0             # sampling: nucleus probability mass
+  config.decode.seed = 0                # sampling: random seed
+  config.decode.nbest = 1               # beam search: hypotheses returned per sentence
 
   config.parallelism = ml_collections.ConfigDict()
   config.parallelism.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = all other devices

@@ -84,3 +84,36 @@ def test_beam_scores_sorted_and_consistent(tiny):
     assert found[0]
     np.testing.assert_allclose((np.asarray(lp) / decode.length_penalty(lengths, 0.6))[found],
                                scores[b][found], rtol=1e-4)
+
+
+def test_nbest_is_sorted_and_starts_with_the_beam_output(tiny):
+  model, params, inputs = tiny
+  best, _ = decode.beam_search(model, params, inputs, beam_size=4, alpha=0.6, max_len=6)
+  nbest, scores = decode.beam_search(model, params, inputs, beam_size=4, alpha=0.6, max_len=6,
+                                     num_return=3)
+  scores = np.asarray(scores)
+  assert np.all(scores[:, :3] > decode.NEG_INF / 2)  # three real hypotheses each
+  assert np.all(np.diff(scores[:, :3], axis=1) <= 1e-6)
+  np.testing.assert_array_equal(np.asarray(nbest[:, 0]), np.asarray(best[:, 0]))
+  assert len({tuple(np.asarray(s)) for s in nbest[0, :3]}) == 3  # distinct hypotheses
+
+
+def test_sampling_is_reproducible_with_a_seed_and_varies_across_seeds(tiny):
+  model, params, inputs = tiny
+  sample = lambda seed, **kw: np.asarray(decode.greedy_search(
+      model, params, jnp.tile(inputs, (8, 1)), max_len=6, rng=jax.random.PRNGKey(seed),
+      **kw)[0])
+  np.testing.assert_array_equal(sample(0), sample(0))
+  assert not np.array_equal(sample(0), sample(1))
+  # top_k=1 keeps only the argmax: sampling becomes greedy.
+  greedy, _ = decode.greedy_search(model, params, jnp.tile(inputs, (8, 1)), max_len=6)
+  np.testing.assert_array_equal(sample(3, top_k=1), np.asarray(greedy))
+  # A tiny nucleus also keeps only the most likely token.
+  np.testing.assert_array_equal(sample(4, top_p=1e-6), np.asarray(greedy))
+
+
+def test_decode_config_rejects_contradictions():
+  with pytest.raises(ValueError, match="greedy and config.decode.sampling"):
+    decode.DecodeConfig(greedy=True, sampling=True)
+  with pytest.raises(ValueError, match="nbest=5 must be in"):
+    decode.DecodeConfig(beam_size=4, nbest=5)

@@ -16,13 +16,23 @@ import logging
 log = logging.getLogger(__name__)
 
 
-class Checkpointer:
-  """Saves and restores the train state together with the grain iterator's position."""
+class CheckpointError(ValueError):
+  """A checkpoint or checkpoint directory is missing or unusable; the message names it."""
 
-  def __init__(self, directory: str | Path, max_to_keep: int = 3):
+
+class Checkpointer:
+  """Saves and restores the train state together with the grain iterator's position.
+
+  With `best_metric`, it keeps only the `max_to_keep` checkpoints with the highest value of
+  that metric (passed to `save`), instead of the newest ones.
+  """
+
+  def __init__(self, directory: str | Path, max_to_keep: int = 3, best_metric: str = ""):
     self.directory = Path(directory).absolute()
+    best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
+                keep_checkpoints_without_metrics=False) if best_metric else {}
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=False)
+                                           enable_async_checkpointing=False, **best)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data"),
         item_handlers={"state": ocp.StandardCheckpointHandler(),
@@ -34,17 +44,23 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
-  def save(self, step: int, state, data_iterator=None):
+  def best_step(self) -> int | None:
+    return self.manager.best_step()
+
+  def save(self, step: int, state, data_iterator=None, metrics: dict | None = None):
     items = {"state": ocp.args.StandardSave(state)}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    self.manager.save(step, args=ocp.args.Composite(**items), force=True, metrics=metrics)
     self.manager.wait_until_finished()
     log.info("Saved checkpoint at step %d in %s", step, self.directory)
 
   def restore(self, step: int, abstract_state, data_iterator=None):
     """Restores the state (shaped and sharded like `abstract_state`) and, when given, moves
     `data_iterator` to the saved position. Returns the state."""
+    if step not in self.all_steps():
+      raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; available "
+                            f"steps: {self.all_steps() or 'none'}")
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
@@ -61,3 +77,45 @@ def abstract_like(tree):
   return jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
       if isinstance(x, jax.Array) else x, tree)
+
+
+def average_states(states):
+  """The element-wise mean of the states' parameters (other fields from the last state)."""
+  if not states:
+    raise CheckpointError("nothing to average")
+  mean = jax.tree_util.tree_map(lambda *xs: sum(xs) / len(xs), *[s.params for s in states])
+  return states[-1].replace(params=mean)
+
+
+def parse_selection(selection: str, available: list[int]) -> list[tuple[str, list[int]]]:
+  """Which checkpoints to use: a list of (label, steps to average) from a selection string.
+
+  `latest`, `all`, a step number, `average:N` (the last N), or `steps:A,B,...` (the average
+  of those steps). (`best` lives in its own directory; see inference.LoadedRun.select.)
+  """
+  if not available:
+    raise CheckpointError("the workdir has no checkpoints yet")
+  if selection == "latest":
+    return [(f"step_{available[-1]}", [available[-1]])]
+  if selection == "all":
+    return [(f"step_{s}", [s]) for s in available]
+  if selection.startswith("average:"):
+    n = int(selection.split(":", 1)[1])
+    if n < 1 or n > len(available):
+      raise CheckpointError(f"average:{n} needs 1..{len(available)} checkpoints; available "
+                            f"steps: {available}")
+    steps = available[-n:]
+    return [(f"average_last_{n}_to_{steps[-1]}", steps)]
+  if selection.startswith("steps:"):
+    steps = [int(x) for x in selection.split(":", 1)[1].split(",") if x]
+    missing = sorted(set(steps) - set(available))
+    if missing:
+      raise CheckpointError(f"no checkpoint for step(s) {missing}; available: {available}")
+    return [(f"average_{'_'.join(map(str, steps))}", steps)]
+  if selection.isdigit():
+    step = int(selection)
+    if step not in available:
+      raise CheckpointError(f"no checkpoint for step {step}; available steps: {available}")
+    return [(f"step_{step}", [step])]
+  raise CheckpointError(f"unknown checkpoint selection {selection!r}: expected latest, best, "
+                        "all, a step, average:N or steps:A,B,...")

@@ -38,6 +38,7 @@ class TrainConfig:
   max_checkpoints_to_keep: int = 3
   label_smoothing: float = 0.1
   eval_max_sentences: int = 0       # validation sentences decoded for BLEU; 0 = all
+  early_stopping_patience: int = 0  # stop after this many evals without a better BLEU; 0 = off
 
   def __post_init__(self):
     for name in ("num_train_steps", "log_every_steps", "eval_every_steps",

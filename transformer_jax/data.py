@@ -127,6 +127,15 @@ class EvalSet:
   def __len__(self):
     return len(self.sources)
 
+  @classmethod
+  def from_pairs(cls, sources: list[str], references: list[str], tokenizer: Tokenizer
+                 ) -> "EvalSet":
+    """Tokenized sources (and references; [] when translating without them)."""
+    references = references or [""] * len(sources)
+    return cls(list(sources), list(references),
+               [np.asarray(tokenizer.encode(s), np.int32) for s in sources],
+               [np.asarray(tokenizer.encode(r), np.int32) for r in references])
+
   def batches(self, batch_size: int, max_len: int, bucket: int = 16
               ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
     """Length-sorted batches of exactly `batch_size` rows (padded with empty rows), source and
@@ -162,9 +171,7 @@ def load_eval_set(cfg: DataConfig, split: str, tokenizer: Tokenizer,
   if not sources:
     raise corpus.DataError(f"split {split!r} of {dataset or cfg.dataset} is empty")
   log.info("Loaded %d %s pairs from split %r", len(sources), dataset or cfg.dataset, split)
-  return EvalSet(sources, references,
-                 [np.asarray(tokenizer.encode(s), np.int32) for s in sources],
-                 [np.asarray(tokenizer.encode(r), np.int32) for r in references])
+  return EvalSet.from_pairs(sources, references, tokenizer)
 
 
 def training_sentences(cfg: DataConfig) -> Iterator[str]:

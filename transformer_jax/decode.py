@@ -32,12 +32,28 @@ class DecodeConfig:
   batch_size: int = 64          # sentences decoded together
   num_samples_to_log: int = 5   # sample translations printed at each evaluation
   greedy: bool = False          # argmax decoding, no beam
+  sampling: bool = False        # ancestral sampling instead of beam search
+  temperature: float = 1.0      # sampling: logits / temperature
+  top_k: int = 0                # sampling: keep the k most likely tokens (0 = all)
+  top_p: float = 1.0            # sampling: keep the smallest set with probability >= p
+  seed: int = 0                 # sampling: random seed (same seed, same samples)
+  nbest: int = 1                # beam search: hypotheses returned per sentence (<= beam_size)
 
   def __post_init__(self):
     if self.beam_size < 1:
       raise ValueError(f"config.decode.beam_size={self.beam_size} must be >= 1")
     if self.max_length < 1 or self.batch_size < 1:
       raise ValueError("config.decode.max_length and config.decode.batch_size must be >= 1")
+    if self.greedy and self.sampling:
+      raise ValueError("config.decode.greedy and config.decode.sampling are exclusive")
+    if not 1 <= self.nbest <= self.beam_size:
+      raise ValueError(f"config.decode.nbest={self.nbest} must be in [1, beam_size="
+                       f"{self.beam_size}]")
+    if self.nbest > 1 and (self.greedy or self.sampling):
+      raise ValueError("config.decode.nbest > 1 needs beam search (greedy/sampling are off)")
+    if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+      raise ValueError(f"config.decode: temperature={self.temperature} must be > 0, "
+                       f"top_p={self.top_p} in (0, 1], top_k={self.top_k} >= 0")
 
   def length_limit(self, source_length: int) -> int:
     """Static decode length for a batch whose longest source has `source_length` tokens."""
@@ -97,10 +113,13 @@ class BeamState:
   cache: dict
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_len"))
-def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int):
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_len",
+                                             "num_return"))
+def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
+                num_return: int = 1):
   """Returns (sequences (B, W, max_len), scores (B, W)), best first; sequences end in EOS
-  (or stop at max_len) and are padded with 0."""
+  (or stop at max_len) and are padded with 0. The search runs until the best `num_return`
+  finished hypotheses can no longer change, so those are exact n-best entries."""
   B, W = inputs_BS.shape[0], beam_size
   inputs, encoded, cache = _prepare(model, params, inputs_BS, W, max_len)
   state = BeamState(
@@ -112,10 +131,10 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
       cache=cache)
 
   def not_done(s: BeamState):
-    # No live hypothesis can still beat the best finished one: its log-prob only falls, and
-    # the length penalty is largest at max_len.
+    # Done when no live hypothesis can still beat the num_return-th finished one: its
+    # log-prob only falls, and the length penalty is largest at max_len.
     best_possible = s.live_logprobs[:, 0] / length_penalty(max_len, alpha)
-    return (s.step < max_len) & jnp.any(best_possible > s.finished_scores[:, 0])
+    return (s.step < max_len) & jnp.any(best_possible > s.finished_scores[:, num_return - 1])
 
   def step(s: BeamState):
     previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
@@ -147,9 +166,28 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   return state.finished_seqs, state.finished_scores
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len"))
-def greedy_search(model, params, inputs_BS, *, max_len: int):
-  """Argmax decoding: returns (sequences (B, max_len), total log-probabilities (B,))."""
+def _filter_logits(logits_NV, temperature: float, top_k: int, top_p: float):
+  """Temperature, then top-k, then nucleus (top-p) filtering; removed tokens get NEG_INF."""
+  logits_NV = logits_NV / temperature
+  if top_k > 0:
+    kth = jax.lax.top_k(logits_NV, top_k)[0][:, -1:]
+    logits_NV = jnp.where(logits_NV < kth, NEG_INF, logits_NV)
+  if top_p < 1.0:
+    sorted_NV = jnp.sort(logits_NV, axis=-1)[:, ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(sorted_NV, axis=-1), axis=-1)
+    # The smallest prefix whose probability reaches top_p: keep tokens up to that one.
+    cutoff_index = jnp.sum(cumulative < top_p, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(sorted_NV, cutoff_index, axis=-1)
+    logits_NV = jnp.where(logits_NV < cutoff, NEG_INF, logits_NV)
+  return logits_NV
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_len", "temperature", "top_k",
+                                             "top_p"))
+def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0):
+  """Argmax decoding, or ancestral sampling when `rng` is given (with temperature, top-k and
+  top-p filtering). Returns (sequences (B, max_len), total log-probabilities (B,))."""
   B = inputs_BS.shape[0]
   inputs, encoded, cache = _prepare(model, params, inputs_BS, 1, max_len)
 
@@ -161,7 +199,11 @@ def greedy_search(model, params, inputs_BS, *, max_len: int):
     step, seqs, logprobs, done, cache = carry
     previous = jnp.where(step == 0, 0, jnp.take(seqs, step - 1, axis=1))
     log_probs, cache = _decoder_step(model, params, cache, encoded, inputs, previous)
-    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+    if rng is None:
+      token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+    else:
+      filtered = _filter_logits(log_probs, temperature, top_k, top_p)
+      token = jax.random.categorical(jax.random.fold_in(rng, step), filtered).astype(jnp.int32)
     token = jnp.where(done, PAD_ID, token)
     logprobs = logprobs + jnp.where(done, 0.0, jnp.take_along_axis(
         log_probs, token[:, None], axis=1)[:, 0])
@@ -183,30 +225,52 @@ def sequence_log_prob(model, params, inputs_BS, targets_BT):
   return jnp.sum(jnp.where(targets_BT > 0, token_lp, 0.0), axis=-1)
 
 
-def translate(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None) -> list[str]:
-  """Detokenized translations of every source in `eval_set`, in its order.
+def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
+  """Decodes every source of `eval_set`; yields (row indices, sequences (B, N, L), scores
+  (B, N)) per batch, N = cfg.nbest, best first.
 
   Batches are length-sorted, padded to a few fixed shapes and (with a mesh) split over its
-  batch axes; each shape compiles once.
+  batch axes; each shape compiles once, the whole search being one compiled program.
   """
   from transformer_jax import sharding  # local: decode stays usable without a mesh
-  hypotheses: list[str] = [""] * len(eval_set)
   batch_size = cfg.batch_size
   if mesh is not None:
     dp = sharding.data_parallel_size(mesh)
     batch_size = -(-batch_size // dp) * dp
-  for rows, batch in eval_set.batches(batch_size, max_len=model.config.max_len):
+  base_rng = jax.random.PRNGKey(cfg.seed)
+  for batch_index, (rows, batch) in enumerate(eval_set.batches(batch_size,
+                                                               max_len=model.config.max_len)):
     inputs = batch["inputs"]
     max_len = min(cfg.length_limit(inputs.shape[1]), model.config.max_len)
     if mesh is not None:  # every host holds the whole batch; each places its own part
       inputs = sharding.global_array_from_full(inputs, mesh)
-    if cfg.greedy:
-      seqs, _ = greedy_search(model, params, inputs, max_len=max_len)
+    if cfg.greedy or cfg.sampling:
+      rng = jax.random.fold_in(base_rng, batch_index) if cfg.sampling else None
+      seqs, scores = greedy_search(model, params, inputs, max_len=max_len, rng=rng,
+                                   temperature=cfg.temperature, top_k=cfg.top_k,
+                                   top_p=cfg.top_p)
+      seqs, scores = seqs[:, None], scores[:, None]
     else:
-      seqs, _ = beam_search(model, params, inputs, beam_size=cfg.beam_size,
-                            alpha=cfg.length_penalty, max_len=max_len)
-      seqs = seqs[:, 0]
-    seqs = sharding.fetch(seqs)
+      seqs, scores = beam_search(model, params, inputs, beam_size=cfg.beam_size,
+                                 alpha=cfg.length_penalty, max_len=max_len,
+                                 num_return=cfg.nbest)
+      seqs, scores = seqs[:, :cfg.nbest], scores[:, :cfg.nbest]
+    yield rows, sharding.fetch(seqs), sharding.fetch(scores)
+
+
+def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None
+                    ) -> list[list[tuple[str, float]]]:
+  """For every source, in order: its `cfg.nbest` (translation, score) pairs, best first."""
+  out: list[list[tuple[str, float]]] = [[] for _ in range(len(eval_set))]
+  for rows, seqs, scores in decode_batches(model, params, eval_set, cfg, mesh):
     for row, index in enumerate(rows):
-      hypotheses[index] = tokenizer.decode(seqs[row])
-  return hypotheses
+      out[index] = [(tokenizer.decode(seqs[row, n]), float(scores[row, n]))
+                    for n in range(seqs.shape[1]) if scores[row, n] > NEG_INF / 2]
+  return out
+
+
+def translate(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None) -> list[str]:
+  """The best translation of every source in `eval_set`, in its order."""
+  single = dataclasses.replace(cfg, nbest=1)
+  return [hyps[0][0] if hyps else "" for hyps in
+          translate_nbest(model, params, eval_set, tokenizer, single, mesh)]

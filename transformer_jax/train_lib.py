@@ -84,9 +84,7 @@ def eval_step(params, batch, *, model):
   return {"nll_sum": nll_sum, "num_tokens": num_tokens}
 
 
-def create_state(cfg: TrainConfig, model: Transformer, mesh, rng):
-  """Initialised TrainState, laid out on the mesh by the logical-axis rules, and its
-  shardings."""
+def _state_init(cfg: TrainConfig, model: Transformer, mesh):
   tx = make_optimizer(cfg.optimizer)
   dummy = jnp.ones((1, 8), jnp.int32)
 
@@ -94,10 +92,25 @@ def create_state(cfg: TrainConfig, model: Transformer, mesh, rng):
     variables = model.init(rng, dummy, dummy)
     return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
 
-  boxed = jax.eval_shape(init, rng)
+  boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
   state_sharding = sharding.logical_to_mesh(boxed, mesh, cfg.parallelism.axis_rules)
+  return init, state_sharding
+
+
+def create_state(cfg: TrainConfig, model: Transformer, mesh, rng):
+  """Initialised TrainState, laid out on the mesh by the logical-axis rules, and its
+  shardings."""
+  init, state_sharding = _state_init(cfg, model, mesh)
   state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=state_sharding)(rng)
   return state, state_sharding
+
+
+def abstract_state(cfg: TrainConfig, model: Transformer, mesh):
+  """Shapes, dtypes and shardings of the TrainState, without computing it (restore target)."""
+  init, state_sharding = _state_init(cfg, model, mesh)
+  shapes = jax.eval_shape(lambda r: nn.meta.unbox(init(r)), jax.random.PRNGKey(0))
+  return jax.tree_util.tree_map(
+      lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, state_sharding)
 
 
 def count_params(params) -> int:
@@ -204,6 +217,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   log.info("Model: %s parameters; mesh %s", f"{count_params(state.params):,}",
                dict(mesh.shape))
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", cfg.max_checkpoints_to_keep)
+  # The best checkpoint by validation BLEU, kept apart from the newest ones.
+  best_ckpt = checkpoints.Checkpointer(workdir / BEST_CHECKPOINTS, 1, best_metric="bleu")
   start_step = ckpt.latest_step() or 0
   if start_step:
     state = ckpt.restore(start_step, checkpoints.abstract_like(state), train_iter)
@@ -224,6 +239,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   progress = metrics.Progress(cfg.num_train_steps, start_step)
   acc, real_tokens, t_last = None, 0, time.time()
   final: dict[str, float] = {}
+  stopper = EarlyStopping(cfg.early_stopping_patience, _logged_bleus(workdir, start_step))
 
   for step in range(start_step + 1, cfg.num_train_steps + 1):
     host_batch = next(train_iter)
@@ -262,20 +278,52 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
                    score, time.time() - t_eval)
       final.update(eval_metrics)
       metrics.plot_metrics(workdir)
+      best_ckpt.save(step, state, metrics={"bleu": score.bleu})
+      if stopper.update(score.bleu):
+        log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
+                 "evaluations", step, stopper.best, stopper.patience)
+        last = True
       t_last = time.time()  # evaluation time does not count against training speed
 
     if step % cfg.checkpoint_every_steps == 0 or last:
       ckpt.save(step, state, train_iter)
       t_last = time.time()
+    if last:
+      break
 
   progress.close()
   if cfg.data.test_split:
     final.update(_test(cfg, workdir, model, state.params, tok, mesh, writer,
-                       cfg.num_train_steps))
+                       int(jax.device_get(state.step))))
   metrics.plot_metrics(workdir)
   writer.close()
   ckpt.close()
+  best_ckpt.close()
   return final
+
+
+BEST_CHECKPOINTS = "checkpoints_best"
+
+
+class EarlyStopping:
+  """Stops when validation BLEU has not improved for `patience` evaluations (0: never)."""
+
+  def __init__(self, patience: int, history: list[float]):
+    self.patience, self.best, self.bad = patience, float("-inf"), 0
+    for bleu in history:  # a resumed run continues the count where it stopped
+      self.update(bleu)
+
+  def update(self, bleu: float) -> bool:
+    if bleu > self.best:
+      self.best, self.bad = bleu, 0
+    else:
+      self.bad += 1
+    return self.patience > 0 and self.bad >= self.patience
+
+
+def _logged_bleus(workdir: Path, up_to_step: int) -> list[float]:
+  return [r["eval/bleu"] for r in metrics.read_metrics(workdir / "metrics.jsonl")
+          if "eval/bleu" in r and r["step"] <= up_to_step]
 
 
 def _test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, float]:

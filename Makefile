@@ -22,7 +22,12 @@ test: install
 	$(PY) -m pytest -q tests
 
 bench: install
-	$(PY) benchmarks/train_speed.py
+	$(PY) benchmarks/train_speed.py --config=configs/tiny.py
+	$(PY) benchmarks/train_speed.py --config=configs/default.py
+
+lint: install
+	$(PY) -m pip install -q ruff
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

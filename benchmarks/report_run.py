@@ -36,7 +36,7 @@ def main():
         f"alpha {test['length_penalty']}): **sacreBLEU {test['bleu']:.2f}**, "
         f"chrF {test['chrf']:.2f}")
   print(f"  - BLEU signature: `{test['bleu_signature']}`")
-  print(f"- validation BLEU by step: " + ", ".join(f"{s}: {b:.2f}" for s, b in evals))
+  print("- validation BLEU by step: " + ", ".join(f"{s}: {b:.2f}" for s, b in evals))
   if speeds:
     print(f"- training speed: median {sorted(speeds)[len(speeds) // 2]:,.0f} real src+tgt "
           f"tokens/s")

@@ -46,11 +46,16 @@ def test_evaluate_every_checkpoint_writes_table_and_plot(workdir, tmp_path):
   assert (tmp_path / "bleu_by_step.png").stat().st_size > 1000
 
 
-def test_best_checkpoint_is_kept_by_validation_bleu(workdir):
+def test_best_checkpoint_is_kept_by_validation_bleu(workdir, tmp_path):
   run = inference.load_run(workdir)
   best = run.best_step()
   bleus = {s: _logged(workdir, "eval/bleu", s) for s in (10, 20)}
   assert bleus[best] == max(bleus.values())
+  # best and an average, side by side in one report
+  results = evaluate.run_evaluation(workdir, split="val", checkpoint=["best", "average:2"],
+                                    max_sentences=32, output_dir=str(tmp_path))
+  assert [r["label"] for r in results] == [f"best_step_{best}", "average_last_2_to_20"]
+  assert results[0]["bleu"] == pytest.approx(bleus[best], abs=1e-6)
 
 
 def test_averaging_identical_and_different_checkpoints(workdir, tmp_path):

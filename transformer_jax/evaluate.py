@@ -1,7 +1,7 @@
 """BLEU and chrF (sacreBLEU, with signatures) of translations, and the `evaluate` CLI.
 
   python -m transformer_jax.evaluate --workdir=runs/default [--split=test2016]
-      [--checkpoint=latest|best|all|STEP|average:N|steps:A,B] [--decode beam_size=5 ...]
+      [--checkpoint=latest|best|all|STEP|average:N|steps:A,B ...] [--decode beam_size=5 ...]
   python -m transformer_jax.evaluate --workdir=runs/default --source_file=newstest.de \
       --reference_file=newstest.en
 
@@ -76,7 +76,8 @@ def _plot_by_step(results: list[dict], path: Path):
   plt.close(fig)
 
 
-def run_evaluation(workdir, split: str = "", checkpoint: str = "latest", source_file: str = "",
+def run_evaluation(workdir, split: str = "", checkpoint: str | list[str] = "latest",
+                   source_file: str = "",
                    reference_file: str = "", max_sentences: int = 0,
                    decode_overrides: tuple[str, ...] = (), lowercase: bool = False,
                    output_dir: str = "") -> list[dict]:
@@ -105,8 +106,10 @@ def run_evaluation(workdir, split: str = "", checkpoint: str = "latest", source_
     name = split
   out_dir = Path(output_dir) if output_dir else Path(workdir) / "eval" / name
   out_dir.mkdir(parents=True, exist_ok=True)
+  selections = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+  chosen = [model for selection in selections for model in run.select(selection)]
   results = []
-  for label, steps, from_best in run.select(checkpoint):
+  for label, steps, from_best in chosen:
     params = run.params(steps, from_best)
     t0 = time.time()
     hyps = decode.translate(run.model, params, eval_set, run.tokenizer, decode_cfg, run.mesh)
@@ -125,7 +128,7 @@ def run_evaluation(workdir, split: str = "", checkpoint: str = "latest", source_
     results.append(result)
   (out_dir / "results.json").write_text(json.dumps(results, indent=2))
   print(_report(results))
-  if checkpoint == "all" and results:
+  if "all" in selections and results:
     with (out_dir / "bleu_by_step.csv").open("w", newline="") as f:
       writer = csv.writer(f)
       writer.writerow(["step", "bleu", "chrf"])
@@ -148,8 +151,9 @@ def main(argv=None):
   flags.DEFINE_string("workdir", None, "A training workdir (config.json, spm.model, "
                       "checkpoints/).")
   flags.DEFINE_string("split", "", "Split of the configured dataset (default: its test split).")
-  flags.DEFINE_string("checkpoint", "latest",
-                      "latest | best | all | STEP | average:N | steps:A,B,...")
+  flags.DEFINE_multi_string("checkpoint", ["latest"],
+                            "latest | best | all | STEP | average:N | steps:A,B,...; repeat "
+                            "the flag to compare several side by side")
   flags.DEFINE_string("source_file", "", "Evaluate on this source text file (with "
                       "--reference_file) instead of a split.")
   flags.DEFINE_string("reference_file", "", "Reference translations of --source_file.")

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
+from transformer_jax.metrics import quiet_libraries
+
 KINDS = {"encoder_self_attention": ("encoder", "self_attention"),
          "decoder_self_attention": ("decoder", "self_attention"),
          "cross_attention": ("decoder", "cross_attention")}
@@ -73,6 +75,7 @@ def plot_attention(weights: dict[str, list[np.ndarray]], source_pieces: list[str
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  quiet_libraries()
   from transformer_jax import checkpoints, data, decode, inference
   FLAGS = flags.FLAGS
   try:

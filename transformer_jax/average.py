@@ -16,6 +16,8 @@ from pathlib import Path
 
 from absl import app, flags
 
+from transformer_jax.metrics import quiet_libraries
+
 from transformer_jax import checkpoints, inference
 
 
@@ -48,6 +50,7 @@ def average_to_workdir(workdir: str, selection: str, output: str) -> tuple[int, 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  quiet_libraries()
   FLAGS = flags.FLAGS
   try:
     step, steps = average_to_workdir(FLAGS.workdir, FLAGS.checkpoint, FLAGS.output)

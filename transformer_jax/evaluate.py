@@ -148,6 +148,8 @@ def _read_text(path: Path):
 
 def main(argv=None):
   from absl import app, flags
+
+  from transformer_jax.metrics import quiet_libraries
   flags.DEFINE_string("workdir", None, "A training workdir (config.json, spm.model, "
                       "checkpoints/).")
   flags.DEFINE_string("split", "", "Split of the configured dataset (default: its test split).")
@@ -168,6 +170,7 @@ def main(argv=None):
   def _main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    quiet_libraries()
     from transformer_jax.checkpoints import CheckpointError
     from transformer_jax.corpus import DataError
     try:

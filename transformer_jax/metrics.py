@@ -136,3 +136,10 @@ def plot_metrics(workdir: str | Path) -> Path | None:
   fig.savefig(out, dpi=100)
   plt.close(fig)
   return out
+
+
+def quiet_libraries():
+  """Library chatter (Orbax, TFDS) only from WARNING up, unless --verbosity asked for more."""
+  from absl import flags, logging as absl_logging
+  if flags.FLAGS.is_parsed() and flags.FLAGS.verbosity <= 0:
+    absl_logging.set_verbosity(absl_logging.WARNING)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from absl import app, flags
 
+from transformer_jax.metrics import quiet_libraries
+
 from transformer_jax import checkpoints, corpus, data, decode, inference
 
 FLAGS = flags.FLAGS
@@ -97,6 +99,7 @@ class Translator:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  quiet_libraries()
   try:
     _run()
   except (checkpoints.CheckpointError, corpus.DataError, ValueError, FileNotFoundError) as e:

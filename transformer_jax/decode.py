@@ -235,8 +235,7 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
   from transformer_jax import sharding  # local: decode stays usable without a mesh
   batch_size = cfg.batch_size
   if mesh is not None:
-    dp = sharding.data_parallel_size(mesh)
-    batch_size = -(-batch_size // dp) * dp
+    batch_size = sharding.round_up_to_data_parallel(batch_size, mesh)
   base_rng = jax.random.PRNGKey(cfg.seed)
   for batch_index, (rows, batch) in enumerate(eval_set.batches(batch_size,
                                                                max_len=model.config.max_len)):
@@ -258,14 +257,17 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
     yield rows, sharding.fetch(seqs), sharding.fetch(scores)
 
 
-def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None
-                    ) -> list[list[tuple[str, float]]]:
-  """For every source, in order: its `cfg.nbest` (translation, score) pairs, best first."""
+def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
+                    on_batch=None) -> list[list[tuple[str, float]]]:
+  """For every source, in order: its `cfg.nbest` (translation, score) pairs, best first.
+  `on_batch(n)` (e.g. a progress bar's update) is called after each batch of n sentences."""
   out: list[list[tuple[str, float]]] = [[] for _ in range(len(eval_set))]
   for rows, seqs, scores in decode_batches(model, params, eval_set, cfg, mesh):
     for row, index in enumerate(rows):
       out[index] = [(tokenizer.decode(seqs[row, n]), float(scores[row, n]))
                     for n in range(seqs.shape[1]) if scores[row, n] > NEG_INF / 2]
+    if on_batch is not None:
+      on_batch(len(rows))
   return out
 
 

@@ -60,6 +60,12 @@ def data_parallel_size(mesh: Mesh) -> int:
   return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def round_up_to_data_parallel(batch_size: int, mesh: Mesh) -> int:
+  """The smallest multiple of the data-parallel size that holds `batch_size` rows."""
+  dp = data_parallel_size(mesh)
+  return -(-batch_size // dp) * dp
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 

@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import logging
 from flax.training import train_state
 
@@ -70,11 +71,7 @@ def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float):
   grads, (loss_sum, nll_sum, num_tokens) = jax.grad(loss_fn, has_aux=True)(state.params)
   new_state = state.apply_gradients(grads=grads)
   return new_state, {"loss_sum": loss_sum, "nll_sum": nll_sum, "num_tokens": num_tokens,
-                     "grad_norm": optax_global_norm(grads), "steps": jnp.float32(1.0)}
-
-
-def optax_global_norm(tree):
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
+                     "grad_norm": optax.global_norm(grads), "steps": jnp.float32(1.0)}
 
 
 def eval_step(params, batch, *, model):
@@ -136,8 +133,7 @@ class Evaluator:
 
   def loss(self, params) -> float:
     total = None
-    dp = sharding.data_parallel_size(self.mesh)
-    batch_size = -(-self.cfg.decode.batch_size // dp) * dp
+    batch_size = sharding.round_up_to_data_parallel(self.cfg.decode.batch_size, self.mesh)
     for _, batch in self.eval_set.batches(batch_size, self.cfg.model.max_len):
       batch = {k: sharding.global_array_from_full(v, self.mesh) for k, v in batch.items()}
       total = _sum_metrics(total, self._eval_step(params, batch))

@@ -83,16 +83,13 @@ class Translator:
     if progress:
       from tqdm import tqdm
       bar = tqdm(total=len(todo), unit="sent", file=sys.stderr)
-    for rows, seqs, scores in decode.decode_batches(self.run.model, self.params, eval_set,
-                                                    self.decode_cfg, self.run.mesh):
-      for row, index in enumerate(rows):
-        results[todo[index]] = [
-            (self.run.tokenizer.decode(seqs[row, n]), float(scores[row, n]))
-            for n in range(seqs.shape[1]) if scores[row, n] > decode.NEG_INF / 2]
-      if bar is not None:
-        bar.update(len(rows))
+    nbest = decode.translate_nbest(self.run.model, self.params, eval_set, self.run.tokenizer,
+                                   self.decode_cfg, self.run.mesh,
+                                   on_batch=bar.update if bar is not None else None)
     if bar is not None:
       bar.close()
+    for position, hyps in zip(todo, nbest):
+      results[position] = hyps
     return results
 
 

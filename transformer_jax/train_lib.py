@@ -71,7 +71,7 @@ def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float):
   grads, (loss_sum, nll_sum, num_tokens) = jax.grad(loss_fn, has_aux=True)(state.params)
   new_state = state.apply_gradients(grads=grads)
   return new_state, {"loss_sum": loss_sum, "nll_sum": nll_sum, "num_tokens": num_tokens,
-                     "grad_norm": optax.global_norm(grads), "steps": jnp.float32(1.0)}
+                     "grad_norm": optax.tree.norm(grads), "steps": jnp.float32(1.0)}
 
 
 def eval_step(params, batch, *, model):

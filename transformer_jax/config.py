@@ -75,7 +75,7 @@ def _check_type(where: str, value, expected):
   return value
 
 
-def _checked_kwargs(cls, values: dict, prefix: str) -> dict:
+def checked_kwargs(cls, values: dict, prefix: str) -> dict:
   """The keyword arguments for `cls`, each key known and each value of the declared type."""
   hints = typing.get_type_hints(cls)
   fields = {f.name for f in dataclasses.fields(cls)}
@@ -102,12 +102,12 @@ def from_config_dict(config: ml_collections.ConfigDict) -> TrainConfig:
     if not isinstance(section_values, dict):
       raise ConfigError(f"config.{name} must be a section (ConfigDict), got "
                         f"{type(section_values).__name__}")
-    kwargs = _checked_kwargs(cls, section_values, f"config.{name}.")
+    kwargs = checked_kwargs(cls, section_values, f"config.{name}.")
     try:
       sections[name] = cls(**kwargs)
     except (ValueError, TypeError) as e:
       raise ConfigError(str(e)) from e
-  run_kwargs = _checked_kwargs(TrainConfig, values, "config.")
+  run_kwargs = checked_kwargs(TrainConfig, values, "config.")
   try:
     return TrainConfig(**sections, **run_kwargs)
   except ConfigError:

@@ -9,7 +9,9 @@ TensorFlow needed. Named TFDS datasets (e.g. `wmt17_translate/de-en`) go through
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import gzip
 import hashlib
 import itertools
@@ -130,14 +132,31 @@ class CorpusSpec:
 
 def get_builder(spec: CorpusSpec) -> tfds.core.DatasetBuilder:
   """Prepares (once, cached) and returns the TFDS builder for the corpus."""
-  if spec.dataset == "local":
-    builder = ParallelTextBuilder(folder=spec.local_folder, splits=spec.splits,
-                                  langs=(spec.source_lang, spec.target_lang),
-                                  cache_dir=spec.cache_dir)
-  else:
-    builder = tfds.builder(spec.dataset, data_dir=spec.cache_dir or None)
-  builder.download_and_prepare(file_format="array_record")
+  with _preparation_lock(spec.cache_dir):
+    if spec.dataset == "local":
+      builder = ParallelTextBuilder(folder=spec.local_folder, splits=spec.splits,
+                                    langs=(spec.source_lang, spec.target_lang),
+                                    cache_dir=spec.cache_dir)
+    else:
+      builder = tfds.builder(spec.dataset, data_dir=spec.cache_dir or None)
+    builder.download_and_prepare(file_format="array_record")
   return builder
+
+
+@contextlib.contextmanager
+def _preparation_lock(cache_dir: str):
+  """One process at a time prepares datasets in a cache folder (parallel sweep trials, several
+  runs on one machine); the others wait, then find the dataset prepared."""
+  if not cache_dir:
+    yield
+    return
+  Path(cache_dir).mkdir(parents=True, exist_ok=True)
+  with open(Path(cache_dir) / ".prepare.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def get_source(spec: CorpusSpec, split: str):

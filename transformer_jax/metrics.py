@@ -50,7 +50,17 @@ def read_metrics(path: str | Path) -> list[dict]:
   path = Path(path)
   if not path.is_file():
     return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  records = []
+  lines = path.read_text().splitlines()
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if number < len(lines):  # (the last line may be being written right now)
+        raise ValueError(f"{path}:{number}: not a JSON record: {e}") from None
+  return records
 
 
 class Progress:

@@ -72,7 +72,7 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
       hard_vocab_limit=False, minloglevel=2)
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # (parallel trainers of one path)
   tmp.write_bytes(model.getvalue())
   os.replace(tmp, path)  # atomic: a half-written model is never picked up by the next run
   return Tokenizer(model.getvalue(), str(path))

@@ -37,10 +37,10 @@ def main(argv):
                                   FLAGS.process_id)
   try:
     cfg = config_lib.from_config_dict(FLAGS.config)
-  except config_lib.ConfigError as e:
+    train_lib.train_and_evaluate(cfg, FLAGS.workdir, FLAGS.config.to_dict())
+  except config_lib.ConfigError as e:  # (raised before anything is compiled or saved)
     logging.error("%s", e)
     sys.exit(f"config error: {e}")
-  train_lib.train_and_evaluate(cfg, FLAGS.workdir, FLAGS.config.to_dict())
 
 
 def _setup_logging():

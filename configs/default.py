@@ -85,6 +85,10 @@ def get_config():
 
   config.parallelism = ml_collections.ConfigDict()
   config.parallelism.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = all other devices
-  config.parallelism.axis_rules = (     # logical parameter axis -> mesh axis (None: replicate)
-      ("embed", None), ("vocab", None), ("heads", None), ("kv", None), ("mlp", None))
+  # Logical parameter axis -> mesh axis (None: replicated): d_model over fsdp (FSDP), heads,
+  # FFN width and vocabulary over tensor (tensor parallelism). The mesh shape picks the
+  # strategy: (-1, 1, 1) data parallel, (2, -1, 1) FSDP in groups, (-1, 1, 2) 2-way tensor.
+  config.parallelism.axis_rules = (
+      ("embed", "fsdp"), ("vocab", "tensor"), ("heads", "tensor"), ("mlp", "tensor"),
+      ("kv", None), ("layers", None))
   return config

@@ -1,4 +1,4 @@
-"""Data parallelism on 8 fake CPU devices gives the same training as one device."""
+"""Data, FSDP and tensor parallelism on 8 fake CPU devices train like one device."""
 
 import json
 import os
@@ -18,10 +18,12 @@ from tests.test_train_lib import tiny_setup, fixed_batch
 from transformer_jax import sharding, train_lib
 
 assert jax.device_count() == 8, jax.devices()
-cfg, model, _ = tiny_setup()
+# 8 heads, vocab 512: every mesh axis below divides the parameters it splits.
+cfg, model, _ = tiny_setup(**{"model.num_heads": 8, "model.vocab_size": 512})
 results = {}
-for name, devices in (("1", jax.devices()[:1]), ("8", jax.devices())):
-  mesh = sharding.make_mesh(cfg.parallelism, devices)
+for shape in [(1, 1, 1), (8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8)]:
+  n = int(np.prod(shape))
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:n]).reshape(shape), sharding.MESH_AXES)
   state, state_sharding = train_lib.create_state(cfg, model, mesh, jax.random.PRNGKey(0))
   step = jax.jit(functools.partial(train_lib.train_step, model=model, label_smoothing=0.1),
                  in_shardings=(state_sharding, sharding.batch_sharding(mesh),
@@ -30,23 +32,54 @@ for name, devices in (("1", jax.devices()[:1]), ("8", jax.devices())):
   losses = []
   for i in range(3):
     batch = sharding.global_batch(fixed_batch(seed=i), mesh)
-    assert len(batch["inputs"].sharding.device_set) == len(devices)
     state, m = step(state, batch, jax.random.PRNGKey(7))
     losses.append(float(m["loss_sum"] / m["num_tokens"]))
-  results[name] = losses
+  p = state.params
+  shard = lambda x: list(x.sharding.shard_shape(x.shape))
+  emb = p["source_embedding"]["embedding"]
+  results[str(shape)] = {
+      "losses": losses,
+      "embedding": shard(emb),
+      "wi": shard(p["encoder_0"]["feed_forward"]["wi"]["kernel"]),
+      "query": shard(p["decoder_1"]["cross_attention"]["query"]["kernel"]),
+      "output": shard(p["encoder_1"]["self_attention"]["output"]["kernel"]),
+      "adam_embedding": sorted({str(shard(x)) for x in jax.tree_util.tree_leaves(state.opt_state)
+                                if x.shape == emb.shape}),
+      "batch_devices": len(batch["inputs"].sharding.device_set)}
+# The tiny config's vocabulary (500) and 4 heads cannot be split 8 ways: a clear error.
+bad_cfg, bad_model, _ = tiny_setup()
+mesh = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(1, 1, 8), sharding.MESH_AXES)
+try:
+  train_lib.abstract_state(bad_cfg, bad_model, mesh)
+except train_lib.ConfigError as e:
+  results["error"] = str(e)
 print(json.dumps(results))
 """
 
 
-def test_eight_devices_match_one_device():
+def test_meshes_match_one_device_and_split_parameters_as_configured():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=300)
+                     text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   results = json.loads(r.stdout.strip().splitlines()[-1])
-  assert results["1"] == pytest.approx(results["8"], rel=1e-5)
-  assert results["1"][2] < results["1"][0]
+  error = results.pop("error")
+  assert "cannot split" in error and "500 is not divisible by mesh axis tensor of size 8" in error
+  one = results.pop("(1, 1, 1)")
+  assert one["losses"][2] < one["losses"][0]
+  V, D, F, H, K = 512, 32, 64, 8, 4
+  for shape, got in results.items():
+    data, fsdp, tensor = json.loads(shape.replace("(", "[").replace(")", "]"))
+    assert got["losses"] == pytest.approx(one["losses"], rel=1e-4), shape
+    # d_model over fsdp, vocab / FFN width / heads over tensor (the default axis rules).
+    assert got["embedding"] == [V // tensor, D // fsdp], shape
+    assert got["wi"] == [D // fsdp, F // tensor], shape
+    assert got["query"] == [D // fsdp, H // tensor, K], shape
+    assert got["output"] == [H // tensor, K, D // fsdp], shape
+    # Adam's moments are split like their parameters (FSDP shards the optimizer state too).
+    assert got["adam_embedding"] == [str([V // tensor, D // fsdp])], shape
+    assert got["batch_devices"] == data * fsdp * tensor, shape
 
 
 def test_mesh_shape_resolution_and_errors():

@@ -16,15 +16,20 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
+DEFAULT_AXIS_RULES = (("embed", "fsdp"), ("vocab", "tensor"), ("heads", "tensor"),
+                      ("mlp", "tensor"), ("kv", None), ("layers", None))
 
 
 @dataclasses.dataclass(frozen=True)
 class ParallelismConfig:
   """Mesh shape and logical-axis rules; built from `config.parallelism`."""
   mesh_shape: tuple[int, ...] = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the rest
-  # (logical axis, mesh axis or None). Pure data parallelism: every parameter replicated.
-  axis_rules: tuple[tuple[str, str | None], ...] = (
-      ("embed", None), ("vocab", None), ("heads", None), ("kv", None), ("mlp", None))
+  # (logical axis, mesh axis or None = replicated). The defaults give every strategy by mesh
+  # shape alone: the d_model axis of each parameter (and its optimizer state) split over
+  # `fsdp` (FSDP / ZeRO-3: gathered for each matmul), heads, FFN width and vocabulary over
+  # `tensor` (Megatron-style tensor parallelism). With fsdp = tensor = 1 (the default mesh)
+  # this is plain data parallelism.
+  axis_rules: tuple[tuple[str, str | None], ...] = DEFAULT_AXIS_RULES
 
   def __post_init__(self):
     object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
@@ -78,6 +83,23 @@ def logical_to_mesh(boxed_tree, mesh: Mesh, rules):
   """NamedShardings for a tree of (possibly logically-annotated) arrays."""
   specs = nn.get_partition_spec(boxed_tree)
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def indivisible(abstract_tree, shardings) -> list[str]:
+  """Array dimensions that the mesh axes they are split over do not divide: one message per
+  distinct (size, mesh axis), with the first array it affects."""
+  problems: dict[tuple, str] = {}
+  flat, _ = jax.tree_util.tree_flatten_with_path(abstract_tree)
+  flat_shardings = jax.tree_util.tree_leaves(shardings)
+  for (path, leaf), named in zip(flat, flat_shardings):
+    for dim, axes in zip(leaf.shape, named.spec):
+      axes = (axes,) if isinstance(axes, str) else (axes or ())
+      size = math.prod(named.mesh.shape[a] for a in axes)
+      if dim % size and (dim, axes) not in problems:
+        problems[(dim, axes)] = (f"{dim} is not divisible by mesh axis {'x'.join(axes)} of size "
+                                 f"{size} (e.g. {jax.tree_util.keystr(path)}, shape "
+                                 f"{tuple(leaf.shape)})")
+  return list(problems.values())
 
 
 def global_batch(host_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:

@@ -91,6 +91,11 @@ def _state_init(cfg: TrainConfig, model: Transformer, mesh):
 
   boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
   state_sharding = sharding.logical_to_mesh(boxed, mesh, cfg.parallelism.axis_rules)
+  problems = sharding.indivisible(nn.meta.unbox(boxed), state_sharding)
+  if problems:
+    raise ConfigError(f"config.parallelism: mesh {dict(mesh.shape)} and its axis rules cannot "
+                      "split the model's parameters evenly: " + "; ".join(problems)
+                      + ". Change config.parallelism.mesh_shape, the axis rules or the sizes.")
   return init, state_sharding
 
 
@@ -196,13 +201,17 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   workdir.mkdir(parents=True, exist_ok=True)
   if config_dict is not None:
     save_config(config_dict, workdir)
-  tok = load_tokenizer(cfg, workdir)
-  mesh = sharding.make_mesh(cfg.parallelism)
+  try:
+    mesh = sharding.make_mesh(cfg.parallelism)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   dp = sharding.data_parallel_size(mesh)
   if cfg.data.batch_size % dp:
     raise ConfigError(f"config.data.batch_size={cfg.data.batch_size} is not divisible by the "
                       f"data-parallel size {dp} (mesh {dict(mesh.shape)})")
   model = Transformer(cfg.model)
+  abstract_state(cfg, model, mesh)  # fails fast if the mesh cannot split the parameters
+  tok = load_tokenizer(cfg, workdir)
   rng = jax.random.PRNGKey(cfg.seed)
   init_rng, dropout_rng = jax.random.split(rng)
 

@@ -21,6 +21,7 @@ def get_config():
   config.label_smoothing = 0.1
   config.eval_max_sentences = 0         # validation sentences decoded for BLEU; 0 = all
   config.early_stopping_patience = 0    # stop after N evals without better BLEU; 0 = never
+  config.num_micro_batches = 1          # gradient accumulation: k micro-batches per step
 
   config.model = ml_collections.ConfigDict()
   config.model.vocab_size = 8000        # joint source+target SentencePiece pieces
@@ -38,6 +39,8 @@ def get_config():
   config.model.share_embeddings = True  # one table for source and target
   config.model.tie_output_embedding = True  # softmax weights = target embedding
   config.model.dtype = "bfloat16"       # matmul inputs; f32 accumulation. "float32": exact path
+  config.model.remat = "none"           # "full" / "dots": recompute activations (less memory)
+  config.model.scan_layers = False      # nn.scan over layers: faster compiles for deep models
 
   config.data = ml_collections.ConfigDict()
   config.data.dataset = "local"         # folder of {split}.{lang}[.gz] files, or a TFDS name

@@ -19,13 +19,17 @@ from transformer_jax import sharding, train_lib
 
 assert jax.device_count() == 8, jax.devices()
 # 8 heads, vocab 512: every mesh axis below divides the parameters it splits.
-cfg, model, _ = tiny_setup(**{"model.num_heads": 8, "model.vocab_size": 512})
+# (no dropout: gradient accumulation draws other masks than one full-batch step)
+cfg, model, _ = tiny_setup(**{"model.num_heads": 8, "model.vocab_size": 512,
+                              "model.dropout_rate": 0.0})
 results = {}
-for shape in [(1, 1, 1), (8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8)]:
+for shape, k in [((1, 1, 1), 1), ((8, 1, 1), 1), ((2, 4, 1), 1), ((2, 2, 2), 1), ((1, 1, 8), 1),
+                 ((2, 2, 2), 2)]:
   n = int(np.prod(shape))
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:n]).reshape(shape), sharding.MESH_AXES)
   state, state_sharding = train_lib.create_state(cfg, model, mesh, jax.random.PRNGKey(0))
-  step = jax.jit(functools.partial(train_lib.train_step, model=model, label_smoothing=0.1),
+  step = jax.jit(functools.partial(train_lib.train_step, model=model, label_smoothing=0.1,
+                                   num_micro_batches=k),
                  in_shardings=(state_sharding, sharding.batch_sharding(mesh),
                                sharding.replicated(mesh)),
                  out_shardings=(state_sharding, sharding.replicated(mesh)))
@@ -37,7 +41,7 @@ for shape in [(1, 1, 1), (8, 1, 1), (2, 4, 1), (2, 2, 2), (1, 1, 8)]:
   p = state.params
   shard = lambda x: list(x.sharding.shard_shape(x.shape))
   emb = p["source_embedding"]["embedding"]
-  results[str(shape)] = {
+  results[str(shape) + (f" k={k}" if k > 1 else "")] = {
       "losses": losses,
       "embedding": shard(emb),
       "wi": shard(p["encoder_0"]["feed_forward"]["wi"]["kernel"]),
@@ -70,7 +74,8 @@ def test_meshes_match_one_device_and_split_parameters_as_configured():
   assert one["losses"][2] < one["losses"][0]
   V, D, F, H, K = 512, 32, 64, 8, 4
   for shape, got in results.items():
-    data, fsdp, tensor = json.loads(shape.replace("(", "[").replace(")", "]"))
+    mesh_shape = shape.split(" k=")[0]  # "(2, 2, 2) k=2": 2 micro-batches on that mesh
+    data, fsdp, tensor = json.loads(mesh_shape.replace("(", "[").replace(")", "]"))
     assert got["losses"] == pytest.approx(one["losses"], rel=1e-4), shape
     # d_model over fsdp, vocab / FFN width / heads over tensor (the default axis rules).
     assert got["embedding"] == [V // tensor, D // fsdp], shape

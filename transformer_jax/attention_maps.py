@@ -18,6 +18,7 @@ import numpy as np
 from absl import app, flags
 
 from transformer_jax.metrics import quiet_libraries
+from transformer_jax.model import unscanned
 
 KINDS = {"encoder_self_attention": ("encoder", "self_attention"),
          "decoder_self_attention": ("decoder", "self_attention"),
@@ -29,6 +30,7 @@ def attention_weights(model, params, source_ids, target_ids) -> dict[str, list[n
   (heads, queries, keys) arrays. Rows sum to 1 over visible keys; hidden cells are 0."""
   inputs = np.asarray(source_ids, np.int32)[None]
   targets = np.asarray(target_ids, np.int32)[None]
+  model, params = unscanned(model, params)
   _, state = model.apply({"params": params}, inputs, targets, mutable=["intermediates"])
   inter = state["intermediates"]
   cfg = model.config

@@ -39,14 +39,18 @@ class TrainConfig:
   label_smoothing: float = 0.1
   eval_max_sentences: int = 0       # validation sentences decoded for BLEU; 0 = all
   early_stopping_patience: int = 0  # stop after this many evals without a better BLEU; 0 = off
+  num_micro_batches: int = 1        # gradient accumulation: the batch in this many pieces
 
   def __post_init__(self):
     for name in ("num_train_steps", "log_every_steps", "eval_every_steps",
-                 "checkpoint_every_steps", "max_checkpoints_to_keep"):
+                 "checkpoint_every_steps", "max_checkpoints_to_keep", "num_micro_batches"):
       if getattr(self, name) < 1:
         raise ConfigError(f"config.{name}={getattr(self, name)} must be >= 1")
     if not 0.0 <= self.label_smoothing < 1.0:
       raise ConfigError(f"config.label_smoothing={self.label_smoothing} must be in [0, 1)")
+    if self.data.batch_size % self.num_micro_batches:
+      raise ConfigError(f"config.data.batch_size={self.data.batch_size} is not divisible by "
+                        f"config.num_micro_batches={self.num_micro_batches}")
     if self.model.max_len < max(self.data.max_source_length, self.data.max_target_length):
       raise ConfigError(
           f"config.model.max_len={self.model.max_len} is shorter than the data's length limit "

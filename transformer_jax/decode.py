@@ -15,7 +15,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model import Transformer
+from transformer_jax.model import Transformer, unscanned
 from transformer_jax.tokenizer import EOS_ID, PAD_ID
 
 NEG_INF = -1.0e7
@@ -121,6 +121,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   (or stop at max_len) and are padded with 0. The search runs until the best `num_return`
   finished hypotheses can no longer change, so those are exact n-best entries."""
   B, W = inputs_BS.shape[0], beam_size
+  model, params = unscanned(model, params)
   inputs, encoded, cache = _prepare(model, params, inputs_BS, W, max_len)
   state = BeamState(
       step=jnp.array(0, jnp.int32),
@@ -189,6 +190,7 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
   """Argmax decoding, or ancestral sampling when `rng` is given (with temperature, top-k and
   top-p filtering). Returns (sequences (B, max_len), total log-probabilities (B,))."""
   B = inputs_BS.shape[0]
+  model, params = unscanned(model, params)
   inputs, encoded, cache = _prepare(model, params, inputs_BS, 1, max_len)
 
   def not_done(carry):

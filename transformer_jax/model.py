@@ -26,6 +26,11 @@ import numpy as np
 NEG_INF = -1e9  # added to masked attention logits; exp() of it is exactly 0 in f32
 
 
+# Activation rematerialisation: what the backward pass may keep instead of recomputing.
+REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Sizes and options of the Transformer; built from `config.model` (unknown keys fail)."""
@@ -44,6 +49,11 @@ class ModelConfig:
   share_embeddings: bool = True           # one embedding table for source and target
   tie_output_embedding: bool = True       # output softmax uses the target embedding matrix
   dtype: str = "float32"                  # compute dtype of matmuls: float32 or bfloat16
+  remat: str = "none"                     # recompute layer activations in the backward pass:
+                                          # "none", "full" (save only layer inputs) or
+                                          # "dots" (keep matmul outputs, recompute the rest)
+  scan_layers: bool = False               # one scanned layer per stack (fast compiles for
+                                          # deep models; parameters stacked on a layer axis)
 
   def __post_init__(self):
     if self.d_model % self.num_heads:
@@ -52,6 +62,9 @@ class ModelConfig:
     if self.positional_encoding not in ("sinusoidal", "learned"):
       raise ValueError(f"config.model.positional_encoding={self.positional_encoding!r}: "
                        "expected 'sinusoidal' or 'learned'")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"config.model.remat={self.remat!r}: expected one of "
+                       f"{', '.join(map(repr, REMAT_POLICIES))}")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"config.model.dtype={self.dtype!r}: expected 'float32' or 'bfloat16'")
     for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
@@ -328,6 +341,56 @@ class DecoderLayer(nn.Module):
         y_BTD, lambda h: ffn(h, deterministic), deterministic)
 
 
+class ScannedEncoderLayer(EncoderLayer):
+  """EncoderLayer in nn.scan's (carry, output) form."""
+
+  def __call__(self, x_BSD, mask_BHSS, deterministic: bool):
+    return super().__call__(x_BSD, mask_BHSS, deterministic), None
+
+
+class ScannedDecoderLayer(DecoderLayer):
+  """DecoderLayer in nn.scan's (carry, output) form (training and scoring; decoding uses the
+  per-layer form, see `unstack_layers`)."""
+
+  def __call__(self, y_BTD, encoded_BSD, self_mask_BHTT, cross_mask_BHTS, deterministic: bool):
+    return super().__call__(y_BTD, encoded_BSD, self_mask_BHTT, cross_mask_BHTS,
+                            deterministic), None
+
+
+def _layer_stack(cfg: ModelConfig, layer_cls, num_layers: int, static_argnums, prefix: str):
+  """The layers of one stack: `num_layers` modules named {prefix}_{i}, or one nn.scan over a
+  layer whose parameters have a leading 'layers' axis; rematerialised if configured."""
+  if cfg.remat != "none":
+    layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat],
+                         prevent_cse=not cfg.scan_layers, static_argnums=static_argnums)
+  if not cfg.scan_layers:
+    return [layer_cls(cfg, name=f"{prefix}_{i}") for i in range(num_layers)]
+  scanned = nn.scan(layer_cls, variable_axes={"params": 0, "intermediates": 0},
+                    split_rngs={"params": True, "dropout": True},
+                    in_axes=nn.broadcast,  # masks, encoder output, flags: the same each layer
+                    length=num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+  return scanned(cfg, name=f"{prefix}_layers")
+
+
+def unstack_layers(params, cfg: ModelConfig):
+  """Scanned parameters (one stacked entry per stack) in the per-layer layout."""
+  params = dict(params)
+  for prefix, n in (("encoder", cfg.num_encoder_layers), ("decoder", cfg.num_decoder_layers)):
+    stacked = params.pop(f"{prefix}_layers")
+    for i in range(n):
+      params[f"{prefix}_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], stacked)
+  return params
+
+
+def stack_layers(params, cfg: ModelConfig):
+  """Per-layer parameters in the scanned layout (the inverse of `unstack_layers`)."""
+  params = dict(params)
+  for prefix, n in (("encoder", cfg.num_encoder_layers), ("decoder", cfg.num_decoder_layers)):
+    layers = [params.pop(f"{prefix}_{i}") for i in range(n)]
+    params[f"{prefix}_layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
+  return params
+
+
 def padding_mask(query_BT, key_BS):
   """True where both the query and the key token are real (non-padding), as (B, 1, T, S)."""
   return ((query_BT > 0)[:, None, :, None]) & ((key_BS > 0)[:, None, None, :])
@@ -367,10 +430,17 @@ class Transformer(nn.Module):
     # A module of its own on the target side: in decode mode it keeps the step count.
     self.target_positional_encoding = PositionalEncoding(cfg)
     self.embedding_dropout = nn.Dropout(cfg.dropout_rate)
-    self.encoder_layers = [EncoderLayer(cfg, name=f"encoder_{i}")
-                           for i in range(cfg.num_encoder_layers)]
-    self.decoder_layers = [DecoderLayer(cfg, name=f"decoder_{i}")
-                           for i in range(cfg.num_decoder_layers)]
+    # (self counts as argument 0 for nn.remat's static_argnums: `deterministic`, `decode`)
+    if cfg.scan_layers:
+      self.encoder_stack = _layer_stack(cfg, ScannedEncoderLayer, cfg.num_encoder_layers, (3,),
+                                        "encoder")
+      self.decoder_stack = _layer_stack(cfg, ScannedDecoderLayer, cfg.num_decoder_layers, (5,),
+                                        "decoder")
+    else:
+      self.encoder_layers = _layer_stack(cfg, EncoderLayer, cfg.num_encoder_layers, (3,),
+                                         "encoder")
+      self.decoder_layers = _layer_stack(cfg, DecoderLayer, cfg.num_decoder_layers, (5, 6),
+                                         "decoder")
     if cfg.pre_layer_norm:  # pre-LN leaves the stack's output unnormalised: one final LN each
       self.encoder_norm = nn.LayerNorm(name="encoder_norm", param_dtype=jnp.float32)
       self.decoder_norm = nn.LayerNorm(name="decoder_norm", param_dtype=jnp.float32)
@@ -388,8 +458,11 @@ class Transformer(nn.Module):
       mask_B1SS &= segment_mask(inputs_segmentation_BS, inputs_segmentation_BS)
     x_BSD = self.source_positional_encoding(self.source_embedding(inputs_BS), inputs_positions_BS)
     x_BSD = self.embedding_dropout(x_BSD, deterministic=not train)
-    for layer in self.encoder_layers:
-      x_BSD = layer(x_BSD, mask_B1SS, deterministic=not train)
+    if self.config.scan_layers:
+      x_BSD, _ = self.encoder_stack(x_BSD, mask_B1SS, not train)
+    else:
+      for layer in self.encoder_layers:
+        x_BSD = layer(x_BSD, mask_B1SS, not train)
     return self.encoder_norm(x_BSD) if self.config.pre_layer_norm else x_BSD
 
   def decode(self, encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT=None,
@@ -417,9 +490,15 @@ class Transformer(nn.Module):
     y_BTD = self.target_positional_encoding(self.target_embedding(decoder_inputs_BT),
                                             positions_BT, decode)
     y_BTD = self.embedding_dropout(y_BTD, deterministic=not train)
-    for layer in self.decoder_layers:
-      y_BTD = layer(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS,
-                    deterministic=not train, decode=decode)
+    if cfg.scan_layers:
+      if decode:
+        raise ValueError("cached decoding needs the per-layer layout: use "
+                         "model.unscanned(model, params)")
+      y_BTD, _ = self.decoder_stack(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS,
+                                    not train)
+    else:
+      for layer in self.decoder_layers:
+        y_BTD = layer(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS, not train, decode)
     if cfg.pre_layer_norm:
       y_BTD = self.decoder_norm(y_BTD)
     if cfg.tie_output_embedding:
@@ -440,3 +519,11 @@ class Transformer(nn.Module):
     keys/values for `max_decode_len` steps and the encoder's cross-attention keys/values."""
     dummy_BT = jnp.zeros((inputs_BS.shape[0], max_decode_len), jnp.int32)
     return self.decode(encoded_BSD, inputs_BS, dummy_BT, decode=True)
+
+
+def unscanned(model: Transformer, params):
+  """The same model in the per-layer layout (what cached decoding runs on)."""
+  if not model.config.scan_layers:
+    return model, params
+  cfg = dataclasses.replace(model.config, scan_layers=False)
+  return Transformer(cfg), unstack_layers(params, model.config)

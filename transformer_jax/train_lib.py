@@ -57,21 +57,53 @@ def _logits(model, params, batch, train, rngs=None):
       train=train, rngs=rngs)
 
 
-def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float):
-  """One optimizer step; returns the new state and metric sums with their denominators."""
-  dropout_rng = jax.random.fold_in(rng, state.step)
-  weights = batch["targets"] > 0
+def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float,
+               num_micro_batches: int = 1):
+  """One optimizer step; returns the new state and metric sums with their denominators.
 
-  def loss_fn(params):
-    logits = _logits(model, params, batch, True, {"dropout": dropout_rng})
-    loss_sum, nll_sum, num_tokens = cross_entropy(logits, batch["targets"], weights,
+  With `num_micro_batches` k > 1 the batch is processed as k micro-batches (gradient
+  accumulation): the summed gradients over all of them, divided by the batch's token count,
+  are the full batch's gradient, at 1/k of the activation memory.
+  """
+  dropout_rng = jax.random.fold_in(rng, state.step)
+
+  def loss_fn(params, batch, rngs):
+    logits = _logits(model, params, batch, True, rngs)
+    loss_sum, nll_sum, num_tokens = cross_entropy(logits, batch["targets"], batch["targets"] > 0,
                                                   label_smoothing)
     return loss_sum / jnp.maximum(num_tokens, 1.0), (loss_sum, nll_sum, num_tokens)
 
-  grads, (loss_sum, nll_sum, num_tokens) = jax.grad(loss_fn, has_aux=True)(state.params)
+  if num_micro_batches == 1:
+    grads, (loss_sum, nll_sum, num_tokens) = jax.grad(loss_fn, has_aux=True)(
+        state.params, batch, {"dropout": dropout_rng})
+  else:
+    grads, (loss_sum, nll_sum, num_tokens) = _accumulated_grads(
+        loss_fn, state.params, batch, dropout_rng, num_micro_batches)
   new_state = state.apply_gradients(grads=grads)
   return new_state, {"loss_sum": loss_sum, "nll_sum": nll_sum, "num_tokens": num_tokens,
                      "grad_norm": optax.tree.norm(grads), "steps": jnp.float32(1.0)}
+
+
+def _accumulated_grads(loss_fn, params, batch, dropout_rng, k: int):
+  """Gradients of the token-mean loss over the whole batch, summed over k micro-batches."""
+  def split(x):  # row r goes to micro-batch r % k: each one stays spread over all devices
+    return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+  def sum_loss_fn(params, micro, rngs):  # the summed (not averaged) loss of a micro-batch
+    _, sums = loss_fn(params, micro, rngs)
+    return sums[0], sums
+
+  def body(acc, xs):
+    index, micro = xs
+    rngs = {"dropout": jax.random.fold_in(dropout_rng, index)}
+    grads, sums = jax.grad(sum_loss_fn, has_aux=True)(params, micro, rngs)
+    return jax.tree_util.tree_map(jnp.add, acc, (grads, sums)), None
+
+  zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), (jnp.float32(0),) * 3)
+  (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(k),
+                                                jax.tree_util.tree_map(split, batch)))
+  grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(sums[2], 1.0), grads)
+  return grads, sums
 
 
 def eval_step(params, batch, *, model):
@@ -206,9 +238,10 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   except ValueError as e:
     raise ConfigError(str(e)) from None
   dp = sharding.data_parallel_size(mesh)
-  if cfg.data.batch_size % dp:
+  if cfg.data.batch_size % (dp * cfg.num_micro_batches):
     raise ConfigError(f"config.data.batch_size={cfg.data.batch_size} is not divisible by the "
-                      f"data-parallel size {dp} (mesh {dict(mesh.shape)})")
+                      f"data-parallel size {dp} (mesh {dict(mesh.shape)}) times "
+                      f"config.num_micro_batches={cfg.num_micro_batches}")
   model = Transformer(cfg.model)
   abstract_state(cfg, model, mesh)  # fails fast if the mesh cannot split the parameters
   tok = load_tokenizer(cfg, workdir)
@@ -231,7 +264,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
 
   batch_sharding = sharding.batch_sharding(mesh)
   p_train_step = jax.jit(
-      functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing),
+      functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
+                        num_micro_batches=cfg.num_micro_batches),
       in_shardings=(state_sharding, batch_sharding, sharding.replicated(mesh)),
       out_shardings=(state_sharding, sharding.replicated(mesh)),
       donate_argnums=(0,))

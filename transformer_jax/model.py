@@ -84,45 +84,78 @@ class ModelConfig:
 
 
 def _einsum_grad_specs(spec: str) -> tuple[str, str]:
-  """For "a,b->c", the specs of the two gradients: "c,b->a" and "c,a->b" (cotangent first:
-  XLA:CPU has no bf16 kernel for some operand orders of the second one)."""
+  """For "a,b->c", the specs of the two gradients: "c,b->a" and "c,a->b". The cotangent comes
+  first in both: on CPU this lets XLA feed the (tokens, vocab) logits gradient to the
+  weight-gradient matmul as it is, where jax.grad's own order transposes it first (a 64 MB
+  strided copy, ~12% of a default-config f32 step); XLA:CPU also lacks bf16 kernels for some
+  other operand orders."""
   inputs, out = spec.split("->")
   lhs, rhs = inputs.split(",")
   return f"{out},{rhs}->{lhs}", f"{out},{lhs}->{rhs}"
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _bf16_einsum(spec, a, b):
-  return jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
-                    preferred_element_type=jnp.float32)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def _einsum(spec, a, b, dtype):
+  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _bf16_einsum_fwd(spec, a, b):
-  a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-  out = jnp.einsum(spec, a16, b16, preferred_element_type=jnp.float32)
+def _einsum_fwd(spec, a, b, dtype):
+  a_c, b_c = a.astype(dtype), b.astype(dtype)
+  out = jnp.einsum(spec, a_c, b_c, preferred_element_type=jnp.float32)
   # Zero-size sentinels carry the input dtypes (residuals must be arrays).
-  return out, (a16, b16, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
+  return out, (a_c, b_c, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
 
 
-def _bf16_einsum_bwd(spec, residuals, g):
-  # The backward matmuls also take bf16 inputs and accumulate in f32; without this rule the
-  # f32 cotangent promotes them to slow f32 matmuls.
-  a16, b16, a_like, b_like = residuals
-  g16 = g.astype(jnp.bfloat16)
+def _einsum_bwd(spec, dtype, residuals, g):
+  # The backward matmuls take inputs in the compute dtype too (bf16: without this rule the
+  # f32 cotangent promotes them to slow f32 matmuls) and accumulate in f32.
+  a_c, b_c, a_like, b_like = residuals
+  g_c = g.astype(dtype)
   spec_a, spec_b = _einsum_grad_specs(spec)
-  da = jnp.einsum(spec_a, g16, b16, preferred_element_type=jnp.float32)
-  db = jnp.einsum(spec_b, g16, a16, preferred_element_type=jnp.float32)
+  da = jnp.einsum(spec_a, g_c, b_c, preferred_element_type=jnp.float32)
+  if dtype == jnp.float32:
+    db = _weight_grad(spec, a_c, g_c)
+  else:
+    db = jnp.einsum(spec_b, g_c, a_c, preferred_element_type=jnp.float32)
   return da.astype(a_like.dtype), db.astype(b_like.dtype)
 
 
-_bf16_einsum.defvjp(_bf16_einsum_fwd, _bf16_einsum_bwd)
+def _weight_grad(spec, a, g):
+  """d einsum(spec, a, b) / d b for a cotangent g, as one matmul contracting over the tokens.
+
+  XLA:CPU's matmul kernel reads its first operand with the contracted axis innermost, so
+  one operand gets transposed in memory: the one with fewer free elements is put first (the
+  activations for the (tokens, vocab) logits, the cotangent for the FFN output projection),
+  and the small result is transposed to the parameter's layout.
+  """
+  inputs, out = spec.split("->")
+  lhs, rhs = inputs.split(",")
+  strip = lambda s: s.replace("...", "")
+  a_letters, g_letters = strip(lhs), strip(out)
+  a_free = [c for c in a_letters if c in rhs]
+  g_free = [c for c in g_letters if c in rhs]
+  size = lambda x, letters, free: math.prod(x.shape[x.ndim - len(letters) + letters.index(c)]
+                                            for c in free)
+  if size(a, a_letters, a_free) <= size(g, g_letters, g_free):
+    natural = "".join(a_free + g_free)
+    db = jnp.einsum(f"{lhs},{out}->{natural}", a, g, preferred_element_type=jnp.float32)
+  else:
+    natural = "".join(g_free + a_free)
+    db = jnp.einsum(f"{out},{lhs}->{natural}", g, a, preferred_element_type=jnp.float32)
+  if natural != rhs:
+    db = jnp.transpose(db, [natural.index(c) for c in rhs])
+  return db
+
+
+_einsum.defvjp(_einsum_fwd, _einsum_bwd)
 
 
 def matmul(spec: str, a, b, dtype, bf16_backward: bool = True):
   """einsum(spec, a, b) with f32 results: exact f32, or bf16 inputs with f32 accumulation
-  when `dtype` is bfloat16 (in the backward pass too, unless `bf16_backward` is False)."""
-  if dtype == jnp.bfloat16 and bf16_backward:
-    return _bf16_einsum(spec, a, b)
+  when `dtype` is bfloat16 (in the backward pass too, unless `bf16_backward` is False).
+  Projections differentiate through `_einsum`'s rule; attention scores keep jax.grad's."""
+  if bf16_backward:
+    return _einsum(spec, a, b, dtype)
   return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 

@@ -500,7 +500,8 @@ class Transformer(nn.Module):
 
   def decode(self, encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT=None,
              targets_positions_BT=None, inputs_segmentation_BS=None,
-             targets_segmentation_BT=None, train: bool = False, decode: bool = False):
+             targets_segmentation_BT=None, train: bool = False, decode: bool = False,
+             return_hidden: bool = False):
     """Logits (B, T, V) over the next token given decoder inputs (the shifted targets).
 
     Teacher forcing needs `targets_BT` (for the padding mask). With `decode=True` it runs one
@@ -534,18 +535,24 @@ class Transformer(nn.Module):
         y_BTD = layer(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS, not train, decode)
     if cfg.pre_layer_norm:
       y_BTD = self.decoder_norm(y_BTD)
+    if return_hidden:  # the softmax layer's input and matrix (fused_loss computes the rest)
+      if not cfg.tie_output_embedding:
+        raise ValueError("return_hidden needs tie_output_embedding")
+      return y_BTD, self.target_embedding.table_VD
     if cfg.tie_output_embedding:
       return self.target_embedding.attend(y_BTD)
     return self.output_projection(y_BTD)
 
   def __call__(self, inputs_BS, targets_BT, inputs_positions_BS=None, targets_positions_BT=None,
-               inputs_segmentation_BS=None, targets_segmentation_BT=None, train: bool = False):
-    """Teacher-forced logits (B, T, V): predicts targets[t] from source and targets[<t]."""
+               inputs_segmentation_BS=None, targets_segmentation_BT=None, train: bool = False,
+               return_hidden: bool = False):
+    """Teacher-forced logits (B, T, V): predicts targets[t] from source and targets[<t]
+    (or, with `return_hidden`, the final hidden states (B, T, D) and the output matrix)."""
     encoded_BSD = self.encode(inputs_BS, inputs_positions_BS, inputs_segmentation_BS, train)
     decoder_inputs_BT = shift_right(targets_BT, targets_positions_BT)
     return self.decode(encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT,
                        targets_positions_BT, inputs_segmentation_BS, targets_segmentation_BT,
-                       train)
+                       train, return_hidden=return_hidden)
 
   def init_cache(self, encoded_BSD, inputs_BS, max_decode_len: int):
     """Creates the decoding cache (run with mutable=['cache']): empty self-attention

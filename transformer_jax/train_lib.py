@@ -16,7 +16,8 @@ import optax
 import logging
 from flax.training import train_state
 
-from transformer_jax import checkpoints, data, decode, evaluate, metrics, sharding, tokenizer
+from transformer_jax import (checkpoints, data, decode, evaluate, fused_loss, metrics, sharding,
+                             tokenizer)
 from transformer_jax.config import ConfigError, TrainConfig
 from transformer_jax.model import Transformer
 from transformer_jax.optimizer import learning_rate_schedule, make_optimizer
@@ -47,14 +48,29 @@ def cross_entropy(logits_BTV, targets_BT, weights_BT, label_smoothing: float):
   return jnp.sum(loss_BT * w), jnp.sum(nll_BT * w), jnp.sum(w)
 
 
-def _logits(model, params, batch, train, rngs=None):
+def _logits(model, params, batch, train, rngs=None, return_hidden=False):
   return model.apply(
       {"params": params}, batch["inputs"], batch["targets"],
       inputs_positions_BS=batch.get("inputs_positions"),
       targets_positions_BT=batch.get("targets_positions"),
       inputs_segmentation_BS=batch.get("inputs_segment_ids"),
       targets_segmentation_BT=batch.get("targets_segment_ids"),
-      train=train, rngs=rngs)
+      train=train, rngs=rngs, return_hidden=return_hidden)
+
+
+def training_loss_sums(model, params, batch, rngs, label_smoothing: float):
+  """(smoothed loss sum, NLL sum, token count) of a training batch. With a tied softmax the
+  output layer and loss run fused, in chunks of tokens (`fused_loss`); otherwise through the
+  model's logits."""
+  targets_BT = batch["targets"]
+  if not model.config.tie_output_embedding:
+    logits = _logits(model, params, batch, True, rngs)
+    return cross_entropy(logits, targets_BT, targets_BT > 0, label_smoothing)
+  hidden_BTD, table_VD = _logits(model, params, batch, True, rngs, return_hidden=True)
+  return fused_loss.output_loss(hidden_BTD.reshape(-1, hidden_BTD.shape[-1]), table_VD,
+                                targets_BT.reshape(-1),
+                                (targets_BT > 0).reshape(-1).astype(jnp.float32),
+                                label_smoothing, model.config.compute_dtype)
 
 
 def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float,
@@ -68,9 +84,8 @@ def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float,
   dropout_rng = jax.random.fold_in(rng, state.step)
 
   def loss_fn(params, batch, rngs):
-    logits = _logits(model, params, batch, True, rngs)
-    loss_sum, nll_sum, num_tokens = cross_entropy(logits, batch["targets"], batch["targets"] > 0,
-                                                  label_smoothing)
+    loss_sum, nll_sum, num_tokens = training_loss_sums(model, params, batch, rngs,
+                                                       label_smoothing)
     return loss_sum / jnp.maximum(num_tokens, 1.0), (loss_sum, nll_sum, num_tokens)
 
   if num_micro_batches == 1:

@@ -1,6 +1,13 @@
-"""Beam-search decoding speed of a trained run on a split: sentences/s, cold and warm.
+"""Beam-search decoding speed: of a trained run on a split, or of the PyTorch peer's shape.
 
   python benchmarks/decode_speed.py --workdir=runs/default [--split=test2016] [--beam_size=4]
+  python benchmarks/decode_speed.py --shape=small [--torch_python=/path/to/torch-venv/bin/python]
+
+`--shape=small` decodes like ../shared/peers/torch_peer.py --mode decode: a randomly
+initialised small model (d_model 256, 3+3 layers, 4 heads, FFN 1024, vocab 8000), 64 random
+sources of 32 tokens, beam 4, alpha 0.6, exactly 32 new tokens (`min_len` = `max_len` = 32,
+as Hugging Face's min_new_tokens = max_new_tokens = 32); sentences/s is the median of 5 warm
+calls. With `--torch_python` the peer (Hugging Face `generate`) runs between our calls.
 
 Cold includes compiling one program per batch shape; warm reruns the same batches. The
 whole search (encoder, cached decoder steps, beam bookkeeping) is one compiled program per
@@ -20,13 +27,64 @@ from transformer_jax import data, decode, evaluate, inference  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained workdir.")
+flags.DEFINE_enum("shape", "", ["", "small"], "Decode the PyTorch peer's shape instead.")
+flags.DEFINE_string("torch_python", "", "Python with torch + transformers: runs the peer too.")
+flags.DEFINE_integer("rounds", 2, "Alternating rounds with the peer (--shape).")
 flags.DEFINE_string("split", "", "Split to decode (default: the config's test split).")
 flags.DEFINE_integer("beam_size", 4, "Beam size.")
 flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
-flags.mark_flag_as_required("workdir")
+
+
+def peer_shape():
+  """Ours vs Hugging Face generate on the peer's decode benchmark (see the module doc)."""
+  import json
+  import statistics
+  import subprocess
+  import flax.linen as nn
+  import jax
+  import numpy as np
+  from transformer_jax.model import ModelConfig, Transformer
+  cfg = ModelConfig(vocab_size=8000, d_model=256, num_heads=4, d_ff=1024,
+                    num_encoder_layers=3, num_decoder_layers=3, dtype="bfloat16")
+  model = Transformer(cfg)
+  src = np.random.default_rng(2).integers(3, 8000, (64, 32)).astype(np.int32)
+  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), src[:1], src[:1, :4])["params"])
+  run = lambda: jax.block_until_ready(decode.beam_search(
+      model, params, src, beam_size=4, alpha=0.6, max_len=32, min_len=32))
+  t = time.perf_counter()
+  seqs, _ = run()
+  cold = time.perf_counter() - t
+  assert np.asarray(seqs).shape == (64, 4, 32) and not (np.asarray(seqs)[:, 0] == 1).any()
+  ours, peer = [], []
+  peer_cmd = [FLAGS.torch_python, str(Path(__file__).resolve().parents[2] / "shared" / "peers"
+                                      / "torch_peer.py"), "--config", "small", "--mode",
+              "decode"]
+  for _ in range(FLAGS.rounds):
+    times = []
+    for _ in range(5):
+      t = time.perf_counter()
+      run()
+      times.append(time.perf_counter() - t)
+    ours.append(64 / statistics.median(times))
+    if FLAGS.torch_python:
+      out = subprocess.run(peer_cmd, capture_output=True, text=True, check=True)
+      peer.append(json.loads(out.stdout.strip().splitlines()[-1])["sentences_per_s"])
+  print(f"machine: {platform.machine()}; {time.strftime('%Y-%m-%d %H:%M')}; small shape, "
+        f"64 x 32 source tokens, beam 4, 32 new tokens, bf16")
+  print(f"ours (one compiled program): {statistics.median(ours):.1f} sentences/s warm "
+        f"(rounds: {', '.join(f'{x:.1f}' for x in ours)}); first call with compilation "
+        f"{cold:.1f} s")
+  if peer:
+    print(f"Hugging Face generate: {statistics.median(peer):.1f} sentences/s (rounds: "
+          f"{', '.join(f'{x:.1f}' for x in peer)}); ours / HF = "
+          f"{statistics.median(ours) / statistics.median(peer):.2f}x")
 
 
 def main(_):
+  if FLAGS.shape:
+    return peer_shape()
+  if not FLAGS.workdir:
+    raise app.UsageError("--workdir (a trained run) or --shape=small is required")
   run = inference.load_run(FLAGS.workdir)
   (_, steps, from_best), = run.select(FLAGS.checkpoint)
   params = run.params(steps, from_best)

@@ -85,6 +85,7 @@ def get_config():
   config.decode.top_p = 1.0             # sampling: nucleus probability mass
   config.decode.seed = 0                # sampling: random seed
   config.decode.nbest = 1               # beam search: hypotheses returned per sentence
+  config.decode.min_length = 0          # beam search: no EOS before this many tokens
 
   config.parallelism = ml_collections.ConfigDict()
   config.parallelism.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = all other devices

@@ -71,6 +71,18 @@ def test_beam_one_equals_greedy(tiny):
   np.testing.assert_array_equal(np.asarray(beam[:, 0]), np.asarray(greedy))
 
 
+@pytest.mark.parametrize("min_len", [3, 6])
+def test_min_length_keeps_eos_from_ending_short_hypotheses(tiny, min_len):
+  model, params, inputs = tiny
+  free, _ = decode.beam_search(model, params, inputs, beam_size=2, alpha=0.6, max_len=6)
+  first_eos = lambda seqs: [list(s).index(EOS_ID) if EOS_ID in s else len(s)
+                            for s in np.asarray(seqs).reshape(-1, 6)]
+  assert min(first_eos(free)) < 3  # without the limit, some hypotheses end early
+  seqs, _ = decode.beam_search(model, params, inputs, beam_size=2, alpha=0.6, max_len=6,
+                               min_len=min_len)
+  assert min(first_eos(seqs)) >= min_len  # at least min_len tokens before any EOS
+
+
 def test_beam_scores_sorted_and_consistent(tiny):
   model, params, inputs = tiny
   seqs, scores = decode.beam_search(model, params, inputs, beam_size=4, alpha=0.6, max_len=6)

@@ -38,8 +38,11 @@ class DecodeConfig:
   top_p: float = 1.0            # sampling: keep the smallest set with probability >= p
   seed: int = 0                 # sampling: random seed (same seed, same samples)
   nbest: int = 1                # beam search: hypotheses returned per sentence (<= beam_size)
+  min_length: int = 0           # beam search: fewest tokens before EOS may end a hypothesis
 
   def __post_init__(self):
+    if self.min_length < 0:
+      raise ValueError(f"config.decode.min_length={self.min_length} must be >= 0")
     if self.beam_size < 1:
       raise ValueError(f"config.decode.beam_size={self.beam_size} must be >= 1")
     if self.max_length < 1 or self.batch_size < 1:
@@ -75,14 +78,21 @@ def _unflat(x, batch_size):  # (B*W, ...) -> (B, W, ...)
 
 
 def _gather_beams(tree, beam_indices_BW, batch_size):
-  """Picks, for each sentence, the beams `beam_indices_BW` from every (B*W, ...) leaf."""
-  def gather(x):
+  """Picks, for each sentence, the beams `beam_indices_BW` from every (B*W, ...) leaf.
+
+  The encoder's keys/values cached for cross-attention are the same for all beams of a
+  sentence, so they are left as they are (gathering them every step costs as much as the
+  self-attention cache).
+  """
+  def gather(path, x):
     if x.ndim == 0:  # cache step counters are shared by all beams
+      return x
+    if any(getattr(k, "key", None) == "cross_attention" for k in path):
       return x
     x = _unflat(x, batch_size)
     idx = beam_indices_BW.reshape(beam_indices_BW.shape + (1,) * (x.ndim - 2))
     return _flat(jnp.take_along_axis(x, idx, axis=1))
-  return jax.tree_util.tree_map(gather, tree)
+  return jax.tree_util.tree_map_with_path(gather, tree)
 
 
 def _decoder_step(model, params, cache, encoded, inputs, tokens_N):
@@ -114,12 +124,13 @@ class BeamState:
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_len",
-                                             "num_return"))
+                                             "num_return", "min_len"))
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
-                num_return: int = 1):
+                num_return: int = 1, min_len: int = 0):
   """Returns (sequences (B, W, max_len), scores (B, W)), best first; sequences end in EOS
   (or stop at max_len) and are padded with 0. The search runs until the best `num_return`
-  finished hypotheses can no longer change, so those are exact n-best entries."""
+  finished hypotheses can no longer change, so those are exact n-best entries. EOS cannot
+  end a hypothesis of fewer than `min_len` tokens."""
   B, W = inputs_BS.shape[0], beam_size
   model, params = unscanned(model, params)
   inputs, encoded, cache = _prepare(model, params, inputs_BS, W, max_len)
@@ -140,6 +151,8 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   def step(s: BeamState):
     previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
     log_probs, cache = _decoder_step(model, params, s.cache, encoded, inputs, _flat(previous))
+    if min_len:
+      log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
     V = log_probs.shape[-1]
     candidates_BWV = s.live_logprobs[..., None] + _unflat(log_probs, B)
     top_logprobs, top_ids = jax.lax.top_k(candidates_BWV.reshape(B, W * V), 2 * W)
@@ -254,7 +267,7 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
     else:
       seqs, scores = beam_search(model, params, inputs, beam_size=cfg.beam_size,
                                  alpha=cfg.length_penalty, max_len=max_len,
-                                 num_return=cfg.nbest)
+                                 num_return=cfg.nbest, min_len=min(cfg.min_length, max_len))
       seqs, scores = seqs[:, :cfg.nbest], scores[:, :cfg.nbest]
     yield rows, sharding.fetch(seqs), sharding.fetch(scores)
 

@@ -240,15 +240,19 @@ class PositionalEncoding(nn.Module):
 
 
 def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
-                                 dropout: nn.Module | None = None):
-  """softmax(Q K^T / sqrt(d_k)) V over each head; returns (output_BTHK, weights_BHTS)."""
+                                 dropout: nn.Module | None = None, kv_layout: str = "bshk"):
+  """softmax(Q K^T / sqrt(d_k)) V over each head; returns (output_BTHK, weights_BHTS).
+
+  Keys and values are (B, S, H, K), or (B, H, K, S) with `kv_layout="bhks"` (the decoding
+  cache: the layout the matmuls read, so that no step transposes the whole cache)."""
   q_BTHK = q_BTHK / math.sqrt(q_BTHK.shape[-1])
   # XLA:CPU lacks bf16 kernels for some batched attention gradients: those stay f32.
-  logits_BHTS = matmul("bthk,bshk->bhts", q_BTHK, k_BSHK, dtype, bf16_backward=False)
+  logits_BHTS = matmul(f"bthk,{kv_layout}->bhts", q_BTHK, k_BSHK, dtype, bf16_backward=False)
   logits_BHTS = jnp.where(mask_BHTS, logits_BHTS, NEG_INF)
   weights_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
   dropped_BHTS = weights_BHTS if dropout is None else dropout(weights_BHTS)
-  out_BTHK = matmul("bhts,bshk->bthk", dropped_BHTS, v_BSHK, dtype, bf16_backward=False)
+  out_BTHK = matmul(f"bhts,{kv_layout}->bthk", dropped_BHTS, v_BSHK, dtype,
+                    bf16_backward=False)
   return out_BTHK, weights_BHTS
 
 
@@ -268,6 +272,7 @@ class MultiHeadAttention(nn.Module):
     split_heads = lambda name: Projection((D,), (H, K), ("embed", "heads", "kv"), dtype, name=name)
     q_BTHK = split_heads("query")(x_BTD)
 
+    kv_layout = "bshk"
     if decode and self.is_cross_attention:
       # Encoder keys/values never change while decoding: compute them when the cache is made.
       if not self.has_variable("cache", "cached_key"):
@@ -279,34 +284,41 @@ class MultiHeadAttention(nn.Module):
       k_BSHK = split_heads("key")(context_BSD)
       v_BSHK = split_heads("value")(context_BSD)
       if decode:
-        k_BSHK, v_BSHK, mask_BHTS = self._update_self_attention_cache(k_BSHK, v_BSHK, mask_BHTS)
+        k_BSHK, v_BSHK, mask_BHTS, kv_layout = self._update_self_attention_cache(
+            k_BSHK, v_BSHK, mask_BHTS)
 
     dropout = None
     if cfg.attention_dropout_rate > 0 and not deterministic:
       dropout = nn.Dropout(cfg.attention_dropout_rate, deterministic=False)
     out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
-                                                          dtype, dropout)
+                                                          dtype, dropout, kv_layout)
     self.sow("intermediates", "attention_weights", weights_BHTS)
     merge_heads = Projection((H, K), (D,), ("heads", "kv", "embed"), dtype, name="output")
     return merge_heads(out_BTHK)
 
   def _update_self_attention_cache(self, k_B1HK, v_B1HK, mask_BHTS):
-    """Writes this step's key/value at the cache index; attends to positions <= index."""
+    """Writes this step's key/value at the cache index; attends to positions <= index.
+    Returns keys, values, mask and their layout: the cache is kept as (B, H, K, max_len)."""
     initialized = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, k_B1HK.shape, k_B1HK.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, v_B1HK.shape, v_B1HK.dtype)
+    B, L, H, K = k_B1HK.shape  # (when the cache is created: L = max_len)
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, (B, H, K, L), k_B1HK.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, (B, H, K, L),
+                                 v_B1HK.dtype)
     index = self.variable("cache", "index", lambda: jnp.array(0, dtype=jnp.int32))
     if not initialized:  # creating the cache (full-length dummy input): nothing to attend to
-      return k_B1HK, v_B1HK, mask_BHTS
-    if k_B1HK.shape[1] != 1:
-      raise ValueError(f"cached decoding takes one token per step, got {k_B1HK.shape[1]}")
+      return k_B1HK, v_B1HK, mask_BHTS, "bshk"
+    if L != 1:
+      raise ValueError(f"cached decoding takes one token per step, got {L}")
     i = index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, k_B1HK, (0, i, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, v_B1HK, (0, i, 0, 0))
+    to_cache = lambda x_B1HK: x_B1HK.transpose(0, 2, 3, 1)  # (B, H, K, 1)
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, to_cache(k_B1HK),
+                                                    (0, 0, 0, i))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, to_cache(v_B1HK),
+                                                      (0, 0, 0, i))
     index.value = i + 1
-    max_len = cached_key.value.shape[1]
+    max_len = cached_key.value.shape[-1]
     causal_11TS = (jnp.arange(max_len) <= i)[None, None, None, :]
-    return cached_key.value, cached_value.value, causal_11TS
+    return cached_key.value, cached_value.value, causal_11TS, "bhks"
 
 
 class FeedForward(nn.Module):

@@ -105,8 +105,8 @@ def _output_loss_bwd(label_smoothing, dtype, residuals, cotangents):
   (dh_ND, dtable_VD), targets_N, weights_N, h_like, table_like = residuals
   g = cotangents[0]  # the loss sum's; the NLL sum and the count are not differentiated
   zeros_like_int = np.zeros(targets_N.shape, jax.dtypes.float0)
-  return ((g * dh_ND).astype(h_like.dtype), (g * dtable_VD).astype(table_like.dtype), zeros_like_int,
-          jnp.zeros_like(weights_N))
+  return ((g * dh_ND).astype(h_like.dtype), (g * dtable_VD).astype(table_like.dtype),
+          zeros_like_int, jnp.zeros_like(weights_N))
 
 
 output_loss.defvjp(_output_loss_fwd, _output_loss_bwd)

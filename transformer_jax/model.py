@@ -276,8 +276,10 @@ class MultiHeadAttention(nn.Module):
     if decode and self.is_cross_attention:
       # Encoder keys/values never change while decoding: compute them when the cache is made.
       if not self.has_variable("cache", "cached_key"):
-        self.variable("cache", "cached_key", lambda: split_heads("key")(context_BSD))
-        self.variable("cache", "cached_value", lambda: split_heads("value")(context_BSD))
+        # (kept in the compute dtype: the attention matmuls cast them to it anyway)
+        for name, kind in (("cached_key", "key"), ("cached_value", "value")):
+          self.variable("cache", name,
+                        lambda kind=kind: split_heads(kind)(context_BSD).astype(dtype))
       k_BSHK = self.get_variable("cache", "cached_key")
       v_BSHK = self.get_variable("cache", "cached_value")
     else:
@@ -298,19 +300,20 @@ class MultiHeadAttention(nn.Module):
 
   def _update_self_attention_cache(self, k_B1HK, v_B1HK, mask_BHTS):
     """Writes this step's key/value at the cache index; attends to positions <= index.
-    Returns keys, values, mask and their layout: the cache is kept as (B, H, K, max_len)."""
+    Returns keys, values, mask and their layout: the cache is kept as (B, H, K, max_len), in
+    the compute dtype (what the attention matmuls read: bf16 halves the cache traffic)."""
     initialized = self.has_variable("cache", "cached_key")
     B, L, H, K = k_B1HK.shape  # (when the cache is created: L = max_len)
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, (B, H, K, L), k_B1HK.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, (B, H, K, L),
-                                 v_B1HK.dtype)
+    dtype = self.config.compute_dtype
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, (B, H, K, L), dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, (B, H, K, L), dtype)
     index = self.variable("cache", "index", lambda: jnp.array(0, dtype=jnp.int32))
     if not initialized:  # creating the cache (full-length dummy input): nothing to attend to
       return k_B1HK, v_B1HK, mask_BHTS, "bshk"
     if L != 1:
       raise ValueError(f"cached decoding takes one token per step, got {L}")
     i = index.value
-    to_cache = lambda x_B1HK: x_B1HK.transpose(0, 2, 3, 1)  # (B, H, K, 1)
+    to_cache = lambda x_B1HK: x_B1HK.transpose(0, 2, 3, 1).astype(dtype)  # (B, H, K, 1)
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, to_cache(k_B1HK),
                                                     (0, 0, 0, i))
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, to_cache(v_B1HK),

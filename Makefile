@@ -21,9 +21,17 @@ demo: install
 test: install
 	$(PY) -m pytest -q tests
 
+# TORCH_PYTHON=/path/to/venv/bin/python (torch==2.13.0, transformers==5.23.0) adds the
+# PyTorch peer's figures, measured between ours.
+PEER = $(if $(TORCH_PYTHON),--torch_python=$(TORCH_PYTHON) --rounds=2)
 bench: install
 	$(PY) benchmarks/train_speed.py --config=configs/tiny.py
-	$(PY) benchmarks/train_speed.py --config=configs/default.py
+	$(PY) benchmarks/train_speed.py --config=configs/default.py --dtypes=float32,bfloat16
+	$(PY) benchmarks/train_speed.py --config=configs/wmt_base.py --config.data.batch_size=8 \
+	    --steps=3 --dtypes=float32,bfloat16
+	$(PY) benchmarks/train_speed.py --shape=small --dtypes=float32,bfloat16 $(PEER)
+	$(PY) benchmarks/train_speed.py --shape=base --dtypes=float32,bfloat16 $(PEER)
+	$(PY) benchmarks/decode_speed.py --shape=small $(if $(TORCH_PYTHON),--torch_python=$(TORCH_PYTHON))
 
 lint: install
 	$(PY) -m pip install -q ruff

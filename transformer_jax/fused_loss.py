@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.sharding import merge_interleaved, split_interleaved
+
 CHUNK_TOKENS = 256
 
 
@@ -63,14 +65,6 @@ def _num_chunks(n: int) -> int:
   return n // chunk if chunk >= 64 else 1
 
 
-def _split(x, k):  # row r -> chunk r % k, so that every chunk spans all data-parallel shards
-  return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
-
-
-def _merge(x):
-  return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
-
-
 def _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype):
   k = _num_chunks(h_ND.shape[0])
 
@@ -81,8 +75,10 @@ def _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dty
 
   dtable, (loss_sums, nll_sums, dh) = jax.lax.scan(
       body, jnp.zeros(table_VD.shape, jnp.float32),
-      (_split(h_ND, k), _split(targets_N, k), _split(weights_N, k)))
-  return (jnp.sum(loss_sums), jnp.sum(nll_sums), jnp.sum(weights_N)), (_merge(dh), dtable)
+      (split_interleaved(h_ND, k), split_interleaved(targets_N, k),
+       split_interleaved(weights_N, k)))
+  return ((jnp.sum(loss_sums), jnp.sum(nll_sums), jnp.sum(weights_N)),
+          (merge_interleaved(dh), dtable))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))

@@ -102,6 +102,17 @@ def indivisible(abstract_tree, shardings) -> list[str]:
   return list(problems.values())
 
 
+def split_interleaved(x, k: int):
+  """(N, ...) -> (k, N/k, ...) with row r in piece r % k: with the rows split over devices in
+  contiguous blocks, every piece keeps rows on every device (micro-batches, loss chunks)."""
+  return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+
+def merge_interleaved(x):
+  """The inverse of `split_interleaved`."""
+  return x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+
+
 def global_batch(host_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
   """Assembles each host's rows into global arrays split over the batch mesh axes."""
   sharding = batch_sharding(mesh)

@@ -101,9 +101,6 @@ def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float,
 
 def _accumulated_grads(loss_fn, params, batch, dropout_rng, k: int):
   """Gradients of the token-mean loss over the whole batch, summed over k micro-batches."""
-  def split(x):  # row r goes to micro-batch r % k: each one stays spread over all devices
-    return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
-
   def sum_loss_fn(params, micro, rngs):  # the summed (not averaged) loss of a micro-batch
     _, sums = loss_fn(params, micro, rngs)
     return sums[0], sums
@@ -115,8 +112,8 @@ def _accumulated_grads(loss_fn, params, batch, dropout_rng, k: int):
     return jax.tree_util.tree_map(jnp.add, acc, (grads, sums)), None
 
   zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), (jnp.float32(0),) * 3)
-  (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(k),
-                                                jax.tree_util.tree_map(split, batch)))
+  micro_batches = jax.tree_util.tree_map(lambda x: sharding.split_interleaved(x, k), batch)
+  (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(k), micro_batches))
   grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(sums[2], 1.0), grads)
   return grads, sums
 

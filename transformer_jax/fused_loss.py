@@ -23,10 +23,11 @@ from transformer_jax.sharding import merge_interleaved, split_interleaved
 CHUNK_TOKENS = 256
 
 
-def _smoothing_constants(V: int, label_smoothing: float):
+def smoothing_constants(V: int, label_smoothing: float):
+  """(target probability, every other token's probability, the smoothed target's entropy);
+  the label-smoothed loss has that entropy, its minimum, subtracted."""
   confidence = 1.0 - label_smoothing
   low = label_smoothing / (V - 1)
-  # The smoothed loss has its minimum (the smoothed target's entropy) subtracted.
   entropy = -(confidence * np.log(confidence) + (V - 1) * low * np.log(low + 1e-20)) \
       if label_smoothing > 0 else 0.0
   return confidence, low, entropy
@@ -36,7 +37,7 @@ def _chunk_forward_backward(h_CD, table_VD, targets_C, weights_C, label_smoothin
   """Per-token (smoothed loss, NLL) of a chunk, and d(sum of weighted smoothed loss)/d logits
   pushed through the output layer: (dh_CD, dtable_VD)."""
   V = table_VD.shape[0]
-  confidence, low, entropy = _smoothing_constants(V, label_smoothing)
+  confidence, low, entropy = smoothing_constants(V, label_smoothing)
   logits_CV = jnp.einsum("cd,vd->cv", h_CD.astype(dtype), table_VD.astype(dtype),
                          preferred_element_type=jnp.float32)
   m_C = jnp.max(logits_CV, axis=-1)

@@ -38,11 +38,8 @@ def cross_entropy(logits_BTV, targets_BT, weights_BT, label_smoothing: float):
   V = logits_BTV.shape[-1]
   log_probs = jax.nn.log_softmax(logits_BTV.astype(jnp.float32))
   nll_BT = -jnp.take_along_axis(log_probs, targets_BT[..., None], axis=-1)[..., 0]
-  confidence = 1.0 - label_smoothing
-  low = label_smoothing / (V - 1)
+  confidence, low, entropy = fused_loss.smoothing_constants(V, label_smoothing)
   smooth_BT = confidence * nll_BT - low * (jnp.sum(log_probs, axis=-1) + nll_BT)
-  entropy = -(confidence * np.log(confidence) + (V - 1) * low * np.log(low + 1e-20)) \
-      if label_smoothing > 0 else 0.0
   loss_BT = smooth_BT - entropy
   w = weights_BT.astype(jnp.float32)
   return jnp.sum(loss_BT * w), jnp.sum(nll_BT * w), jnp.sum(w)

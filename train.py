@@ -6,7 +6,6 @@
 Re-running the same command resumes from the latest checkpoint in the workdir.
 """
 
-import logging as std_logging
 import os
 import sys
 
@@ -46,14 +45,9 @@ def main(argv):
 def _setup_logging():
   """Our own progress at INFO on stderr; library chatter (Orbax, TFDS) only from WARNING up,
   unless --verbosity asks for more."""
-  handler = std_logging.StreamHandler(sys.stderr)
-  handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-  ours = std_logging.getLogger("transformer_jax")
-  ours.setLevel(std_logging.INFO)
-  ours.addHandler(handler)
-  ours.propagate = False
-  if FLAGS.verbosity <= 0:  # absl default: show only warnings from libraries
-    logging.set_verbosity(logging.WARNING)
+  from transformer_jax import metrics
+  metrics.log_to_stderr()
+  metrics.quiet_libraries()
 
 
 if __name__ == "__main__":

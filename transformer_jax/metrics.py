@@ -148,6 +148,16 @@ def plot_metrics(workdir: str | Path) -> Path | None:
   return out
 
 
+def log_to_stderr():
+  """Our own progress lines ("HH:MM:SS message") at INFO on stderr, apart from absl's log."""
+  handler = logging.StreamHandler(sys.stderr)
+  handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+  ours = logging.getLogger("transformer_jax")
+  ours.setLevel(logging.INFO)
+  ours.addHandler(handler)
+  ours.propagate = False
+
+
 def quiet_libraries():
   """Library chatter (Orbax, TFDS) only from WARNING up, unless --verbosity asked for more."""
   from absl import flags, logging as absl_logging

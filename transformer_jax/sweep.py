@@ -39,7 +39,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_jax import sweep_report, sweep_spec
-from transformer_jax.metrics import read_metrics
+from transformer_jax.metrics import log_to_stderr, read_metrics
 
 log = logging.getLogger("transformer_jax.sweep")  # (also when run as __main__)
 
@@ -442,12 +442,7 @@ def _raise_interrupted(signum, frame):
 def _setup_logging():
   import optuna
   optuna.logging.set_verbosity(optuna.logging.WARNING)
-  handler = logging.StreamHandler(sys.stderr)
-  handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-  ours = logging.getLogger("transformer_jax")
-  ours.setLevel(logging.INFO)
-  ours.addHandler(handler)
-  ours.propagate = False
+  log_to_stderr()
 
 
 def run():

@@ -84,11 +84,9 @@ class ModelConfig:
 
 
 def _einsum_grad_specs(spec: str) -> tuple[str, str]:
-  """For "a,b->c", the specs of the two gradients: "c,b->a" and "c,a->b". The cotangent comes
-  first in both: on CPU this lets XLA feed the (tokens, vocab) logits gradient to the
-  weight-gradient matmul as it is, where jax.grad's own order transposes it first (a 64 MB
-  strided copy, ~12% of a default-config f32 step); XLA:CPU also lacks bf16 kernels for some
-  other operand orders."""
+  """For "a,b->c", the specs of the two gradients: "c,b->a" and "c,a->b", cotangent first.
+  The second serves the bf16 path: XLA:CPU lacks bf16 kernels for some other operand orders
+  (f32 weight gradients go through `_weight_grad` instead)."""
   inputs, out = spec.split("->")
   lhs, rhs = inputs.split(",")
   return f"{out},{rhs}->{lhs}", f"{out},{lhs}->{rhs}"

@@ -144,8 +144,11 @@ def create_state(cfg: TrainConfig, model: Transformer, mesh, rng):
   """Initialised TrainState, laid out on the mesh by the logical-axis rules, and its
   shardings."""
   init, state_sharding = _state_init(cfg, model, mesh)
-  state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=state_sharding)(rng)
-  return state, state_sharding
+  return _initialise(init, state_sharding, rng), state_sharding
+
+
+def _initialise(init, state_sharding, rng):
+  return jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=state_sharding)(rng)
 
 
 def abstract_state(cfg: TrainConfig, model: Transformer, mesh):
@@ -252,7 +255,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
                       f"data-parallel size {dp} (mesh {dict(mesh.shape)}) times "
                       f"config.num_micro_batches={cfg.num_micro_batches}")
   model = Transformer(cfg.model)
-  abstract_state(cfg, model, mesh)  # fails fast if the mesh cannot split the parameters
+  init, state_sharding = _state_init(cfg, model, mesh)  # fails fast on an uneven split
   tok = load_tokenizer(cfg, workdir)
   rng = jax.random.PRNGKey(cfg.seed)
   init_rng, dropout_rng = jax.random.split(rng)
@@ -260,7 +263,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   pipeline = data.train_pipeline(cfg.data, tok, cfg.seed, jax.process_index(),
                                  jax.process_count())
   train_iter = iter(pipeline.dataset)
-  state, state_sharding = create_state(cfg, model, mesh, init_rng)
+  state = _initialise(init, state_sharding, init_rng)
   log.info("Model: %s parameters; mesh %s", f"{count_params(state.params):,}",
                dict(mesh.shape))
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", cfg.max_checkpoints_to_keep)

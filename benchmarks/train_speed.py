@@ -15,6 +15,7 @@ and in bf16-in/f32-accumulate. With `--torch_python`, the peer's training runs b
 measurements (alternating, `--rounds` times) and the ratio of medians is printed.
 """
 
+import dataclasses
 import functools
 import json
 import platform
@@ -88,7 +89,6 @@ def configure(config, dtype: str):
   model_cfg = config.model
   if FLAGS.shape:
     c = SHAPES[FLAGS.shape]
-    import dataclasses
     model_cfg = dataclasses.replace(
         model_cfg, d_model=c["d_model"], num_encoder_layers=c["layers"],
         num_decoder_layers=c["layers"], num_heads=c["heads"], d_ff=c["ffn"],
@@ -97,7 +97,6 @@ def configure(config, dtype: str):
                                    max_source_length=c["len"], max_target_length=c["len"])
     config = dataclasses.replace(config, model=model_cfg, data=data_cfg)
   if dtype:
-    import dataclasses
     config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
   return config
 

@@ -104,13 +104,12 @@ def _decoder_step(model, params, cache, encoded, inputs, tokens_N):
   return log_probs.at[:, PAD_ID].set(NEG_INF), mutated["cache"]
 
 
-def _prepare(model, params, inputs_BS, repeat: int, max_len: int):
-  """Encodes, repeats each sentence `repeat` times and creates the decoding cache."""
-  inputs = jnp.repeat(inputs_BS, repeat, axis=0)
-  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
-  _, mutated = model.apply({"params": params}, encoded, inputs, max_len,
+def _prepare(model, params, inputs_BS, beams: int, max_len: int):
+  """Encodes each sentence once and creates the cache for `beams` hypotheses of each."""
+  encoded = model.apply({"params": params}, inputs_BS, method=Transformer.encode)
+  _, mutated = model.apply({"params": params}, encoded, inputs_BS, max_len, beams,
                            method=Transformer.init_cache, mutable=["cache"])
-  return inputs, encoded, mutated["cache"]
+  return inputs_BS, encoded, mutated["cache"]
 
 
 @flax.struct.dataclass

@@ -241,8 +241,8 @@ def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
                                  dropout: nn.Module | None = None, kv_layout: str = "bshk"):
   """softmax(Q K^T / sqrt(d_k)) V over each head; returns (output_BTHK, weights_BHTS).
 
-  Keys and values are (B, S, H, K), or (B, H, K, S) with `kv_layout="bhks"` (the decoding
-  cache: the layout the matmuls read, so that no step transposes the whole cache)."""
+  Keys and values are (B, S, H, K), or (B, H, S, K) with `kv_layout="bhsk"` (the decoding
+  cache, kept head-major so that no step transposes the whole cache)."""
   q_BTHK = q_BTHK / math.sqrt(q_BTHK.shape[-1])
   # XLA:CPU lacks bf16 kernels for some batched attention gradients: those stay f32.
   logits_BHTS = matmul(f"bthk,{kv_layout}->bhts", q_BTHK, k_BSHK, dtype, bf16_backward=False)
@@ -271,6 +271,7 @@ class MultiHeadAttention(nn.Module):
     q_BTHK = split_heads("query")(x_BTD)
 
     kv_layout = "bshk"
+    rows = q_BTHK.shape[0]
     if decode and self.is_cross_attention:
       # Encoder keys/values never change while decoding: compute them when the cache is made.
       if not self.has_variable("cache", "cached_key"):
@@ -280,6 +281,9 @@ class MultiHeadAttention(nn.Module):
                         lambda kind=kind: split_heads(kind)(context_BSD).astype(dtype))
       k_BSHK = self.get_variable("cache", "cached_key")
       v_BSHK = self.get_variable("cache", "cached_value")
+      # The encoder ran once per sentence; its `beams` decoder rows (consecutive) query the
+      # same keys/values, as extra query positions: (B*W, T) -> (B, W*T).
+      q_BTHK = q_BTHK.reshape((k_BSHK.shape[0], -1) + q_BTHK.shape[2:])
     else:
       k_BSHK = split_heads("key")(context_BSD)
       v_BSHK = split_heads("value")(context_BSD)
@@ -293,33 +297,35 @@ class MultiHeadAttention(nn.Module):
     out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
                                                           dtype, dropout, kv_layout)
     self.sow("intermediates", "attention_weights", weights_BHTS)
+    out_BTHK = out_BTHK.reshape((rows, -1) + out_BTHK.shape[2:])
     merge_heads = Projection((H, K), (D,), ("heads", "kv", "embed"), dtype, name="output")
     return merge_heads(out_BTHK)
 
   def _update_self_attention_cache(self, k_B1HK, v_B1HK, mask_BHTS):
     """Writes this step's key/value at the cache index; attends to positions <= index.
-    Returns keys, values, mask and their layout: the cache is kept as (B, H, K, max_len), in
-    the compute dtype (what the attention matmuls read: bf16 halves the cache traffic)."""
+    Returns keys, values, mask and their layout: the cache is kept as (B, H, max_len, K), in
+    the compute dtype (bf16 halves the cache traffic); each step writes one contiguous (H, K)
+    slice per row (the (B, H, K, max_len) layout wrote strided columns, 10% slower overall)."""
     initialized = self.has_variable("cache", "cached_key")
     B, L, H, K = k_B1HK.shape  # (when the cache is created: L = max_len)
     dtype = self.config.compute_dtype
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, (B, H, K, L), dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, (B, H, K, L), dtype)
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, (B, H, L, K), dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, (B, H, L, K), dtype)
     index = self.variable("cache", "index", lambda: jnp.array(0, dtype=jnp.int32))
     if not initialized:  # creating the cache (full-length dummy input): nothing to attend to
       return k_B1HK, v_B1HK, mask_BHTS, "bshk"
     if L != 1:
       raise ValueError(f"cached decoding takes one token per step, got {L}")
     i = index.value
-    to_cache = lambda x_B1HK: x_B1HK.transpose(0, 2, 3, 1).astype(dtype)  # (B, H, K, 1)
+    to_cache = lambda x_B1HK: x_B1HK.transpose(0, 2, 1, 3).astype(dtype)  # (B, H, 1, K)
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, to_cache(k_B1HK),
-                                                    (0, 0, 0, i))
+                                                    (0, 0, i, 0))
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, to_cache(v_B1HK),
-                                                      (0, 0, 0, i))
+                                                      (0, 0, i, 0))
     index.value = i + 1
-    max_len = cached_key.value.shape[-1]
+    max_len = cached_key.value.shape[2]
     causal_11TS = (jnp.arange(max_len) <= i)[None, None, None, :]
-    return cached_key.value, cached_value.value, causal_11TS, "bhks"
+    return cached_key.value, cached_value.value, causal_11TS, "bhsk"
 
 
 class FeedForward(nn.Module):
@@ -567,10 +573,12 @@ class Transformer(nn.Module):
                        targets_positions_BT, inputs_segmentation_BS, targets_segmentation_BT,
                        train, return_hidden=return_hidden)
 
-  def init_cache(self, encoded_BSD, inputs_BS, max_decode_len: int):
+  def init_cache(self, encoded_BSD, inputs_BS, max_decode_len: int, beams: int = 1):
     """Creates the decoding cache (run with mutable=['cache']): empty self-attention
-    keys/values for `max_decode_len` steps and the encoder's cross-attention keys/values."""
-    dummy_BT = jnp.zeros((inputs_BS.shape[0], max_decode_len), jnp.int32)
+    keys/values of `beams` hypotheses per sentence for `max_decode_len` steps, and the
+    encoder's cross-attention keys/values, once per sentence. Decoding steps then take
+    B * beams rows, each sentence's hypotheses consecutive."""
+    dummy_BT = jnp.zeros((inputs_BS.shape[0] * beams, max_decode_len), jnp.int32)
     return self.decode(encoded_BSD, inputs_BS, dummy_BT, decode=True)
 
 

@@ -9,7 +9,8 @@ from transformer_jax import fused_loss, train_lib
 
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("n", [512, 96])  # 2 chunks of 256; one chunk (no divisor >= 64)
+# 2 chunks of 256; one chunk (no divisor >= 64); one chunk of odd length (not split in two)
+@pytest.mark.parametrize("n", [512, 96, 95])
 def test_fused_output_loss_matches_the_plain_path(label_smoothing, n):
   rng = np.random.default_rng(0)
   D, V = 16, 50
@@ -32,3 +33,21 @@ def test_fused_output_loss_matches_the_plain_path(label_smoothing, n):
   for a, b in zip(g_fused, g_plain):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
   assert float(s_fused[2]) == float(weights.sum())
+
+
+def test_bfloat16_fused_loss_is_close_to_float32():
+  """bf16 matmuls with f32 accumulation (the table gradient contracts the tokens in two
+  axes, which keeps XLA:CPU's bf16 kernel): gradients within bf16 rounding of f32."""
+  rng = np.random.default_rng(1)
+  n, D, V = 512, 32, 300
+  h = jnp.asarray(rng.normal(size=(n, D)), jnp.float32)
+  table = jnp.asarray(rng.normal(size=(V, D)) * 0.3, jnp.float32)
+  targets = jnp.asarray(rng.integers(1, V, n), jnp.int32)
+  weights = jnp.ones((n,), jnp.float32)
+  grads = {dtype: jax.grad(lambda h, t: fused_loss.output_loss(h, t, targets, weights, 0.1,
+                                                               dtype)[0], argnums=(0, 1))(h, table)
+           for dtype in (jnp.float32, jnp.bfloat16)}
+  for g16, g32 in zip(grads[jnp.bfloat16], grads[jnp.float32]):
+    assert g16.dtype == jnp.float32
+    err = float(jnp.linalg.norm(g16 - g32) / jnp.linalg.norm(g32))
+    assert err < 0.02, err

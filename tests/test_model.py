@@ -171,6 +171,22 @@ def test_bfloat16_path_is_close_to_float32_and_differentiable():
   assert err < 0.05, err  # bf16 rounding, not a wrong gradient (that would be ~1)
 
 
+@pytest.mark.parametrize("width", [512, 7])  # even, and odd (one half-draw left over)
+def test_dropout_drops_at_the_rate_and_rescales(width):
+  x = jnp.ones((64, 32, width))
+  drop = M.Dropout(0.1)
+  y = np.asarray(drop.apply({}, x, False, rngs={"dropout": jax.random.PRNGKey(0)}))
+  kept = y != 0
+  np.testing.assert_allclose(y[kept], 1 / 0.9, rtol=1e-6)  # inverted dropout
+  assert abs(1 - kept.mean() - 0.1) < 4 * np.sqrt(0.1 * 0.9 / y.size) + 1e-3
+  # both halves of each 32-bit draw are used, independently of each other
+  assert abs(1 - kept[..., : (width + 1) // 2].mean() - 0.1) < 0.02
+  assert abs(1 - kept[..., (width + 1) // 2:].mean() - 0.1) < 0.02
+  other = np.asarray(drop.apply({}, x, False, rngs={"dropout": jax.random.PRNGKey(1)}))
+  assert (other != y).any()  # another key, another mask
+  assert drop.apply({}, x, True) is x  # deterministic: the identity
+
+
 def test_d_model_not_divisible_by_heads_is_a_clear_error():
   with pytest.raises(ValueError, match=r"d_model=30 is not divisible by .*num_heads=4"):
     M.ModelConfig(d_model=30, num_heads=4)

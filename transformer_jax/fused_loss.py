@@ -56,9 +56,19 @@ def _chunk_forward_backward(h_CD, table_VD, targets_C, weights_C, label_smoothin
   d_c = dlogits_CV.astype(dtype)
   dh_CD = jnp.einsum("cv,vd->cd", d_c, table_VD.astype(dtype),
                      preferred_element_type=jnp.float32)
-  dtable_VD = jnp.einsum("cv,cd->vd", d_c, h_CD.astype(dtype),
-                         preferred_element_type=jnp.float32)
+  dtable_VD = _contract_tokens(d_c, h_CD.astype(dtype))
   return loss_C, nll_C, dh_CD, dtable_VD
+
+
+def _contract_tokens(d_CV, h_CD):
+  """d_CV^T h_CD (V, D) in f32. XLA:CPU runs this 2-D product, which contracts the leading
+  axis of both operands, as an f32 matmul even for bf16 inputs; split into two token axes
+  it stays a bf16 matmul (1.35x faster for 256 tokens, vocab 32000, d_model 512)."""
+  C = d_CV.shape[0]
+  if C % 2:
+    return jnp.einsum("cv,cd->vd", d_CV, h_CD, preferred_element_type=jnp.float32)
+  return jnp.einsum("scv,scd->vd", d_CV.reshape(2, C // 2, -1), h_CD.reshape(2, C // 2, -1),
+                    preferred_element_type=jnp.float32)
 
 
 def _num_chunks(n: int) -> int:

@@ -83,38 +83,34 @@ class ModelConfig:
     return jnp.bfloat16 if self.dtype == "bfloat16" else jnp.float32
 
 
-def _einsum_grad_specs(spec: str) -> tuple[str, str]:
-  """For "a,b->c", the specs of the two gradients: "c,b->a" and "c,a->b", cotangent first.
-  The second serves the bf16 path: XLA:CPU lacks bf16 kernels for some other operand orders
-  (f32 weight gradients go through `_weight_grad` instead)."""
-  inputs, out = spec.split("->")
-  lhs, rhs = inputs.split(",")
-  return f"{out},{rhs}->{lhs}", f"{out},{lhs}->{rhs}"
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def _einsum(spec, a, b, dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
+def _einsum(spec, a, b, dtype, b_grad_input_first=False):
   return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _einsum_fwd(spec, a, b, dtype):
+def _einsum_fwd(spec, a, b, dtype, b_grad_input_first=False):
   a_c, b_c = a.astype(dtype), b.astype(dtype)
   out = jnp.einsum(spec, a_c, b_c, preferred_element_type=jnp.float32)
   # Zero-size sentinels carry the input dtypes (residuals must be arrays).
   return out, (a_c, b_c, jnp.zeros((0,), a.dtype), jnp.zeros((0,), b.dtype))
 
 
-def _einsum_bwd(spec, dtype, residuals, g):
+def _einsum_bwd(spec, dtype, b_grad_input_first, residuals, g):
   # The backward matmuls take inputs in the compute dtype too (bf16: without this rule the
-  # f32 cotangent promotes them to slow f32 matmuls) and accumulate in f32.
+  # f32 cotangent promotes them to slow f32 matmuls) and accumulate in f32. In bf16 the
+  # cotangent goes first, except where `b_grad_input_first` asks otherwise: XLA:CPU has bf16
+  # kernels for only some operand orders of batched products (the others fail at run time).
   a_c, b_c, a_like, b_like = residuals
   g_c = g.astype(dtype)
-  spec_a, spec_b = _einsum_grad_specs(spec)
-  da = jnp.einsum(spec_a, g_c, b_c, preferred_element_type=jnp.float32)
+  inputs, out = spec.split("->")
+  lhs, rhs = inputs.split(",")
+  da = jnp.einsum(f"{out},{rhs}->{lhs}", g_c, b_c, preferred_element_type=jnp.float32)
   if dtype == jnp.float32:
     db = _weight_grad(spec, a_c, g_c)
+  elif b_grad_input_first:
+    db = jnp.einsum(f"{lhs},{out}->{rhs}", a_c, g_c, preferred_element_type=jnp.float32)
   else:
-    db = jnp.einsum(spec_b, g_c, a_c, preferred_element_type=jnp.float32)
+    db = jnp.einsum(f"{out},{lhs}->{rhs}", g_c, a_c, preferred_element_type=jnp.float32)
   return da.astype(a_like.dtype), db.astype(b_like.dtype)
 
 
@@ -148,13 +144,19 @@ def _weight_grad(spec, a, g):
 _einsum.defvjp(_einsum_fwd, _einsum_bwd)
 
 
-def matmul(spec: str, a, b, dtype, bf16_backward: bool = True):
+def matmul(spec: str, a, b, dtype):
   """einsum(spec, a, b) with f32 results: exact f32, or bf16 inputs with f32 accumulation
-  when `dtype` is bfloat16 (in the backward pass too, unless `bf16_backward` is False).
-  Projections differentiate through `_einsum`'s rule; attention scores keep jax.grad's."""
-  if bf16_backward:
-    return _einsum(spec, a, b, dtype)
-  return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+  when `dtype` is bfloat16 (in the backward pass too, through `_einsum`'s rule)."""
+  return _einsum(spec, a, b, dtype)
+
+
+def attention_matmul(spec: str, a, b, dtype, b_grad_input_first: bool = False):
+  """`matmul` for the batched attention products. In f32 they keep jax.grad's backward
+  (`_weight_grad` is for weights); in bf16 the backward runs in bf16 too, with the operand
+  order given for the second operand's gradient (see `_einsum_bwd`)."""
+  if dtype == jnp.float32:
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+  return _einsum(spec, a, b, dtype, b_grad_input_first)
 
 
 def _param(module, name, init, shape, axes):
@@ -244,13 +246,12 @@ def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
   Keys and values are (B, S, H, K), or (B, H, S, K) with `kv_layout="bhsk"` (the decoding
   cache, kept head-major so that no step transposes the whole cache)."""
   q_BTHK = q_BTHK / math.sqrt(q_BTHK.shape[-1])
-  # XLA:CPU lacks bf16 kernels for some batched attention gradients: those stay f32.
-  logits_BHTS = matmul(f"bthk,{kv_layout}->bhts", q_BTHK, k_BSHK, dtype, bf16_backward=False)
+  logits_BHTS = attention_matmul(f"bthk,{kv_layout}->bhts", q_BTHK, k_BSHK, dtype)
   logits_BHTS = jnp.where(mask_BHTS, logits_BHTS, NEG_INF)
   weights_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
   dropped_BHTS = weights_BHTS if dropout is None else dropout(weights_BHTS)
-  out_BTHK = matmul(f"bhts,{kv_layout}->bthk", dropped_BHTS, v_BSHK, dtype,
-                    bf16_backward=False)
+  out_BTHK = attention_matmul(f"bhts,{kv_layout}->bthk", dropped_BHTS, v_BSHK, dtype,
+                              b_grad_input_first=True)
   return out_BTHK, weights_BHTS
 
 
@@ -293,7 +294,7 @@ class MultiHeadAttention(nn.Module):
 
     dropout = None
     if cfg.attention_dropout_rate > 0 and not deterministic:
-      dropout = nn.Dropout(cfg.attention_dropout_rate, deterministic=False)
+      dropout = functools.partial(Dropout(cfg.attention_dropout_rate), deterministic=False)
     out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
                                                           dtype, dropout, kv_layout)
     self.sow("intermediates", "attention_weights", weights_BHTS)
@@ -328,6 +329,24 @@ class MultiHeadAttention(nn.Module):
     return cached_key.value, cached_value.value, causal_11TS, "bhsk"
 
 
+class Dropout(nn.Module):
+  """Inverted dropout: zeroes each element with probability `rate`, scales the rest by
+  1 / (1 - rate). Each decision takes 16 random bits, two per 32-bit draw: drawing the bits
+  is most of dropout's cost on CPU, and this halves it (the rate is kept to 1/65536)."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    if deterministic or self.rate == 0.0:
+      return x
+    width = x.shape[-1]
+    bits = jax.random.bits(self.make_rng("dropout"), x.shape[:-1] + ((width + 1) // 2,),
+                           jnp.uint32)
+    draws = jnp.concatenate([bits & 0xFFFF, bits >> 16], axis=-1)[..., :width]
+    keep = draws >= round(self.rate * 65536)
+    return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
+
+
 class FeedForward(nn.Module):
   """Position-wise feed-forward: Linear(D->F), ReLU, dropout, Linear(F->D)."""
   config: ModelConfig
@@ -337,8 +356,10 @@ class FeedForward(nn.Module):
     cfg = self.config
     h_BTF = Projection((cfg.d_model,), (cfg.d_ff,), ("embed", "mlp"), cfg.compute_dtype,
                        name="wi")(x_BTD)
-    h_BTF = nn.relu(h_BTF)
-    h_BTF = nn.Dropout(cfg.ffn_dropout_rate)(h_BTF, deterministic=deterministic)
+    # In bf16 the activations are rounded here rather than inside `wo`: the same numbers
+    # (ReLU commutes with rounding), half the memory traffic for the (B, T, d_ff) array.
+    h_BTF = nn.relu(h_BTF.astype(cfg.compute_dtype))
+    h_BTF = Dropout(cfg.ffn_dropout_rate)(h_BTF, deterministic=deterministic)
     return Projection((cfg.d_ff,), (cfg.d_model,), ("mlp", "embed"), cfg.compute_dtype,
                       name="wo")(h_BTF)
 
@@ -351,7 +372,7 @@ class ResidualBlock(nn.Module):
   def __call__(self, x_BTD, sublayer, deterministic: bool):
     cfg = self.config
     norm = nn.LayerNorm(name="layer_norm", param_dtype=jnp.float32)
-    dropout = nn.Dropout(cfg.dropout_rate)
+    dropout = Dropout(cfg.dropout_rate)
     if cfg.pre_layer_norm:
       return x_BTD + dropout(sublayer(norm(x_BTD)), deterministic=deterministic)
     return norm(x_BTD + dropout(sublayer(x_BTD), deterministic=deterministic))
@@ -481,7 +502,7 @@ class Transformer(nn.Module):
     self.source_positional_encoding = PositionalEncoding(cfg)
     # A module of its own on the target side: in decode mode it keeps the step count.
     self.target_positional_encoding = PositionalEncoding(cfg)
-    self.embedding_dropout = nn.Dropout(cfg.dropout_rate)
+    self.embedding_dropout = Dropout(cfg.dropout_rate)
     # (self counts as argument 0 for nn.remat's static_argnums: `deterministic`, `decode`)
     if cfg.scan_layers:
       self.encoder_stack = _layer_stack(cfg, ScannedEncoderLayer, cfg.num_encoder_layers, (3,),

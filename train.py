@@ -28,7 +28,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.jax_platforms:
     os.environ["JAX_PLATFORMS"] = FLAGS.jax_platforms
-  from transformer_jax import config as config_lib, sharding, train_lib  # after flags: JAX env
+  # (imported after flags: they set the JAX environment)
+  from transformer_jax import checkpoints, config as config_lib, corpus, sharding, train_lib
 
   _setup_logging()
 
@@ -40,6 +41,9 @@ def main(argv):
   except config_lib.ConfigError as e:  # (raised before anything is compiled or saved)
     logging.error("%s", e)
     sys.exit(f"config error: {e}")
+  except (checkpoints.CheckpointError, corpus.DataError, train_lib.NonFiniteError) as e:
+    logging.error("%s", e)  # (nothing saved is touched: the message says what to do)
+    sys.exit(f"error: {e}")
 
 
 def _setup_logging():

@@ -22,6 +22,7 @@ def get_config():
   config.eval_max_sentences = 0         # validation sentences decoded for BLEU; 0 = all
   config.early_stopping_patience = 0    # stop after N evals without better BLEU; 0 = never
   config.num_micro_batches = 1          # gradient accumulation: k micro-batches per step
+  config.nonfinite_updates = "stop"     # NaN/Inf loss or gradient: "stop" the run or "skip" it
 
   config.model = ml_collections.ConfigDict()
   config.model.vocab_size = 8000        # joint source+target SentencePiece pieces

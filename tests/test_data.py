@@ -109,3 +109,36 @@ def test_empty_training_split_is_a_clear_error(tmp_path):
 def test_data_config_rejects_same_languages():
   with pytest.raises(ValueError, match="source_lang and target_lang"):
     dataclasses.replace(data.DataConfig(), target_lang="de")
+
+
+def _corpus(tmp_path, pairs):
+  folder = tmp_path / "bad"
+  folder.mkdir()
+  for lang, side in (("de", 0), ("en", 1)):
+    (folder / f"train.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
+  return folder
+
+
+def test_empty_and_overlong_pairs_are_filtered_and_counted(setup, tmp_path):
+  cfg, tok = setup
+  pairs = list(zip(SRC, TGT)) + [("", "an empty source"), ("eine leere übersetzung", "  ")]
+  cfg = dataclasses.replace(cfg, data_dir=str(_corpus(tmp_path, pairs)), eval_split="",
+                            max_source_length=12, max_target_length=12)
+  pipeline = data.train_pipeline(cfg, tok, seed=0)
+  it = iter(pipeline.dataset)
+  while pipeline.filter.kept + pipeline.filter.filtered < 2 * len(pairs):  # two epochs
+    next(it)
+  f = pipeline.filter
+  assert f.empty >= 4 and f.too_long >= 2  # 2 empty pairs and the long one, per epoch
+  assert f.filtered == f.empty + f.too_long
+  assert "with an empty side" in f.summary() and "max_source_length=12" in f.summary()
+
+
+def test_dataset_empty_after_filtering_is_a_clear_error(setup, tmp_path):
+  cfg, tok = setup
+  pairs = [("ein sehr langer satz " * 8, "a very long sentence " * 8), ("", "nothing")] * 3
+  cfg = dataclasses.replace(cfg, data_dir=str(_corpus(tmp_path, pairs)), eval_split="")
+  pipeline = data.train_pipeline(cfg, tok, seed=0)
+  with pytest.raises(Exception, match=r"no usable training pair .*6 in this host's shard.*"
+                                      r"3 with an empty side, 3 longer than"):
+    next(iter(pipeline.dataset))

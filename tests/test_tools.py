@@ -1,15 +1,20 @@
 """evaluate, translate, averaging and attention maps on a trained tiny run."""
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from transformer_jax import attention_maps, checkpoints, data, evaluate, inference
+from transformer_jax import (attention_maps, checkpoints, corpus, data, evaluate, inference,
+                             tokenizer)
+
+ROOT_PATH = Path(ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +156,34 @@ def test_eval_set_from_pairs_handles_translation_without_references():
       return [3] * len(s.split()) + [1]
   ev = data.EvalSet.from_pairs(["a b", "c"], [], Tok())
   assert ev.references == ["", ""] and len(ev) == 2
+
+
+def test_workdir_without_checkpoints_is_named(workdir, tmp_path):
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  for name in ("config.json", "spm.model", "tokenizer.json"):
+    shutil.copy(workdir / name, bare / name)
+  with pytest.raises(checkpoints.CheckpointError, match="no checkpoints in .*bare/checkpoints"):
+    inference.load_run(bare)
+  (bare / "checkpoints").mkdir()
+  with pytest.raises(checkpoints.CheckpointError, match="no checkpoints yet"):
+    inference.load_run(bare).select("latest")
+  r = subprocess.run([sys.executable, "-m", "transformer_jax.evaluate", f"--workdir={bare}"],
+                     cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert r.returncode != 0 and "evaluate: " in r.stderr and "no checkpoints yet" in r.stderr
+  assert "Traceback" not in r.stderr
+
+
+def test_tokenizer_that_does_not_match_the_run_is_named(workdir, tmp_path):
+  other = tmp_path / "other"
+  other.mkdir()
+  for name in ("config.json", "tokenizer.json"):
+    shutil.copy(workdir / name, other / name)
+  (other / "checkpoints").symlink_to(workdir / "checkpoints")
+  sentences = list(corpus.read_lines(ROOT_PATH / "transformer_jax/corpora/multi30k/val.en.gz"))
+  tokenizer.train_tokenizer(sentences, 300, other / "spm.model")  # another vocabulary
+  with pytest.raises(checkpoints.CheckpointError, match="spm.model is not the one .* trained with"):
+    inference.load_run(other)
+  r = _translate(other, b"Ein Hund.\n")
+  assert r.returncode != 0 and b"translate: tokenizer" in r.stderr
+  assert b"Traceback" not in r.stderr

@@ -6,11 +6,13 @@ never replaces the last good checkpoint; only the oldest beyond `max_to_keep` ar
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import grain
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 import logging
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,9 @@ class Checkpointer:
     return self.manager.best_step()
 
   def save(self, step: int, state, data_iterator=None, metrics: dict | None = None):
+    if step in self.all_steps():  # a resumed run redoing saved steps: the same state again
+      log.info("Checkpoint at step %d already in %s", step, self.directory)
+      return
     items = {"state": ocp.args.StandardSave(state)}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
@@ -68,8 +73,75 @@ class Checkpointer:
     log.info("Restored checkpoint at step %d from %s", step, self.directory)
     return restored["state"]
 
+  def restore_latest(self, abstract_state, data_iterator=None):
+    """(step, state) of the newest checkpoint that restores, or (0, None) when there is none.
+
+    Newer checkpoints that fail to restore while an older one restores are damaged (files
+    missing, truncated or corrupt): each is moved out of the way, to <checkpoints>_damaged/
+    <step>, with a warning naming it; nothing is deleted, and a later save of that step
+    cannot collide with it. When none restores, the cause is not damage to one checkpoint:
+    that is an error, and nothing is moved. A checkpoint of another shape (another model
+    config) is an error too.
+    """
+    failed = []
+    for step in reversed(self.all_steps()):
+      self._check_shapes(step, abstract_state)
+      try:
+        state = self.restore(step, abstract_state, data_iterator)
+      except Exception as e:  # noqa: BLE001 (what a damaged file raises depends on the file)
+        failed.append((step, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+        continue
+      for bad, reason in failed:
+        log.warning("checkpoint at step %d in %s is damaged (%s); moved to %s; resuming from "
+                    "step %d", bad, self.directory, reason, self._set_aside(bad), step)
+      return step, state
+    if failed:
+      raise CheckpointError(
+          f"no checkpoint in {self.directory} can be restored (nothing was moved or deleted): "
+          + "; ".join(f"step {step}: {reason}" for step, reason in failed))
+    return 0, None
+
+  def _check_shapes(self, step: int, abstract_state):
+    """Raises CheckpointError when the saved arrays' shapes differ from the state's."""
+    try:
+      saved = self.manager.item_metadata(step)["state"]
+    except Exception:  # noqa: BLE001 (unreadable metadata: damage, found by the restore)
+      return
+    if saved is None:
+      return
+    expected = _shapes_by_path(abstract_state)
+    found = _shapes_by_path(saved)
+    problems = [f"{'/'.join(k)}: saved {found[k]}, config {shape}"
+                for k, shape in expected.items() if k in found and found[k] != shape]
+    if problems:
+      raise CheckpointError(
+          f"checkpoint at step {step} in {self.directory} does not match the config's model "
+          f"({len(problems)} array(s) differ, e.g. {'; '.join(problems[:3])}); use the config "
+          "it was trained with, or another --workdir")
+
+  def _set_aside(self, step: int) -> Path:
+    damaged = self.directory.with_name(self.directory.name + "_damaged")
+    target = damaged / str(step)
+    if jax.process_index() == 0:
+      damaged.mkdir(exist_ok=True)
+      n = 1
+      while target.exists():
+        target, n = damaged / f"{step}.{n}", n + 1
+      (self.directory / str(step)).rename(target)
+    if jax.process_count() > 1:  # the others wait for process 0's rename (shared storage)
+      multihost_utils.sync_global_devices(f"set_aside_{step}")
+    self.manager.reload()
+    return target
+
   def close(self):
     self.manager.close()
+
+
+def _shapes_by_path(tree) -> dict[tuple[str, ...], tuple[int, ...]]:
+  """{path as names: shape} of a tree's arrays, however the tree spells its keys (dataclass
+  fields and dicts alike), so that a state and a checkpoint's metadata can be compared."""
+  return {tuple(re.findall(r"\w+", jax.tree_util.keystr(path))): tuple(getattr(x, "shape", ()))
+          for path, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def abstract_like(tree):

@@ -40,12 +40,16 @@ class TrainConfig:
   eval_max_sentences: int = 0       # validation sentences decoded for BLEU; 0 = all
   early_stopping_patience: int = 0  # stop after this many evals without a better BLEU; 0 = off
   num_micro_batches: int = 1        # gradient accumulation: the batch in this many pieces
+  nonfinite_updates: str = "stop"   # a NaN/Inf loss or gradient: "stop" the run, or "skip" it
 
   def __post_init__(self):
     for name in ("num_train_steps", "log_every_steps", "eval_every_steps",
                  "checkpoint_every_steps", "max_checkpoints_to_keep", "num_micro_batches"):
       if getattr(self, name) < 1:
         raise ConfigError(f"config.{name}={getattr(self, name)} must be >= 1")
+    if self.nonfinite_updates not in ("stop", "skip"):
+      raise ConfigError(f"config.nonfinite_updates={self.nonfinite_updates!r} must be 'stop' "
+                        "or 'skip'")
     if not 0.0 <= self.label_smoothing < 1.0:
       raise ConfigError(f"config.label_smoothing={self.label_smoothing} must be in [0, 1)")
     if self.data.batch_size % self.num_micro_batches:

@@ -60,12 +60,22 @@ class DataConfig:
 
 
 class _TokenizeAndFilter:
-  """Tokenizes a raw pair and drops it (counting) when empty or over the length limits."""
+  """Tokenizes a raw pair and drops it (counting) when a side is empty or over the length
+  limits; an epoch in which every pair is dropped is an error naming the counts."""
 
-  def __init__(self, cfg: DataConfig, tokenizer: Tokenizer):
-    self.cfg, self.tokenizer = cfg, tokenizer
-    self.filtered = 0
+  def __init__(self, cfg: DataConfig, tokenizer: Tokenizer, epoch_size: int = 0):
+    self.cfg, self.tokenizer, self.epoch_size = cfg, tokenizer, epoch_size
+    self.empty = self.too_long = self.kept = 0
     self._lock = threading.Lock()
+
+  @property
+  def filtered(self) -> int:
+    return self.empty + self.too_long
+
+  def summary(self) -> str:
+    return (f"{self.filtered} training pairs filtered out: {self.empty} with an empty side, "
+            f"{self.too_long} longer than max_source_length={self.cfg.max_source_length} or "
+            f"max_target_length={self.cfg.max_target_length} tokens")
 
   def tokenize(self, example):
     src = self.tokenizer.encode(corpus._text(example[self.cfg.source_lang]))
@@ -73,12 +83,20 @@ class _TokenizeAndFilter:
     return {"inputs": np.asarray(src, np.int32), "targets": np.asarray(tgt, np.int32)}
 
   def keep(self, example) -> bool:
-    n_src, n_tgt = len(example["inputs"]), len(example["targets"])
-    ok = (1 < n_src <= self.cfg.max_source_length) and (1 < n_tgt <= self.cfg.max_target_length)
-    if not ok:
-      with self._lock:
-        self.filtered += 1
-    return ok
+    n_src, n_tgt = len(example["inputs"]), len(example["targets"])  # (EOS included)
+    with self._lock:
+      if n_src <= 1 or n_tgt <= 1:
+        self.empty += 1
+      elif n_src > self.cfg.max_source_length or n_tgt > self.cfg.max_target_length:
+        self.too_long += 1
+      else:
+        self.kept += 1
+        return True
+      if not self.kept and self.filtered >= self.epoch_size > 0:
+        raise corpus.DataError(
+            f"no usable training pair in split {self.cfg.train_split!r} of "
+            f"{self.cfg.dataset} ({self.epoch_size} in this host's shard): {self.summary()}")
+      return False
 
 
 @dataclasses.dataclass
@@ -102,8 +120,8 @@ def train_pipeline(cfg: DataConfig, tokenizer: Tokenizer, seed: int,
   source = corpus.get_source(cfg.corpus_spec(), cfg.train_split)
   if len(source) == 0:
     raise corpus.DataError(f"training split {cfg.train_split!r} of {cfg.dataset} is empty")
-  step = _TokenizeAndFilter(cfg, tokenizer)
   shard = grain.MapDataset.source(source)[process_index::process_count]
+  step = _TokenizeAndFilter(cfg, tokenizer, len(shard))
   ds = shard.shuffle(seed=seed).repeat().map(step.tokenize)
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.num_threads,
                                             prefetch_buffer_size=cfg.prefetch_buffer_size))

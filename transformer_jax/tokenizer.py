@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import random
@@ -27,6 +28,11 @@ class Tokenizer:
       raise ValueError(f"tokenizer {path or '<bytes>'} has pad/eos/unk ids "
                        f"{(self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id())}, "
                        f"expected {(PAD_ID, EOS_ID, UNK_ID)}")
+
+  @property
+  def fingerprint(self) -> str:
+    """A hash of the model file: the same pieces and ids, the same fingerprint."""
+    return hashlib.sha256(self.model_proto).hexdigest()[:16]
 
   @property
   def vocab_size(self) -> int:

@@ -18,6 +18,7 @@ from flax.training import train_state
 
 from transformer_jax import (checkpoints, data, decode, evaluate, fused_loss, metrics, sharding,
                              tokenizer)
+from transformer_jax import faults as faults_lib
 from transformer_jax.config import ConfigError, TrainConfig
 from transformer_jax.model import Transformer
 from transformer_jax.optimizer import learning_rate_schedule, make_optimizer
@@ -71,12 +72,17 @@ def training_loss_sums(model, params, batch, rngs, label_smoothing: float):
 
 
 def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float,
-               num_micro_batches: int = 1):
+               num_micro_batches: int = 1, nonfinite_at_step: int = 0):
   """One optimizer step; returns the new state and metric sums with their denominators.
 
   With `num_micro_batches` k > 1 the batch is processed as k micro-batches (gradient
   accumulation): the summed gradients over all of them, divided by the batch's token count,
   are the full batch's gradient, at 1/k of the activation memory.
+
+  A non-finite loss or gradient is never applied: the step counter advances, parameters and
+  optimizer state stay as they were, and the metrics count it (`nonfinite_steps`, and the
+  step in `first_nonfinite_step`); the loop then stops or goes on (config.nonfinite_updates).
+  `nonfinite_at_step` injects NaN gradients at that step (faults.Faults, for tests).
   """
   dropout_rng = jax.random.fold_in(rng, state.step)
 
@@ -91,9 +97,22 @@ def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float,
   else:
     grads, (loss_sum, nll_sum, num_tokens) = _accumulated_grads(
         loss_fn, state.params, batch, dropout_rng, num_micro_batches)
-  new_state = state.apply_gradients(grads=grads)
-  return new_state, {"loss_sum": loss_sum, "nll_sum": nll_sum, "num_tokens": num_tokens,
-                     "grad_norm": optax.tree.norm(grads), "steps": jnp.float32(1.0)}
+  step = state.step + 1
+  if nonfinite_at_step:
+    grads = jax.tree_util.tree_map(
+        lambda g: jnp.where(step == nonfinite_at_step, jnp.nan, g), grads)
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
+  updated = state.apply_gradients(grads=grads)
+  new_state = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old),
+                                     updated, state.replace(step=step))
+  return new_state, {"loss_sum": jnp.where(finite, loss_sum, 0.0),
+                     "nll_sum": jnp.where(finite, nll_sum, 0.0),
+                     "num_tokens": jnp.where(finite, num_tokens, 0.0),
+                     "grad_norm": jnp.where(finite, grad_norm, 0.0),
+                     "steps": jnp.float32(1.0),
+                     "nonfinite_steps": 1.0 - finite.astype(jnp.float32),
+                     "first_nonfinite_step": jnp.where(finite, jnp.inf, step.astype(jnp.float32))}
 
 
 def _accumulated_grads(loss_fn, params, batch, dropout_rng, k: int):
@@ -164,7 +183,10 @@ def count_params(params) -> int:
 
 
 def _sum_metrics(acc, new):
-  return new if acc is None else jax.tree_util.tree_map(jnp.add, acc, new)
+  """Adds up metric sums over steps (`first_*` entries keep the smallest)."""
+  if acc is None:
+    return new
+  return {k: (jnp.minimum if k.startswith("first_") else jnp.add)(acc[k], new[k]) for k in acc}
 
 
 @dataclasses.dataclass
@@ -221,7 +243,25 @@ def load_tokenizer(cfg: TrainConfig, workdir: Path) -> tokenizer.Tokenizer:
   if tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"tokenizer {path} has {tok.vocab_size} pieces but "
                       f"config.model.vocab_size={cfg.model.vocab_size}")
+  recorded = recorded_tokenizer(workdir)
+  if recorded is None:
+    if jax.process_index() == 0:
+      (workdir / TOKENIZER_RECORD).write_text(json.dumps(
+          {"path": str(path), "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size}))
+  elif recorded["fingerprint"] != tok.fingerprint:
+    raise ConfigError(f"tokenizer {path} is not the one this run was trained with "
+                      f"({recorded['path']}, fingerprint {recorded['fingerprint']}, recorded in "
+                      f"{workdir / TOKENIZER_RECORD}); its checkpoints need that tokenizer")
   return tok
+
+
+TOKENIZER_RECORD = "tokenizer.json"
+
+
+def recorded_tokenizer(workdir: Path) -> dict | None:
+  """The tokenizer a run was trained with ({path, fingerprint, vocab_size}), if recorded."""
+  record = Path(workdir) / TOKENIZER_RECORD
+  return json.loads(record.read_text()) if record.is_file() else None
 
 
 def _wait_for(path: Path, timeout_s: float = 600.0):
@@ -243,8 +283,6 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   final metrics (including `test/bleu` when a test split is configured)."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  if config_dict is not None:
-    save_config(config_dict, workdir)
   try:
     mesh = sharding.make_mesh(cfg.parallelism)
   except ValueError as e:
@@ -269,15 +307,20 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   ckpt = checkpoints.Checkpointer(workdir / "checkpoints", cfg.max_checkpoints_to_keep)
   # The best checkpoint by validation BLEU, kept apart from the newest ones.
   best_ckpt = checkpoints.Checkpointer(workdir / BEST_CHECKPOINTS, 1, best_metric="bleu")
-  start_step = ckpt.latest_step() or 0
-  if start_step:
-    state = ckpt.restore(start_step, checkpoints.abstract_like(state), train_iter)
+  start_step, restored = ckpt.restore_latest(checkpoints.abstract_like(state), train_iter)
+  if restored is not None:
+    state = restored
     log.info("Resuming from step %d", start_step)
+  if config_dict is not None:  # (only now: a config its checkpoints reject is not recorded)
+    save_config(config_dict, workdir)
+  faults = faults_lib.Faults.from_env()
+  preemption = faults_lib.Preemption(ckpt.manager)
 
   batch_sharding = sharding.batch_sharding(mesh)
   p_train_step = jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
-                        num_micro_batches=cfg.num_micro_batches),
+                        num_micro_batches=cfg.num_micro_batches,
+                        nonfinite_at_step=faults.nonfinite_at),
       in_shardings=(state_sharding, batch_sharding, sharding.replicated(mesh)),
       out_shardings=(state_sharding, sharding.replicated(mesh)),
       donate_argnums=(0,))
@@ -289,6 +332,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
                         model, cfg, mesh, tok)
   progress = metrics.Progress(cfg.num_train_steps, start_step)
   acc, real_tokens, t_last = None, 0, time.time()
+  nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
+  skipped, preempted = 0, False
   final: dict[str, float] = {}
   stopper = EarlyStopping(cfg.early_stopping_patience, _logged_bleus(workdir, start_step))
 
@@ -298,26 +343,33 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
     state, step_metrics = p_train_step(state, sharding.global_batch(host_batch, mesh),
                                        dropout_rng)
     acc = _sum_metrics(acc, step_metrics)
-    last = step == cfg.num_train_steps
+    faults.after_step(step)
+    preempted = preemption.requested(step)
+    last = step == cfg.num_train_steps or preempted
+    saving = step % cfg.checkpoint_every_steps == 0 or last
 
-    if step % cfg.log_every_steps == 0 or last:
+    if step % cfg.log_every_steps == 0 or last or saving:
       acc = jax.device_get(acc)
+      nonfinite.check(acc, step, ckpt)  # (before anything is saved)
+    if step % cfg.log_every_steps == 0 or last:
+      skipped += nonfinite.report(acc)
       elapsed = time.time() - t_last
       n = max(acc["num_tokens"], 1.0)
       logged = {"train/loss": acc["loss_sum"] / n, "train/nll": acc["nll_sum"] / n,
-                "train/grad_norm": acc["grad_norm"] / acc["steps"],
+                "train/grad_norm": acc["grad_norm"] / max(acc["steps"] - acc["nonfinite_steps"],
+                                                          1.0),
                 "train/learning_rate": float(lr_fn(step - 1)),
+                "train/skipped_steps": skipped,
                 "perf/tokens_per_sec": real_tokens * jax.process_count() / elapsed,
                 "perf/steps_per_sec": acc["steps"] / elapsed,
-                "data/filtered_examples": pipeline.filter.filtered}
-      if not np.isfinite(logged["train/loss"]):
-        raise FloatingPointError(f"non-finite training loss {logged['train/loss']} at step "
-                                 f"{step}; the last checkpoint in {ckpt.directory} is intact")
+                "data/filtered_examples": pipeline.filter.filtered,
+                "data/filtered_empty": pipeline.filter.empty,
+                "data/filtered_too_long": pipeline.filter.too_long}
       writer.write(step, logged)
       progress.update(step, logged)
       acc, real_tokens, t_last = None, 0, time.time()
 
-    if step % cfg.eval_every_steps == 0 or last:
+    if (step % cfg.eval_every_steps == 0 or last) and not preempted:
       t_eval = time.time()
       score, hyps = evaluator.bleu(state.params)
       eval_metrics = {"eval/loss": evaluator.loss(state.params), "eval/bleu": score.bleu,
@@ -336,14 +388,20 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
         last = True
       t_last = time.time()  # evaluation time does not count against training speed
 
-    if step % cfg.checkpoint_every_steps == 0 or last:
+    if saving or last:  # (`last` again: early stopping may have set it)
       ckpt.save(step, state, train_iter)
       t_last = time.time()
     if last:
       break
 
   progress.close()
-  if cfg.data.test_split:
+  preemption.close()
+  log.info("Data: %s", pipeline.filter.summary())
+  if preempted:
+    log.warning("Preempted: checkpoint saved at step %d in %s; rerun the same command to "
+                "resume", step, ckpt.directory)
+    final["preempted_at_step"] = step
+  elif cfg.data.test_split:
     final.update(_test(cfg, workdir, model, state.params, tok, mesh, writer,
                        int(jax.device_get(state.step))))
   metrics.plot_metrics(workdir)
@@ -354,6 +412,36 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
 
 
 BEST_CHECKPOINTS = "checkpoints_best"
+
+
+class NonFiniteError(FloatingPointError):
+  """A non-finite loss or gradient under config.nonfinite_updates='stop'."""
+
+
+@dataclasses.dataclass
+class NonFiniteGuard:
+  """Acts on the non-finite steps counted in the metrics (their updates were not applied):
+  'stop' raises naming the first such step, 'skip' logs them and goes on."""
+  policy: str
+
+  def check(self, acc, step: int, ckpt):
+    """Under 'stop', raises if `acc` (metric sums up to `step`) counts a non-finite step."""
+    if self.policy != "stop" or not acc["nonfinite_steps"]:
+      return
+    latest = ckpt.latest_step()
+    raise NonFiniteError(
+        f"non-finite loss or gradient at step {int(acc['first_nonfinite_step'])}; its update "
+        f"was not applied. Stopped at step {step}; the last checkpoint "
+        f"({f'step {latest}' if latest else 'none'} in {ckpt.directory}) is intact. Lower the "
+        "learning rate, or set config.nonfinite_updates='skip' to skip such steps")
+
+  def report(self, acc) -> int:
+    """Logs the skipped steps counted in `acc`; returns their number."""
+    count = int(acc["nonfinite_steps"])
+    if count:
+      log.warning("skipped %d update(s) with a non-finite loss or gradient (first at step %d)",
+                  count, int(acc["first_nonfinite_step"]))
+    return count
 
 
 class EarlyStopping:

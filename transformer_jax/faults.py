@@ -1,0 +1,87 @@
+"""Preemption handling and deterministic fault injection for the training loop.
+
+`Preemption` notices SIGTERM, what schedulers (SLURM, Kubernetes) and TPU/GPU preemption
+send: in one process through our own signal handler, across processes through JAX's
+preemption service (`jax.distributed`), with which all hosts agree on the step to stop at.
+
+`Faults` injects failures at exact steps, for the reliability tests and for rehearsing a
+cluster's preemption handling. Set TRANSFORMER_JAX_FAULTS to comma-separated `kind@step`:
+  sigkill@N    the process kills itself with SIGKILL right after step N (no chance to save)
+  sigterm@N    the process sends itself SIGTERM right after step N (preemption)
+  nonfinite@N  step N's gradients are NaN (the update is never applied)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+
+import jax
+
+log = logging.getLogger(__name__)
+
+ENV = "TRANSFORMER_JAX_FAULTS"
+
+
+@dataclasses.dataclass(frozen=True)
+class Faults:
+  sigkill_at: int = 0
+  sigterm_at: int = 0
+  nonfinite_at: int = 0
+
+  @classmethod
+  def from_env(cls) -> "Faults":
+    spec = os.environ.get(ENV, "").strip()
+    values = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+      kind, _, step = item.partition("@")
+      field = f"{kind}_at"
+      if field not in {f.name for f in dataclasses.fields(cls)} or not step.isdigit():
+        raise ValueError(f"{ENV}={spec!r}: {item!r} is not one of sigkill@N, sigterm@N, "
+                         "nonfinite@N")
+      values[field] = int(step)
+    if values:
+      log.warning("fault injection (%s=%s): %s", ENV, spec, values)
+    return cls(**values)
+
+  def after_step(self, step: int):
+    if step == self.sigkill_at:
+      log.warning("fault injection: SIGKILL after step %d", step)
+      os.kill(os.getpid(), signal.SIGKILL)
+    if step == self.sigterm_at:
+      log.warning("fault injection: SIGTERM after step %d", step)
+      os.kill(os.getpid(), signal.SIGTERM)
+
+
+class Preemption:
+  """`requested(step)` is True once SIGTERM has arrived (on any host, for the same step on
+  all hosts): the loop then saves a checkpoint at that step and exits."""
+
+  def __init__(self, checkpoint_manager):
+    self._manager = checkpoint_manager
+    self._multi_process = jax.process_count() > 1
+    self._signalled = False
+    self._previous = None
+    if not self._multi_process:  # (JAX's preemption service owns SIGTERM across processes)
+      try:
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+      except ValueError:  # not the main thread: leave SIGTERM's default action
+        log.warning("training outside the main thread: SIGTERM will not save a checkpoint")
+
+  def _on_sigterm(self, signum, frame):
+    del signum, frame
+    if not self._signalled:
+      log.warning("SIGTERM: saving a checkpoint after the current step, then exiting")
+    self._signalled = True
+
+  def requested(self, step: int) -> bool:
+    if self._multi_process:
+      return self._manager.reached_preemption(step)
+    return self._signalled
+
+  def close(self):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+      self._previous = None

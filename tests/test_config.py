@@ -80,3 +80,19 @@ def test_command_line_override_of_wrong_type_fails(tmp_path):
   r = _train(f"--workdir={tmp_path}", "--config.model.d_model=wide")
   assert r.returncode != 0
   assert "d_model" in r.stderr and "wide" in r.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.parallelism.mesh_shape=(3,1,1)", "does not fit the 1"),
+    ("--config.data.batch_size=15", "batch_size=15 is not divisible by"),  # 2 micro-batches
+    ("--config.model.vocab_size=20", "vocab_size=20 cannot hold the training data's characters"),
+    ("--config.nonfinite_updates=ignore", "nonfinite_updates='ignore' must be 'stop' or 'skip'"),
+])
+def test_contradictory_settings_stop_before_anything_is_saved(tmp_path, override, message):
+  r = _train(f"--workdir={tmp_path / 'run'}", f"--config.data.cache_dir={tmp_path / 'tfds'}",
+             "--config.num_micro_batches=2", override)
+  assert r.returncode != 0 and "config error: " in r.stderr and message in r.stderr, \
+      r.stderr[-2000:]
+  assert "Traceback" not in r.stderr
+  assert not (tmp_path / "run" / "checkpoints").exists()
+  assert not (tmp_path / "run" / "config.json").exists()

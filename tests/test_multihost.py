@@ -92,3 +92,33 @@ def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_p
   restored = _run(1, 4, tmp_path / "two", "restore")
   assert restored["step"] == 3
   assert restored["digest"] == two["digest"]
+
+
+def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
+  """JAX's preemption service: SIGTERM reaches process 1 only; both processes agree on the
+  step, save one checkpoint there collectively, and exit cleanly."""
+  port = str(_free_port())
+  procs = []
+  for i in range(2):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env.pop("TRANSFORMER_JAX_FAULTS", None)
+    if i == 1:
+      env["TRANSFORMER_JAX_FAULTS"] = "sigterm@5"
+    procs.append(subprocess.Popen(
+        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+         f"--config.data.cache_dir={tmp_path / 'tfds'}", "--config.num_train_steps=1000",
+         "--config.eval_every_steps=1000", "--config.log_every_steps=1",
+         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  outputs = [p.communicate(timeout=600) for p in procs]
+  saved = []
+  for p, (_, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+    lines = [x for x in err.splitlines() if "Preempted: checkpoint saved at step" in x]
+    assert len(lines) == 1, err[-3000:]
+    saved.append(int(lines[0].split("at step ")[1].split()[0]))
+  assert saved[0] == saved[1] >= 5  # the same step on both hosts, not before the signal
+  steps = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
+                 if p.name.isdigit())
+  assert steps == [saved[0]]

@@ -171,3 +171,22 @@ def test_scanned_model_decodes_like_the_per_layer_model():
                                       max_len=12)
   np.testing.assert_array_equal(seqs, seqs2)
   np.testing.assert_allclose(scores, scores2, rtol=1e-6)
+
+
+def test_nonfinite_update_is_not_applied_and_is_counted():
+  cfg, model, state = tiny_setup()
+  step = jax.jit(functools.partial(train_lib.train_step, model=model,
+                                   label_smoothing=cfg.label_smoothing, nonfinite_at_step=1))
+  new, m = step(state, fixed_batch(), jax.random.PRNGKey(0))
+  assert int(new.step) == int(state.step) + 1
+  for a, b in zip(jax.tree_util.tree_leaves((new.params, new.opt_state)),
+                  jax.tree_util.tree_leaves((state.params, state.opt_state))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  m = jax.device_get(m)
+  assert m["nonfinite_steps"] == 1 and m["first_nonfinite_step"] == 1
+  assert m["loss_sum"] == 0 and m["num_tokens"] == 0  # kept out of the logged averages
+  # The next (finite) step applies its update.
+  newer, m2 = step(new, fixed_batch(), jax.random.PRNGKey(0))
+  assert m2["nonfinite_steps"] == 0 and np.isinf(m2["first_nonfinite_step"])
+  assert not np.array_equal(np.asarray(jax.tree_util.tree_leaves(newer.params)[0]),
+                            np.asarray(jax.tree_util.tree_leaves(new.params)[0]))

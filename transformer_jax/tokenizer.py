@@ -71,11 +71,18 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
   sample = _reservoir_sample(sentences, max_sentences, seed)
   log.info("Training a %d-piece SentencePiece model on %d sentences", vocab_size, len(sample))
   model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
-      model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
-      unk_id=UNK_ID, bos_id=-1, num_threads=os.cpu_count() or 1,
-      hard_vocab_limit=False, minloglevel=2)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
+        unk_id=UNK_ID, bos_id=-1, num_threads=os.cpu_count() or 1,
+        hard_vocab_limit=False, minloglevel=2)
+  except RuntimeError as e:
+    if "smaller than required_chars" in str(e):  # "... 20 vs 92. Increase vocab_size ..."
+      needed = str(e).split("required_chars.")[1].split(".")[0].strip()
+      raise ValueError(f"config.model.vocab_size={vocab_size} cannot hold the training "
+                       f"data's characters and the special tokens ({needed}): raise it") from None
+    raise
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # (parallel trainers of one path)

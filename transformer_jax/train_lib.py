@@ -16,8 +16,8 @@ import optax
 import logging
 from flax.training import train_state
 
-from transformer_jax import (checkpoints, data, decode, evaluate, fused_loss, metrics, sharding,
-                             tokenizer)
+from transformer_jax import (checkpoints, corpus, data, decode, evaluate, fused_loss, metrics,
+                             sharding, tokenizer)
 from transformer_jax import faults as faults_lib
 from transformer_jax.config import ConfigError, TrainConfig
 from transformer_jax.model import Transformer
@@ -238,8 +238,14 @@ def load_tokenizer(cfg: TrainConfig, workdir: Path) -> tokenizer.Tokenizer:
   path = Path(cfg.data.tokenizer_path) if cfg.data.tokenizer_path else workdir / "spm.model"
   if jax.process_index() != 0 and not path.is_file():
     _wait_for(path)  # process 0 trains it; the others read the same file (shared workdir)
-  tok = tokenizer.load_or_train(path, lambda: data.training_sentences(cfg.data),
-                                cfg.model.vocab_size, cfg.data.tokenizer_max_sentences, cfg.seed)
+  try:
+    tok = tokenizer.load_or_train(path, lambda: data.training_sentences(cfg.data),
+                                  cfg.model.vocab_size, cfg.data.tokenizer_max_sentences,
+                                  cfg.seed)
+  except ValueError as e:
+    if isinstance(e, corpus.DataError):
+      raise
+    raise ConfigError(str(e)) from None
   if tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"tokenizer {path} has {tok.vocab_size} pieces but "
                       f"config.model.vocab_size={cfg.model.vocab_size}")

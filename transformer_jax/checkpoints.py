@@ -89,7 +89,7 @@ class Checkpointer:
       try:
         state = self.restore(step, abstract_state, data_iterator)
       except Exception as e:  # noqa: BLE001 (what a damaged file raises depends on the file)
-        failed.append((step, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
+        failed.append((step, _one_line(e)))
         continue
       for bad, reason in failed:
         log.warning("checkpoint at step %d in %s is damaged (%s); moved to %s; resuming from "
@@ -135,6 +135,11 @@ class Checkpointer:
 
   def close(self):
     self.manager.close()
+
+
+def _one_line(e: Exception) -> str:
+  first = str(e).splitlines()[0][:300] if str(e) else ""
+  return f"{type(e).__name__}: {first}"
 
 
 def _shapes_by_path(tree) -> dict[tuple[str, ...], tuple[int, ...]]:

@@ -80,9 +80,8 @@ def _unflat(x, batch_size):  # (B*W, ...) -> (B, W, ...)
 def _gather_beams(tree, beam_indices_BW, batch_size):
   """Picks, for each sentence, the beams `beam_indices_BW` from every (B*W, ...) leaf.
 
-  The encoder's keys/values cached for cross-attention are the same for all beams of a
-  sentence, so they are left as they are (gathering them every step costs as much as the
-  self-attention cache).
+  The encoder's keys/values cached for cross-attention are kept once per sentence (B rows,
+  shared by its beams), so they are left as they are.
   """
   def gather(path, x):
     if x.ndim == 0:  # cache step counters are shared by all beams
@@ -109,7 +108,7 @@ def _prepare(model, params, inputs_BS, beams: int, max_len: int):
   encoded = model.apply({"params": params}, inputs_BS, method=Transformer.encode)
   _, mutated = model.apply({"params": params}, encoded, inputs_BS, max_len, beams,
                            method=Transformer.init_cache, mutable=["cache"])
-  return inputs_BS, encoded, mutated["cache"]
+  return encoded, mutated["cache"]
 
 
 @flax.struct.dataclass
@@ -132,7 +131,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   end a hypothesis of fewer than `min_len` tokens."""
   B, W = inputs_BS.shape[0], beam_size
   model, params = unscanned(model, params)
-  inputs, encoded, cache = _prepare(model, params, inputs_BS, W, max_len)
+  encoded, cache = _prepare(model, params, inputs_BS, W, max_len)
   state = BeamState(
       step=jnp.array(0, jnp.int32),
       live_seqs=jnp.zeros((B, W, max_len), jnp.int32),
@@ -149,7 +148,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
 
   def step(s: BeamState):
     previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
-    log_probs, cache = _decoder_step(model, params, s.cache, encoded, inputs, _flat(previous))
+    log_probs, cache = _decoder_step(model, params, s.cache, encoded, inputs_BS, _flat(previous))
     if min_len:
       log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
     V = log_probs.shape[-1]
@@ -203,7 +202,7 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
   top-p filtering). Returns (sequences (B, max_len), total log-probabilities (B,))."""
   B = inputs_BS.shape[0]
   model, params = unscanned(model, params)
-  inputs, encoded, cache = _prepare(model, params, inputs_BS, 1, max_len)
+  encoded, cache = _prepare(model, params, inputs_BS, 1, max_len)
 
   def not_done(carry):
     step, _, _, done, _ = carry
@@ -212,7 +211,7 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
   def step_fn(carry):
     step, seqs, logprobs, done, cache = carry
     previous = jnp.where(step == 0, 0, jnp.take(seqs, step - 1, axis=1))
-    log_probs, cache = _decoder_step(model, params, cache, encoded, inputs, previous)
+    log_probs, cache = _decoder_step(model, params, cache, encoded, inputs_BS, previous)
     if rng is None:
       token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
     else:

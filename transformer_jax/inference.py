@@ -84,11 +84,9 @@ def load_run(workdir: str | Path, checkpoint_dir: str | Path | None = None) -> L
   cfg = from_config_dict(ml_collections.ConfigDict(json.loads(config_path.read_text())))
   tok_path = Path(cfg.data.tokenizer_path) if cfg.data.tokenizer_path else workdir / "spm.model"
   tokenizer = Tokenizer.load(tok_path)
-  recorded = train_lib.recorded_tokenizer(workdir)
-  if recorded is not None and recorded["fingerprint"] != tokenizer.fingerprint:
-    raise checkpoints.CheckpointError(
-        f"tokenizer {tok_path} is not the one {workdir} was trained with ({recorded['path']}, "
-        f"fingerprint {recorded['fingerprint']}; this file's is {tokenizer.fingerprint})")
+  mismatch = train_lib.tokenizer_mismatch(workdir, tokenizer)
+  if mismatch:
+    raise checkpoints.CheckpointError(mismatch)
   if tokenizer.vocab_size > cfg.model.vocab_size:
     raise checkpoints.CheckpointError(
         f"tokenizer {tok_path} has {tokenizer.vocab_size} pieces, more than the model's "

@@ -242,32 +242,37 @@ def load_tokenizer(cfg: TrainConfig, workdir: Path) -> tokenizer.Tokenizer:
     tok = tokenizer.load_or_train(path, lambda: data.training_sentences(cfg.data),
                                   cfg.model.vocab_size, cfg.data.tokenizer_max_sentences,
                                   cfg.seed)
-  except ValueError as e:
-    if isinstance(e, corpus.DataError):
-      raise
+  except corpus.DataError:
+    raise
+  except ValueError as e:  # (a vocabulary the corpus cannot fit, a tokenizer of other ids)
     raise ConfigError(str(e)) from None
   if tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"tokenizer {path} has {tok.vocab_size} pieces but "
                       f"config.model.vocab_size={cfg.model.vocab_size}")
-  recorded = recorded_tokenizer(workdir)
-  if recorded is None:
-    if jax.process_index() == 0:
-      (workdir / TOKENIZER_RECORD).write_text(json.dumps(
-          {"path": str(path), "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size}))
-  elif recorded["fingerprint"] != tok.fingerprint:
-    raise ConfigError(f"tokenizer {path} is not the one this run was trained with "
-                      f"({recorded['path']}, fingerprint {recorded['fingerprint']}, recorded in "
-                      f"{workdir / TOKENIZER_RECORD}); its checkpoints need that tokenizer")
+  mismatch = tokenizer_mismatch(workdir, tok)
+  if mismatch:
+    raise ConfigError(f"{mismatch}; its checkpoints need that tokenizer")
+  if not (workdir / TOKENIZER_RECORD).is_file() and jax.process_index() == 0:
+    (workdir / TOKENIZER_RECORD).write_text(json.dumps(
+        {"path": str(path), "fingerprint": tok.fingerprint, "vocab_size": tok.vocab_size}))
   return tok
 
 
 TOKENIZER_RECORD = "tokenizer.json"
 
 
-def recorded_tokenizer(workdir: Path) -> dict | None:
-  """The tokenizer a run was trained with ({path, fingerprint, vocab_size}), if recorded."""
+def tokenizer_mismatch(workdir: Path, tok: tokenizer.Tokenizer) -> str | None:
+  """What is wrong when `tok` is not the tokenizer the run in `workdir` was trained with (as
+  recorded in its tokenizer.json); None when it is, or when nothing is recorded."""
   record = Path(workdir) / TOKENIZER_RECORD
-  return json.loads(record.read_text()) if record.is_file() else None
+  if not record.is_file():
+    return None
+  recorded = json.loads(record.read_text())
+  if recorded["fingerprint"] == tok.fingerprint:
+    return None
+  return (f"tokenizer {tok.path} is not the one {workdir} was trained with ({recorded['path']}, "
+          f"fingerprint {recorded['fingerprint']}, recorded in {record}; this file's is "
+          f"{tok.fingerprint})")
 
 
 def _wait_for(path: Path, timeout_s: float = 600.0):
@@ -352,12 +357,13 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
     faults.after_step(step)
     preempted = preemption.requested(step)
     last = step == cfg.num_train_steps or preempted
+    logging_now = step % cfg.log_every_steps == 0 or last
     saving = step % cfg.checkpoint_every_steps == 0 or last
 
-    if step % cfg.log_every_steps == 0 or last or saving:
+    if logging_now or saving:
       acc = jax.device_get(acc)
       nonfinite.check(acc, step, ckpt)  # (before anything is saved)
-    if step % cfg.log_every_steps == 0 or last:
+    if logging_now:
       skipped += nonfinite.report(acc)
       elapsed = time.time() - t_last
       n = max(acc["num_tokens"], 1.0)

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= runs/default
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install demo test test-fast bench lint clean tatoeba-data
 
 install: $(VENV)/.installed
 
@@ -39,3 +39,12 @@ lint: install
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
+
+# Tatoeba de-en: the leak-free split of ../shared/data (see configs/tatoeba_deen.py).
+SHARED ?= ../shared/data
+TATOEBA_TEST = $(SHARED)/tatoeba-test/deu-eng/tatoeba-test
+tatoeba-data: install
+	$(PY) -m transformer_jax.split_corpus --pairs=$(SHARED)/tatoeba-anki/deu-eng/deu.txt.gz \
+	    --columns=en,de --group_by=en --dedup_test_by=de --out=data/tatoeba-deen \
+	    --test=de=$(TATOEBA_TEST)-v2021-08-07.deu.gz,en=$(TATOEBA_TEST)-v2021-08-07.eng.gz \
+	    --exclude=$(TATOEBA_TEST)-v2020-07-28.deu.gz,$(TATOEBA_TEST)-v2020-07-28.eng.gz,$(TATOEBA_TEST)-v2021-03-30.deu.gz,$(TATOEBA_TEST)-v2021-03-30.eng.gz

@@ -1,9 +1,9 @@
-"""Parallel text corpora as TFDS datasets: a local-folder array_record builder and TFDS names.
+"""Parallel text corpora as TFDS datasets: local folders of text files and TFDS names.
 
 A local corpus is a folder of line-aligned files named `{split}.{lang}` or `{split}.{lang}.gz`
-(UTF-8, one sentence per line). `ParallelTextBuilder` turns it into a TFDS dataset stored as
-`array_record`, prepared once and read by random access through `as_data_source` — no
-TensorFlow needed. Named TFDS datasets (e.g. `wmt17_translate/de-en`) go through the same
+(UTF-8, one sentence per line). `prepare_local` streams it into a TFDS dataset stored as
+`array_record` (bounded memory, prepared once, cached by the files' fingerprint), read by
+random access through `as_data_source` — no TensorFlow needed. Named TFDS datasets (e.g. `wmt17_translate/de-en`) go through the same
 `get_source` call.
 """
 
@@ -16,10 +16,13 @@ import gzip
 import hashlib
 import itertools
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import tensorflow_datasets as tfds
+from array_record.python import array_record_module
+from tensorflow_datasets.core import example_serializer
 
 # The embedded default corpus (Multi30k Task 1, de/en, train/val/test2016).
 EMBEDDED_MULTI30K = Path(__file__).parent / "corpora" / "multi30k"
@@ -84,35 +87,64 @@ def _fingerprint(folder: Path, splits: tuple[str, ...], langs: tuple[str, str]) 
   return h.hexdigest()[:10]
 
 
-class ParallelTextBuilder(tfds.core.GeneratorBasedBuilder):
-  """TFDS builder over a local folder of `{split}.{lang}[.gz]` parallel text files."""
+PAIRS_PER_SHARD = 250_000   # array_record shard size of a prepared local corpus
+_NAME = "parallel_text"      # TFDS dataset name of prepared local corpora
 
-  VERSION = tfds.core.Version("1.0.0")
 
-  def __init__(self, *, folder: str | Path, splits: tuple[str, ...], langs: tuple[str, str],
-               cache_dir: str, **kwargs):
-    self._folder = Path(folder)
-    self._splits = tuple(splits)
-    self._langs = tuple(sorted(langs))
-    name = f"{'-'.join(self._langs)}_{_fingerprint(self._folder, self._splits, self._langs)}"
-    super().__init__(data_dir=cache_dir, config=tfds.core.BuilderConfig(name=name),
-                     file_format="array_record", **kwargs)
+def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str, str],
+                  cache_dir: str) -> Path:
+  """Prepares (once) a local corpus as a TFDS array_record dataset; returns its folder.
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=f"Parallel text from {self._folder}",
-        features=tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in self._langs}),
-        supervised_keys=None,
-        disable_shuffling=True)  # keep file order, so decoded outputs line up with the files
+  Streams each split's files into shards of PAIRS_PER_SHARD pairs in file order, then writes
+  TFDS metadata (`tfds.folder_dataset.write_metadata`), so `tfds.builder_from_directory` reads
+  it. Memory stays bounded whatever the corpus size: TFDS's own GeneratorBasedBuilder writer
+  holds up to 1 GB of examples (all of them when order is kept), so it is not used here. The
+  dataset appears under its final name only when complete: an interrupted preparation is redone.
+  """
+  folder, langs = Path(folder), tuple(sorted(langs))
+  name = f"{'-'.join(langs)}_{_fingerprint(folder, tuple(splits), langs)}"
+  out = Path(cache_dir) / _NAME / name / "1.0.0"
+  if (out / "dataset_info.json").is_file():
+    return out
+  out.parent.mkdir(parents=True, exist_ok=True)
+  for stale in out.parent.glob(".incomplete-*"):  # (callers hold the preparation lock)
+    shutil.rmtree(stale)
+  tmp = out.with_name(f".incomplete-{os.getpid()}")
+  tmp.mkdir()
+  features = tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in langs})
+  split_infos = [_write_split(tmp, split, read_parallel(folder, split, langs), langs, features)
+                 for split in dict.fromkeys(splits)]
+  tfds.folder_dataset.write_metadata(
+      data_dir=tmp, features=features, split_infos=split_infos, check_data=False,
+      description=f"Parallel text from {folder.resolve()}", disable_shuffling=True)
+  shutil.rmtree(out, ignore_errors=True)
+  os.replace(tmp, out)
+  return out
 
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    return {split: self._generate_examples(split) for split in self._splits}
 
-  def _generate_examples(self, split):
-    for line_number, a, b in read_parallel(self._folder, split, self._langs):
-      yield line_number, {self._langs[0]: a, self._langs[1]: b}
+def _write_split(out: Path, split: str, pairs: Iterator[tuple[int, str, str]],
+                 langs: tuple[str, str], features) -> tfds.core.SplitInfo:
+  """Writes one split's pairs as numbered array_record shards; returns its TFDS SplitInfo."""
+  serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
+  lengths: list[int] = []
+  writer = None
+  for _, a, b in pairs:
+    if writer is None or lengths[-1] == PAIRS_PER_SHARD:
+      if writer is not None:
+        writer.close()
+      writer = array_record_module.ArrayRecordWriter(
+          os.fspath(out / f"{split}.{len(lengths)}.tmp"), "group_size:1")
+      lengths.append(0)
+    writer.write(serializer.serialize_example(features.encode_example({langs[0]: a,
+                                                                       langs[1]: b})))
+    lengths[-1] += 1
+  writer.close()
+  num_bytes = 0
+  for i in range(len(lengths)):  # the TFDS shard names hold the shard count, known only now
+    final = out / f"{_NAME}-{split}.array_record-{i:05d}-of-{len(lengths):05d}"
+    os.replace(out / f"{split}.{i}.tmp", final)
+    num_bytes += final.stat().st_size
+  return tfds.core.SplitInfo(name=split, shard_lengths=lengths, num_bytes=num_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +166,9 @@ def get_builder(spec: CorpusSpec) -> tfds.core.DatasetBuilder:
   """Prepares (once, cached) and returns the TFDS builder for the corpus."""
   with _preparation_lock(spec.cache_dir):
     if spec.dataset == "local":
-      builder = ParallelTextBuilder(folder=spec.local_folder, splits=spec.splits,
-                                    langs=(spec.source_lang, spec.target_lang),
-                                    cache_dir=spec.cache_dir)
-    else:
-      builder = tfds.builder(spec.dataset, data_dir=spec.cache_dir or None)
+      return tfds.builder_from_directory(os.fspath(prepare_local(
+          spec.local_folder, spec.splits, (spec.source_lang, spec.target_lang), spec.cache_dir)))
+    builder = tfds.builder(spec.dataset, data_dir=spec.cache_dir or None)
     builder.download_and_prepare(file_format="array_record")
   return builder
 

@@ -1,0 +1,191 @@
+"""Leak-free train/dev/test folders from a corpus of sentence pairs that has no split.
+
+  python -m transformer_jax.split_corpus \\
+      --pairs=../shared/data/tatoeba-anki/deu-eng/deu.txt.gz --columns=en,de --group_by=en \\
+      --test=de=../shared/data/tatoeba-test/deu-eng/tatoeba-test-v2021-08-07.deu.gz,\\
+en=../shared/data/tatoeba-test/deu-eng/tatoeba-test-v2021-08-07.eng.gz \\
+      --dedup_test_by=de --out=data/tatoeba-deen
+
+Writes `{train,dev,test}.{lang}.gz` (the local-corpus layout `config.data.data_dir` reads) and
+`split.json` with the counts. The rules, for corpora like Tatoeba where one sentence has several
+translations and part of the data reappears in public test sets:
+- pairs are split by the `--group_by` sentence: all translations of one sentence land in the
+  same split (a hash of the sentence and `--seed` decides), so no source leaks from train to dev;
+- every pair with a side found in the test set (or in an `--exclude` file) is removed from
+  train and dev;
+- the test set is copied, deduplicated by its `--dedup_test_by` side (one reference per
+  source sentence; the first in file order) or, without it, by identical pairs.
+It streams: memory holds the test/exclude sentences only, whatever the corpus size.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from absl import app, flags
+
+from transformer_jax.corpus import DataError, read_lines
+
+_PAIRS = flags.DEFINE_list("pairs", [], "Tab-separated pair files (plain or .gz), one pair per "
+                           "line, columns as --columns.")
+_COLUMNS = flags.DEFINE_list("columns", ["en", "de"], "The language of each --pairs column.")
+_GROUP_BY = flags.DEFINE_string("group_by", "", "Language whose sentence decides the split of "
+                                "all its pairs; default: the first column.")
+_DEV_FRACTION = flags.DEFINE_float("dev_fraction", 0.01, "Share of group_by sentences (with all "
+                                   "their pairs) held out as the dev split.")
+_TEST = flags.DEFINE_string("test", "", "The test set: lang=file,lang=file (line-aligned).")
+_DEDUP_TEST_BY = flags.DEFINE_string("dedup_test_by", "", "Keep one test pair per sentence of "
+                                     "this language; default: drop identical pairs only.")
+_EXCLUDE = flags.DEFINE_list("exclude", [], "More files (one sentence per line, any language) "
+                             "whose sentences are removed from train and dev, e.g. older "
+                             "versions of the test set.")
+_SEED = flags.DEFINE_integer("seed", 0, "Changes which sentences go to dev.")
+_OUT = flags.DEFINE_string("out", None, "Output folder.")
+
+
+def read_pairs(path: Path, columns: int = 2) -> Iterator[list[str]]:
+  """Streams the fields of a tab-separated file; a line with another field count is an error."""
+  for line_number, line in enumerate(read_lines(path), start=1):
+    fields = line.split("\t")
+    if len(fields) != columns:
+      raise DataError(f"{path}:{line_number}: {len(fields)} tab-separated fields, expected "
+                      f"{columns} (the languages of --columns)")
+    yield [f.strip() for f in fields]
+
+
+def in_dev(sentence: str, fraction: float, seed: int) -> bool:
+  """Whether a group_by sentence belongs to dev: a stable hash, so no state is kept."""
+  digest = hashlib.blake2b(f"{seed}\t{sentence}".encode("utf-8"), digest_size=8).digest()
+  return int.from_bytes(digest, "big") < fraction * 2**64
+
+
+def split_corpus(pairs: list[Path], columns: list[str], out: Path, *, group_by: str = "",
+                 dev_fraction: float = 0.01, test: dict[str, Path] | None = None,
+                 dedup_test_by: str = "", exclude: list[Path] = (), seed: int = 0) -> dict:
+  """Writes the split folder (see the module docstring); returns the counts of split.json."""
+  if len(columns) != 2 or columns[0] == columns[1]:
+    raise ValueError(f"--columns={','.join(columns)} must name two different languages")
+  group_by = group_by or columns[0]
+  if group_by not in columns:
+    raise ValueError(f"--group_by={group_by} is not one of --columns={','.join(columns)}")
+  if not 0 < dev_fraction < 1:
+    raise ValueError(f"--dev_fraction={dev_fraction} must be between 0 and 1")
+  test = test or {}
+  if test and sorted(test) != sorted(columns):
+    raise ValueError(f"--test has languages {sorted(test)}, expected {sorted(columns)}")
+  if dedup_test_by and dedup_test_by not in columns:
+    raise ValueError(f"--dedup_test_by={dedup_test_by} is not one of --columns")
+  out.mkdir(parents=True, exist_ok=True)
+  counts = collections.Counter()
+
+  held_out: set[str] = set()   # every sentence of the test set and the exclude files
+  if test:
+    seen = set()
+    with _SplitWriter(out, "test", columns) as writer:
+      for pair in _aligned([test[lang] for lang in columns]):
+        held_out.update(pair)
+        key = pair[columns.index(dedup_test_by)] if dedup_test_by else pair
+        counts["test_read"] += 1
+        if key not in seen:
+          seen.add(key)
+          writer.write(pair)
+    counts["test"] = writer.count
+  for path in exclude:
+    held_out.update(read_lines(path))
+
+  group_column = columns.index(group_by)
+  with _SplitWriter(out, "train", columns) as train, _SplitWriter(out, "dev", columns) as dev:
+    for path in pairs:
+      for pair in read_pairs(path, len(columns)):
+        counts["read"] += 1
+        if not all(pair):
+          counts["removed_empty_side"] += 1
+        elif held_out.intersection(pair):
+          counts["removed_in_test"] += 1
+        elif in_dev(pair[group_column], dev_fraction, seed):
+          dev.write(pair)
+        else:
+          train.write(pair)
+  counts["train"], counts["dev"] = train.count, dev.count
+  report = {"counts": dict(counts), "columns": columns, "group_by": group_by,
+            "dev_fraction": dev_fraction, "seed": seed, "dedup_test_by": dedup_test_by,
+            "pairs": [str(p) for p in pairs], "test": {k: str(v) for k, v in test.items()},
+            "exclude": [str(p) for p in exclude]}
+  (out / "split.json").write_text(json.dumps(report, indent=2) + "\n")
+  return report
+
+
+def _aligned(paths: list[Path]) -> Iterator[tuple[str, ...]]:
+  """The lines of line-aligned files, zipped; an error naming the files if the counts differ."""
+  for n, lines in enumerate(itertools.zip_longest(*map(read_lines, paths)), start=1):
+    if None in lines:
+      raise DataError(f"test files differ in length: line {n} is missing in "
+                      f"{paths[lines.index(None)]} ({', '.join(map(str, paths))})")
+    yield lines
+
+
+class _SplitWriter:
+  """Writes one split's `{split}.{lang}.gz` files atomically (complete, or not there at all)."""
+
+  def __init__(self, out: Path, split: str, langs: list[str]):
+    self.paths = [out / f"{split}.{lang}.gz" for lang in langs]
+    self.count = 0
+
+  def __enter__(self):
+    self.files = [gzip.open(f"{p}.tmp", "wt", encoding="utf-8") for p in self.paths]
+    return self
+
+  def write(self, pair):
+    for f, text in zip(self.files, pair):
+      f.write(text.replace("\n", " ") + "\n")
+    self.count += 1
+
+  def __exit__(self, exc_type, *_):
+    for f in self.files:
+      f.close()
+    for p in self.paths:
+      if exc_type is None:
+        os.replace(f"{p}.tmp", p)
+      else:
+        os.remove(f"{p}.tmp")
+
+
+def _parse_test(value: str) -> dict[str, Path]:
+  test = {}
+  for item in filter(None, value.split(",")):
+    lang, sep, path = item.partition("=")
+    if not sep:
+      raise app.UsageError(f"--test item {item!r} is not lang=file")
+    test[lang.strip()] = Path(path.strip())
+  return test
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not _PAIRS.value or not _OUT.value:
+    raise app.UsageError("--pairs and --out are required")
+  try:
+    report = split_corpus(
+        [Path(p) for p in _PAIRS.value], _COLUMNS.value, Path(_OUT.value),
+        group_by=_GROUP_BY.value, dev_fraction=_DEV_FRACTION.value,
+        test=_parse_test(_TEST.value), dedup_test_by=_DEDUP_TEST_BY.value,
+        exclude=[Path(p) for p in _EXCLUDE.value], seed=_SEED.value)
+  except (DataError, ValueError, FileNotFoundError) as e:
+    raise SystemExit(f"split_corpus: {e}") from None
+  print(json.dumps(report["counts"]))
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

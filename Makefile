@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= runs/default
 
-.PHONY: install demo test test-fast bench lint clean tatoeba-data
+.PHONY: install install-test demo test bench bench-data lint clean tatoeba-data
 
 install: $(VENV)/.installed
 
@@ -14,11 +14,18 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# The tests also need the optional `wmt` extra (tensorflow-cpu: TFDS's WMT builders, mocked).
+install-test: $(VENV)/.installed-test
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test,wmt]'
+	touch $@
+
 # Train the default config (Multi30k de->en, embedded) and print test2016 BLEU + translations.
 demo: install
 	$(PY) train.py --config=configs/default.py --workdir=$(WORKDIR)
 
-test: install
+test: install-test
 	$(PY) -m pytest -q tests
 
 # TORCH_PYTHON=/path/to/venv/bin/python (torch==2.13.0, transformers==5.23.0) adds the
@@ -32,6 +39,10 @@ bench: install
 	$(PY) benchmarks/train_speed.py --shape=small --dtypes=float32,bfloat16 $(PEER)
 	$(PY) benchmarks/train_speed.py --shape=base --dtypes=float32,bfloat16 $(PEER)
 	$(PY) benchmarks/decode_speed.py --shape=small $(if $(TORCH_PYTHON),--torch_python=$(TORCH_PYTHON))
+
+# The data path on Tatoeba de-en and 10 copies of it: time and peak memory per stage.
+bench-data: install
+	$(PY) benchmarks/data_pipeline.py --replicas=1,10 --train_steps_per_sec=1.0
 
 lint: install
 	$(PY) -m pip install -q ruff

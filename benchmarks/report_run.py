@@ -16,6 +16,8 @@ def main():
   p.add_argument("workdir")
   p.add_argument("--command", required=True)
   p.add_argument("--wall-seconds", type=float, required=True, help="measured by the caller")
+  p.add_argument("--wall-includes", default="install, tokenizer, data preparation, training, "
+                 "evaluations and test", help="what the wall time covers")
   args = p.parse_args()
   workdir = Path(args.workdir)
   test = json.loads((workdir / "test_results.json").read_text())
@@ -31,7 +33,7 @@ def main():
   print(f"- date: {datetime.date.today()}; commit {commit}; machine: {cpu}, "
         f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores")
   print(f"- command: `{args.command}`; wall time {args.wall_seconds / 60:.1f} min "
-        f"(install, tokenizer, data preparation, training, evaluations and test included)")
+        f"({args.wall_includes} included)")
   print(f"- test ({test['split']}, step {test['step']}, beam {test['beam_size']}, "
         f"alpha {test['length_penalty']}): **sacreBLEU {test['bleu']:.2f}**, "
         f"chrF {test['chrf']:.2f}")

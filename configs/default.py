@@ -55,7 +55,8 @@ def get_config():
   config.data.test_dataset = ""         # dataset of test_split if not `dataset` (TFDS name)
   config.data.cache_dir = ""            # prepared TFDS data; "" = ~/.cache/transformer_jax/tfds
   config.data.tokenizer_path = ""       # "" = <workdir>/spm.model, trained on first use
-  config.data.tokenizer_max_sentences = 1_000_000
+  config.data.tokenizer_max_sentences = 1_000_000  # tokenizer trained on a sample of sentences
+  config.data.tokenizer_max_chars = 0   # ... of at most this many characters; 0 = no limit
   config.data.max_source_length = 64    # tokens (EOS included); longer pairs are dropped
   config.data.max_target_length = 64
   config.data.batch_size = 64           # packed rows of 64 tokens per side: ~7k real tokens

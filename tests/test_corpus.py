@@ -75,3 +75,23 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
   (folder / "train.de").write_bytes(b"gut\nnoch gut\nkaputt \xff\xfe\n")
   with pytest.raises(corpus.DataError, match=r"train\.de:3: not valid UTF-8"):
     list(corpus.read_parallel(folder, "train", ("de", "en")))
+
+
+def test_preparation_streams_into_shards_once(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, "PAIRS_PER_SHARD", 2)
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  _write(folder, "train.de", [f"d{i}" for i in range(5)])
+  _write(folder, "train.en", [f"e{i}" for i in range(5)])
+  spec = _spec(folder, tmp_path)
+  # A preparation interrupted earlier left a half-written folder: it is cleared, then redone.
+  stale = tmp_path / "tfds" / "parallel_text" / "de-en_x" / ".incomplete-1"
+  stale.mkdir(parents=True)
+  assert list(corpus.iterate_pairs(spec, "train")) == [(f"d{i}", f"e{i}") for i in range(5)]
+  prepared = sorted(p.name for p in (tmp_path / "tfds").rglob("*.array_record-*"))
+  assert prepared == [f"parallel_text-train.array_record-0000{i}-of-00003" for i in range(3)]
+  assert corpus.get_builder(spec).info.splits["train"].shard_lengths == [2, 2, 1]
+  # Prepared once: a second read does not write again.
+  before = {p: p.stat().st_mtime_ns for p in (tmp_path / "tfds").rglob("*.array_record-*")}
+  assert len(corpus.get_source(spec, "train")) == 5
+  assert before == {p: p.stat().st_mtime_ns for p in (tmp_path / "tfds").rglob("*array_record-*")}

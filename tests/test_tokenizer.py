@@ -31,3 +31,14 @@ def test_load_or_train_reuses_the_saved_model(tmp_path):
 def test_missing_tokenizer_file_is_named(tmp_path):
   with pytest.raises(FileNotFoundError, match="spm.model"):
     T.Tokenizer.load(tmp_path / "spm.model")
+
+
+def test_training_sample_is_bounded_by_sentences_and_characters():
+  corpus = (f"sentence number {i}" for i in range(100_000))  # a stream, read once
+  sample = T.training_sample(corpus, max_sentences=5000, seed=0, max_chars=20_000)
+  assert 0 < sum(map(len, sample)) <= 20_000
+  assert len(sample) == len(set(sample)) > 900
+  # Uniform over the stream, not its head: about half from the second half.
+  late = sum(int(s.split()[-1]) >= 50_000 for s in sample) / len(sample)
+  assert 0.4 < late < 0.6
+  assert len(T.training_sample(iter(["", "a", "b"]), max_sentences=10)) == 2  # empties skipped

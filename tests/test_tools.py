@@ -1,5 +1,6 @@
 """evaluate, translate, averaging and attention maps on a trained tiny run."""
 
+import gzip
 import json
 import shutil
 import subprocess
@@ -148,6 +149,26 @@ def test_attention_maps_rows_sum_to_one_and_masked_cells_are_zero(workdir, tmp_p
       np.testing.assert_allclose(real_rows.sum(-1), 1.0, atol=1e-5)
   paths = attention_maps.plot_attention(weights, tok.pieces(src), tok.pieces(tgt), tmp_path)
   assert len(paths) == 6 and all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_evaluate_scores_a_local_test_set_of_gzipped_files(workdir, tmp_path):
+  # Out-of-domain evaluation: any line-aligned pair of files, e.g. WMT newstest (.gz or plain).
+  # The first 8 val pairs as files score what the same pairs score as the val split.
+  pairs = list(corpus.iterate_pairs(inference.load_run(workdir).cfg.data.corpus_spec(), "val"))
+  src, ref = tmp_path / "news.de.gz", tmp_path / "news.en"
+  src.write_bytes(gzip.compress("".join(s + "\n" for s, _ in pairs[:8]).encode()))
+  ref.write_text("".join(r + "\n" for _, r in pairs[:8]))
+  from_files = evaluate.run_evaluation(workdir, checkpoint="20", source_file=str(src),
+                                       reference_file=str(ref))
+  from_split = evaluate.run_evaluation(workdir, split="val", checkpoint="20", max_sentences=8,
+                                       output_dir=str(tmp_path / "split"))
+  assert from_files[0]["data"] == "news.de" and from_files[0]["sentences"] == 8
+  assert from_files[0]["bleu"] == pytest.approx(from_split[0]["bleu"], abs=1e-6)
+  assert len((workdir / "eval" / "news.de" / "step_20.hyp").read_text().splitlines()) == 8
+  ref.write_text("only one line\n")
+  with pytest.raises(ValueError, match=r"news\.de\.gz has 8 lines, .*news\.en has 1"):
+    evaluate.run_evaluation(workdir, checkpoint="20", source_file=str(src),
+                            reference_file=str(ref))
 
 
 def test_eval_set_from_pairs_handles_translation_without_references():

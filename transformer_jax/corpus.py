@@ -87,7 +87,10 @@ def _fingerprint(folder: Path, splits: tuple[str, ...], langs: tuple[str, str]) 
   return h.hexdigest()[:10]
 
 
-PAIRS_PER_SHARD = 250_000   # array_record shard size of a prepared local corpus
+# Pairs per array_record shard of a prepared local corpus. Small on purpose: array_record
+# 0.8's read of a list of positions (what the data sources call) costs time in proportion to
+# the records in the file: 45 us per pair at 20k records per file, 330 us at 160k.
+PAIRS_PER_SHARD = 10_000
 _NAME = "parallel_text"      # TFDS dataset name of prepared local corpora
 
 
@@ -198,9 +201,16 @@ def get_source(spec: CorpusSpec, split: str):
 def iterate_pairs(spec: CorpusSpec, split: str) -> Iterator[tuple[str, str]]:
   """Yields (source, target) strings of a split, in order."""
   source = get_source(spec, split)
-  for i in range(len(source)):
-    ex = source[i]
-    yield _text(ex[spec.source_lang]), _text(ex[spec.target_lang])
+  for start in range(0, len(source), 1024):  # (reading many records at once is much faster)
+    for ex in _read_many(source, range(start, min(start + 1024, len(source)))):
+      yield _text(ex[spec.source_lang]), _text(ex[spec.target_lang])
+
+
+def _read_many(source, keys: range) -> list:
+  try:
+    return source.__getitems__(keys)
+  except TypeError:  # (TFDS 4.9's mock data source, tfds.testing.mock_data, breaks on it)
+    return [source[i] for i in keys]
 
 
 def _text(value) -> str:

@@ -34,6 +34,7 @@ class DataConfig:
   cache_dir: str = ""             # prepared TFDS datasets; "" = ~/.cache/transformer_jax/tfds
   tokenizer_path: str = ""        # SentencePiece model; "" = <workdir>/spm.model
   tokenizer_max_sentences: int = 1_000_000  # sentences sampled to train the tokenizer
+  tokenizer_max_chars: int = 0    # and at most this many characters of them (0 = no limit)
   max_source_length: int = 64     # longer training pairs are filtered out (and counted)
   max_target_length: int = 64     # packed row length on each side too
   batch_size: int = 64            # packed rows per global batch

@@ -97,7 +97,7 @@ def run_evaluation(workdir, split: str = "", checkpoint: str | list[str] = "late
     if max_sentences:
       sources, references = sources[:max_sentences], references[:max_sentences]
     eval_set = data.EvalSet.from_pairs(sources, references, run.tokenizer)
-    name = Path(source_file).name
+    name = Path(source_file).name.removesuffix(".gz")
   else:
     split = split or cfg.data.test_split or cfg.data.eval_split
     dataset = (cfg.data.test_dataset if split == cfg.data.test_split else

@@ -33,23 +33,6 @@ from absl import app, flags
 
 from transformer_jax.corpus import DataError, read_lines
 
-_PAIRS = flags.DEFINE_list("pairs", [], "Tab-separated pair files (plain or .gz), one pair per "
-                           "line, columns as --columns.")
-_COLUMNS = flags.DEFINE_list("columns", ["en", "de"], "The language of each --pairs column.")
-_GROUP_BY = flags.DEFINE_string("group_by", "", "Language whose sentence decides the split of "
-                                "all its pairs; default: the first column.")
-_DEV_FRACTION = flags.DEFINE_float("dev_fraction", 0.01, "Share of group_by sentences (with all "
-                                   "their pairs) held out as the dev split.")
-_TEST = flags.DEFINE_string("test", "", "The test set: lang=file,lang=file (line-aligned).")
-_DEDUP_TEST_BY = flags.DEFINE_string("dedup_test_by", "", "Keep one test pair per sentence of "
-                                     "this language; default: drop identical pairs only.")
-_EXCLUDE = flags.DEFINE_list("exclude", [], "More files (one sentence per line, any language) "
-                             "whose sentences are removed from train and dev, e.g. older "
-                             "versions of the test set.")
-_SEED = flags.DEFINE_integer("seed", 0, "Changes which sentences go to dev.")
-_OUT = flags.DEFINE_string("out", None, "Output folder.")
-
-
 def read_pairs(path: Path, columns: int = 2) -> Iterator[list[str]]:
   """Streams the fields of a tab-separated file; a line with another field count is an error."""
   for line_number, line in enumerate(read_lines(path), start=1):
@@ -167,23 +150,39 @@ def _parse_test(value: str) -> dict[str, Path]:
   return test
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not _PAIRS.value or not _OUT.value:
-    raise app.UsageError("--pairs and --out are required")
-  try:
-    report = split_corpus(
-        [Path(p) for p in _PAIRS.value], _COLUMNS.value, Path(_OUT.value),
-        group_by=_GROUP_BY.value, dev_fraction=_DEV_FRACTION.value,
-        test=_parse_test(_TEST.value), dedup_test_by=_DEDUP_TEST_BY.value,
-        exclude=[Path(p) for p in _EXCLUDE.value], seed=_SEED.value)
-  except (DataError, ValueError, FileNotFoundError) as e:
-    raise SystemExit(f"split_corpus: {e}") from None
-  print(json.dumps(report["counts"]))
-
-
 def run():
+  """The command line (flags defined here, not at import: the module is also a library)."""
+  pairs = flags.DEFINE_list("pairs", [], "Tab-separated pair files (plain or .gz), one pair per "
+                            "line, columns as --columns.")
+  columns = flags.DEFINE_list("columns", ["en", "de"], "The language of each --pairs column.")
+  group_by = flags.DEFINE_string("group_by", "", "Language whose sentence decides the split of "
+                                 "all its pairs; default: the first column.")
+  dev_fraction = flags.DEFINE_float("dev_fraction", 0.01, "Share of group_by sentences (with "
+                                    "all their pairs) held out as the dev split.")
+  test = flags.DEFINE_string("test", "", "The test set: lang=file,lang=file (line-aligned).")
+  dedup_test_by = flags.DEFINE_string("dedup_test_by", "", "Keep one test pair per sentence of "
+                                      "this language; default: drop identical pairs only.")
+  exclude = flags.DEFINE_list("exclude", [], "More files (one sentence per line, any language) "
+                              "whose sentences are removed from train and dev, e.g. older "
+                              "versions of the test set.")
+  seed = flags.DEFINE_integer("seed", 0, "Changes which sentences go to dev.")
+  out = flags.DEFINE_string("out", None, "Output folder.")
+
+  def main(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not pairs.value or not out.value:
+      raise app.UsageError("--pairs and --out are required")
+    try:
+      report = split_corpus(
+          [Path(p) for p in pairs.value], columns.value, Path(out.value),
+          group_by=group_by.value, dev_fraction=dev_fraction.value,
+          test=_parse_test(test.value), dedup_test_by=dedup_test_by.value,
+          exclude=[Path(p) for p in exclude.value], seed=seed.value)
+    except (DataError, ValueError, FileNotFoundError) as e:
+      raise SystemExit(f"split_corpus: {e}") from None
+    print(json.dumps(report["counts"]))
+
   app.run(main)
 
 

@@ -321,7 +321,8 @@ def _check_settings(spec: SweepSpec, base: ml_collections.ConfigDict):
 # Config fields the trained tokenizer depends on.
 TOKENIZER_FIELDS = ("seed", "model.vocab_size", "data.dataset", "data.data_dir",
                     "data.source_lang", "data.target_lang", "data.train_split",
-                    "data.tokenizer_path", "data.tokenizer_max_sentences")
+                    "data.tokenizer_path", "data.tokenizer_max_sentences",
+                    "data.tokenizer_max_chars")
 
 
 def shares_tokenizer(spec: SweepSpec, base: ml_collections.ConfigDict) -> bool:

@@ -66,10 +66,17 @@ class Tokenizer:
 
 
 def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
-                    max_sentences: int = 1_000_000, seed: int = 0) -> Tokenizer:
-  """Trains a joint unigram SentencePiece model on (a sample of) `sentences`; writes `path`."""
-  sample = _reservoir_sample(sentences, max_sentences, seed)
-  log.info("Training a %d-piece SentencePiece model on %d sentences", vocab_size, len(sample))
+                    max_sentences: int = 1_000_000, seed: int = 0, max_chars: int = 0
+                    ) -> Tokenizer:
+  """Trains a joint unigram SentencePiece model on a sample of `sentences`; writes `path`.
+
+  The sample (`training_sample`): up to `max_sentences` sentences drawn uniformly in one
+  streaming pass, then, with `max_chars`, cut to that many characters — the usual character
+  sample of a WMT-sized corpus (10M characters for a 32k vocabulary), whatever its size.
+  """
+  sample = training_sample(sentences, max_sentences, seed, max_chars)
+  log.info("Training a %d-piece SentencePiece model on %d sentences (%d characters)",
+           vocab_size, len(sample), sum(map(len, sample)))
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
@@ -92,11 +99,27 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
 
 
 def load_or_train(path: str | Path, sentences_fn, vocab_size: int, max_sentences: int,
-                  seed: int = 0) -> Tokenizer:
+                  seed: int = 0, max_chars: int = 0) -> Tokenizer:
   """Loads the tokenizer at `path`, or trains it on `sentences_fn()` when it is not there yet."""
   if Path(path).is_file():
     return Tokenizer.load(path)
-  return train_tokenizer(sentences_fn(), vocab_size, path, max_sentences, seed)
+  return train_tokenizer(sentences_fn(), vocab_size, path, max_sentences, seed, max_chars)
+
+
+def training_sample(sentences: Iterable[str], max_sentences: int, seed: int = 0,
+                    max_chars: int = 0) -> list[str]:
+  """Up to `max_sentences` non-empty sentences sampled uniformly, then with `max_chars` only as
+  many of them, in random order, as fit in that many characters (at least one)."""
+  sample = _reservoir_sample(sentences, max_sentences, seed)
+  if max_chars:
+    random.Random(seed).shuffle(sample)
+    total = 0
+    for n, sentence in enumerate(sample):
+      total += len(sentence)
+      if total > max_chars:
+        del sample[max(n, 1):]
+        break
+  return sample
 
 
 def _reservoir_sample(items: Iterable[str], k: int, seed: int) -> list[str]:

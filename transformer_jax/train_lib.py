@@ -241,7 +241,7 @@ def load_tokenizer(cfg: TrainConfig, workdir: Path) -> tokenizer.Tokenizer:
   try:
     tok = tokenizer.load_or_train(path, lambda: data.training_sentences(cfg.data),
                                   cfg.model.vocab_size, cfg.data.tokenizer_max_sentences,
-                                  cfg.seed)
+                                  cfg.seed, cfg.data.tokenizer_max_chars)
   except corpus.DataError:
     raise
   except ValueError as e:  # (a vocabulary the corpus cannot fit, a tokenizer of other ids)

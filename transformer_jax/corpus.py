@@ -58,10 +58,9 @@ def read_lines(path: Path) -> Iterator[str]:
         raise DataError(f"{path}:{line_number}: not valid UTF-8 ({e.reason} at byte {e.start})")
 
 
-def read_parallel(folder: str | Path, split: str, langs: tuple[str, str]
-                  ) -> Iterator[tuple[int, str, str]]:
-  """Streams (line_number, text_a, text_b) of a split; errors on unequal line counts."""
-  path_a, path_b = (corpus_file(folder, split, lang) for lang in langs)
+def read_aligned(path_a: Path, path_b: Path) -> Iterator[tuple[int, str, str]]:
+  """Streams (line_number, line_a, line_b) of two line-aligned files; an error naming both files
+  and their line counts when these differ."""
   count = lines_a = lines_b = 0
   for a, b in itertools.zip_longest(read_lines(path_a), read_lines(path_b)):
     lines_a += a is not None
@@ -72,6 +71,15 @@ def read_parallel(folder: str | Path, split: str, langs: tuple[str, str]
   if lines_a != lines_b:  # found only at the end: the files are streamed, never held in memory
     raise DataError(f"parallel files have different line counts: {path_a} has {lines_a} lines, "
                     f"{path_b} has {lines_b}")
+
+
+def read_parallel(folder: str | Path, split: str, langs: tuple[str, str]
+                  ) -> Iterator[tuple[int, str, str]]:
+  """Streams (line_number, text_a, text_b) of a split; errors on unequal line counts."""
+  path_a, path_b = (corpus_file(folder, split, lang) for lang in langs)
+  count = 0
+  for count, a, b in read_aligned(path_a, path_b):
+    yield count, a, b
   if count == 0:
     raise DataError(f"split {split!r} is empty: {path_a} and {path_b} have no lines")
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import gzip
 import hashlib
-import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from transformer_jax.corpus import DataError, read_lines
+from transformer_jax.corpus import DataError, read_aligned, read_lines
 
 def read_pairs(path: Path, columns: int = 2) -> Iterator[list[str]]:
   """Streams the fields of a tab-separated file; a line with another field count is an error."""
@@ -72,7 +71,8 @@ def split_corpus(pairs: list[Path], columns: list[str], out: Path, *, group_by: 
   if test:
     seen = set()
     with _SplitWriter(out, "test", columns) as writer:
-      for pair in _aligned([test[lang] for lang in columns]):
+      for _, a, b in read_aligned(test[columns[0]], test[columns[1]]):
+        pair = (a, b)
         held_out.update(pair)
         key = pair[columns.index(dedup_test_by)] if dedup_test_by else pair
         counts["test_read"] += 1
@@ -103,15 +103,6 @@ def split_corpus(pairs: list[Path], columns: list[str], out: Path, *, group_by: 
             "exclude": [str(p) for p in exclude]}
   (out / "split.json").write_text(json.dumps(report, indent=2) + "\n")
   return report
-
-
-def _aligned(paths: list[Path]) -> Iterator[tuple[str, ...]]:
-  """The lines of line-aligned files, zipped; an error naming the files if the counts differ."""
-  for n, lines in enumerate(itertools.zip_longest(*map(read_lines, paths)), start=1):
-    if None in lines:
-      raise DataError(f"test files differ in length: line {n} is missing in "
-                      f"{paths[lines.index(None)]} ({', '.join(map(str, paths))})")
-    yield lines
 
 
 class _SplitWriter:

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= runs/default
 
-.PHONY: install install-test demo test bench bench-data lint clean tatoeba-data
+.PHONY: install install-test demo test test-fast bench bench-data lint clean tatoeba-data
 
 install: $(VENV)/.installed
 
@@ -25,8 +25,15 @@ $(VENV)/.installed-test: $(VENV)/.installed
 demo: install
 	$(PY) train.py --config=configs/default.py --workdir=$(WORKDIR)
 
-test: install-test
-	$(PY) -m pytest -q tests
+# Lint, then both test tiers in parallel over the machine's cores (pytest-xdist, work stealing):
+# tests/unit (in-process) and tests/integration (processes: the CLIs as installed, reliability,
+# multi-host, 8 devices, sweeps; compile-heavy step variants, the WMT mock).
+test: install-test lint
+	$(PY) -m pytest -q -n auto --dist worksteal tests
+
+# The unit tier alone: the edit-test loop.
+test-fast: install-test
+	$(PY) -m pytest -q -n auto --dist worksteal tests/unit
 
 # TORCH_PYTHON=/path/to/venv/bin/python (torch==2.13.0, transformers==5.23.0) adds the
 # PyTorch peer's figures, measured between ours.
@@ -44,9 +51,9 @@ bench: install
 bench-data: install
 	$(PY) benchmarks/data_pipeline.py --replicas=1,10 --train_steps_per_sec=1.0
 
+# ruff: pyflakes, pycodestyle errors and warnings, import order (pyproject.toml).
 lint: install
-	$(PY) -m pip install -q ruff
-	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check --quiet .
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
@@ -55,7 +62,7 @@ clean:
 SHARED ?= ../shared/data
 TATOEBA_TEST = $(SHARED)/tatoeba-test/deu-eng/tatoeba-test
 tatoeba-data: install
-	$(PY) -m transformer_jax.split_corpus --pairs=$(SHARED)/tatoeba-anki/deu-eng/deu.txt.gz \
+	$(PY) -m transformer_jax.cli.split_corpus --pairs=$(SHARED)/tatoeba-anki/deu-eng/deu.txt.gz \
 	    --columns=en,de --group_by=en --dedup_test_by=de --out=data/tatoeba-deen \
 	    --test=de=$(TATOEBA_TEST)-v2021-08-07.deu.gz,en=$(TATOEBA_TEST)-v2021-08-07.eng.gz \
 	    --exclude=$(TATOEBA_TEST)-v2020-07-28.deu.gz,$(TATOEBA_TEST)-v2020-07-28.eng.gz,$(TATOEBA_TEST)-v2021-03-30.deu.gz,$(TATOEBA_TEST)-v2021-03-30.eng.gz

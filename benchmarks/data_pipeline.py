@@ -6,7 +6,7 @@ and peak memory per stage, on a corpus and on N× replicated copies of it.
 For each replica count it writes a tab-separated corpus of that many copies of the pairs
 (streamed), then runs each stage in a fresh process and reads that process's peak resident
 memory (ru_maxrss):
-  split     transformer_jax.split_corpus (by English sentence, test pairs removed)
+  split     transformer_jax.data.splitting (by English sentence, test pairs removed)
   prepare   the array_record TFDS dataset (corpus.prepare_local)
   tokenizer an 8k SentencePiece on a sample of --tokenizer_max_sentences sentences
   epoch     one epoch of the training pipeline (shuffle, tokenize, filter, pack, batch)
@@ -45,39 +45,41 @@ flags.DEFINE_string("folder", "", "Internal: the stage's folder.")
 
 def _config(folder: Path):
   from configs import tatoeba_deen
-  from transformer_jax import config as config_lib
+  from transformer_jax.config.parse import from_config_dict
   c = tatoeba_deen.get_config()
   c.data.data_dir = str(folder / "split")
   c.data.cache_dir = str(folder / "tfds")
   c.data.tokenizer_max_sentences = FLAGS.tokenizer_max_sentences
-  return config_lib.from_config_dict(c)
+  return from_config_dict(c)
 
 
 def run_stage(stage: str, folder: Path) -> dict:
   """One stage, in this process; returns its figures."""
-  from transformer_jax import corpus, data, metrics, split_corpus, tokenizer
-  metrics.quiet_libraries()
+  # (imported here: each stage runs in a process of its own, whose peak memory is measured)
+  from transformer_jax.data import corpus, pipeline, splitting, tokenizer
+  from transformer_jax.reporting import logs
+  logs.setup()
   cfg = _config(folder)
   t = time.perf_counter()
   if stage == "split":
-    out = split_corpus.split_corpus(
+    out = splitting.split_corpus(
         [folder / "pairs.tsv.gz"], ["en", "de"], folder / "split", group_by="en",
         test={"de": Path(f"{TEST}.deu.gz"), "en": Path(f"{TEST}.eng.gz")}, dedup_test_by="de")
     result = {"pairs": out["counts"]["read"], "train": out["counts"]["train"]}
   elif stage == "prepare":
-    spec = cfg.data.corpus_spec()
+    spec = corpus.corpus_spec(cfg.data)
     source = corpus.get_source(spec, "train")
     result = {"train": len(source)}
   elif stage == "tokenizer":
-    tok = tokenizer.train_tokenizer(data.training_sentences(cfg.data), cfg.model.vocab_size,
+    tok = tokenizer.train_tokenizer(pipeline.training_sentences(cfg.data), cfg.model.vocab_size,
                                     folder / "spm.model", cfg.data.tokenizer_max_sentences)
     result = {"pieces": tok.vocab_size}
   elif stage == "epoch":
     tok = tokenizer.Tokenizer.load(folder / "spm.model")
-    pipeline = data.train_pipeline(cfg.data, tok, seed=0)
+    pipe = pipeline.train_pipeline(cfg.data, tok, seed=0)
     pairs = batches = tokens = 0
-    it = iter(pipeline.dataset)
-    while pairs < pipeline.num_examples - pipeline.filter.filtered:
+    it = iter(pipe.dataset)
+    while pairs < pipe.num_examples - pipe.filter.filtered:
       batch = next(it)
       seg = batch["inputs_segment_ids"]
       # pairs in the batch: the distinct non-zero segment ids of each row
@@ -85,7 +87,7 @@ def run_stage(stage: str, folder: Path) -> dict:
       tokens += int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())
       batches += 1
     result = {"batches": batches, "pairs": pairs, "tokens": tokens,
-              "filtered": pipeline.filter.filtered}
+              "filtered": pipe.filter.filtered}
   else:
     raise app.UsageError(f"unknown stage {stage}")
   result["seconds"] = time.perf_counter() - t

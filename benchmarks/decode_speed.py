@@ -15,15 +15,26 @@ batch shape: there is no per-token Python dispatch.
 """
 
 import dataclasses
+import json
 import platform
-import sys
+import statistics
+import subprocess
 import time
 from pathlib import Path
 
+import flax.linen as nn
+import jax
+import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from transformer_jax import data, decode, evaluate, inference  # noqa: E402
+from configs import default
+from transformer_jax.config.parse import from_config_dict
+from transformer_jax.data.eval_sets import load_eval_set
+from transformer_jax.decoding.batches import translate
+from transformer_jax.decoding.search import beam_search
+from transformer_jax.evaluation.scoring import score
+from transformer_jax.inference import trained_run
+from transformer_jax.model.transformer import Transformer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained workdir.")
@@ -37,20 +48,17 @@ flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
 
 def peer_shape():
   """Ours vs Hugging Face generate on the peer's decode benchmark (see the module doc)."""
-  import json
-  import statistics
-  import subprocess
-  import flax.linen as nn
-  import jax
-  import numpy as np
-  from transformer_jax.model import ModelConfig, Transformer
-  cfg = ModelConfig(vocab_size=8000, d_model=256, num_heads=4, d_ff=1024,
-                    num_encoder_layers=3, num_decoder_layers=3, dtype="bfloat16")
+  cfg = dataclasses.replace(from_config_dict(default.get_config()).model, vocab_size=8000,
+                            d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
+                            num_decoder_layers=3, dtype="bfloat16")
   model = Transformer(cfg)
   src = np.random.default_rng(2).integers(3, 8000, (64, 32)).astype(np.int32)
   params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), src[:1], src[:1, :4])["params"])
-  run = lambda: jax.block_until_ready(decode.beam_search(
-      model, params, src, beam_size=4, alpha=0.6, max_len=32, min_len=32))
+
+  def run():
+    return jax.block_until_ready(beam_search(model, params, src, beam_size=4, alpha=0.6,
+                                             max_len=32, min_len=32))
+
   t = time.perf_counter()
   seqs, _ = run()
   cold = time.perf_counter() - t
@@ -85,19 +93,17 @@ def main(_):
     return peer_shape()
   if not FLAGS.workdir:
     raise app.UsageError("--workdir (a trained run) or --shape=small is required")
-  run = inference.load_run(FLAGS.workdir)
-  (_, steps, from_best), = run.select(FLAGS.checkpoint)
-  params = run.params(steps, from_best)
+  run = trained_run.load(FLAGS.workdir)
+  params = run.params(run.select_one(FLAGS.checkpoint, "decode_speed"))
   split = FLAGS.split or run.cfg.data.test_split
-  eval_set = data.load_eval_set(run.cfg.data, split, run.tokenizer,
-                                dataset=run.cfg.data.test_dataset)
+  eval_set = load_eval_set(run.cfg.data, split, run.tokenizer, dataset=run.cfg.data.test_dataset)
   cfg = dataclasses.replace(run.cfg.decode, beam_size=FLAGS.beam_size)
   timings = []
   for _ in range(2):
     t = time.perf_counter()
-    hyps = decode.translate(run.model, params, eval_set, run.tokenizer, cfg, run.mesh)
+    hyps = translate(run.model, params, eval_set, run.tokenizer, cfg, run.mesh)
     timings.append(time.perf_counter() - t)
-  bleu = evaluate.score(hyps, eval_set.references)
+  bleu = score(hyps, eval_set.references)
   print(f"machine: {platform.machine()}, {run.mesh.devices.size} device(s)")
   print(f"{split}: {len(hyps)} sentences, beam {cfg.beam_size}, batch {cfg.batch_size}, "
         f"alpha {cfg.length_penalty}")

@@ -20,7 +20,10 @@ def main():
                  "evaluations and test", help="what the wall time covers")
   args = p.parse_args()
   workdir = Path(args.workdir)
-  test = json.loads((workdir / "test_results.json").read_text())
+  config = json.loads((workdir / "config.json").read_text())
+  split = config["data"]["test_split"]
+  # training's final test: the newest record of eval/<test split>/results.json
+  test = json.loads((workdir / "eval" / split / "results.json").read_text())[-1]
   records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
   evals = [(r["step"], r["eval/bleu"]) for r in records if "eval/bleu" in r]
   speeds = [r["perf/tokens_per_sec"] for r in records if "perf/tokens_per_sec" in r]
@@ -34,8 +37,8 @@ def main():
         f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores")
   print(f"- command: `{args.command}`; wall time {args.wall_seconds / 60:.1f} min "
         f"({args.wall_includes} included)")
-  print(f"- test ({test['split']}, step {test['step']}, beam {test['beam_size']}, "
-        f"alpha {test['length_penalty']}): **sacreBLEU {test['bleu']:.2f}**, "
+  print(f"- test ({split}, step {test['steps'][-1]}, beam {test['decode']['beam_size']}, "
+        f"alpha {test['decode']['length_penalty']}): **sacreBLEU {test['bleu']:.2f}**, "
         f"chrF {test['chrf']:.2f}")
   print(f"  - BLEU signature: `{test['bleu_signature']}`")
   print("- validation BLEU by step: " + ", ".join(f"{s}: {b:.2f}" for s, b in evals))
@@ -43,7 +46,7 @@ def main():
     print(f"- training speed: median {sorted(speeds)[len(speeds) // 2]:,.0f} real src+tgt "
           f"tokens/s")
   if decode:
-    print(f"- test decoding: {decode[-1]:.1f} sentences/s (beam {test['beam_size']})")
+    print(f"- test decoding: {decode[-1]:.1f} sentences/s (beam {test['decode']['beam_size']})")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import platform
 import resource
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,10 +31,13 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from transformer_jax.config.parse import from_config_dict
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import mesh as sharding
+from transformer_jax.training.state import create_state
+from transformer_jax.training.step import train_step
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from transformer_jax import config as config_lib, sharding, train_lib  # noqa: E402
-from transformer_jax.model import Transformer  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/default.py", "Config to measure.")
@@ -85,7 +87,7 @@ def full_batch(rows, length, vocab, rng):
 
 
 def configure(config, dtype: str):
-  config = config_lib.from_config_dict(config)
+  config = from_config_dict(config)
   model_cfg = config.model
   if FLAGS.shape:
     c = SHAPES[FLAGS.shape]
@@ -105,7 +107,7 @@ def measure(cfg) -> dict:
   """Compiles and times the train step of `cfg` on all devices."""
   mesh = sharding.make_mesh(cfg.parallelism)
   model = Transformer(cfg.model)
-  state, state_sharding = train_lib.create_state(cfg, model, mesh, jax.random.PRNGKey(0))
+  state, state_sharding = create_state(cfg, model, mesh, jax.random.PRNGKey(0))
   rng_np = np.random.default_rng(0)
   if FLAGS.shape:
     batch = full_batch(cfg.data.batch_size, cfg.data.max_source_length, cfg.model.vocab_size,
@@ -115,7 +117,7 @@ def measure(cfg) -> dict:
                          cfg.model.vocab_size, rng_np)
   real_tokens = int((batch["inputs"] > 0).sum() + (batch["targets"] > 0).sum())
   batch = sharding.global_batch(batch, mesh)
-  step = jax.jit(functools.partial(train_lib.train_step, model=model,
+  step = jax.jit(functools.partial(train_step, model=model,
                                    label_smoothing=cfg.label_smoothing,
                                    num_micro_batches=cfg.num_micro_batches),
                  in_shardings=(state_sharding, sharding.batch_sharding(mesh),

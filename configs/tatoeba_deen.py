@@ -3,7 +3,7 @@
   make tatoeba-data          # the leak-free split: data/tatoeba-deen/{train,dev,test}.{de,en}.gz
   python train.py --config=configs/tatoeba_deen.py --workdir=runs/tatoeba_deen
 
-The split (transformer_jax/split_corpus.py) groups pairs by English sentence (all translations
+The split (transformer_jax/data/splitting.py) groups pairs by English sentence (all translations
 of a sentence in one split, 1% of sentences for dev), removes every pair with a side that occurs
 in any Tatoeba-test version, and writes the v2021-08-07 test set deduplicated by German source
 (16,739 sentences, one reference each). Model: the default 3+3-layer d_model-256 Transformer with

@@ -6,8 +6,8 @@
 Everything as configs/wmt_base.py except the model and schedule: d_model 1024, 16 heads, FFN
 4096, dropout 0.3 (the paper's en→de value; 0.1 for en→fr), 300k steps, peak learning rate
 1024^-0.5 · 4000^-0.5 = 4.9e-4. Paper result: 28.4 BLEU on newstest2014 en→de (average of the
-last 20 checkpoints; 3.5 days on 8 P100 GPUs). Memory: the paper split each batch over 8 GPUs; on fewer
-devices keep the batch and split it in time (`--config.num_micro_batches=4`), or recompute
+last 20 checkpoints; 3.5 days on 8 P100 GPUs). Memory: the paper split each batch over 8 GPUs;
+on fewer devices keep the batch and split it in time (`--config.num_micro_batches=4`), or recompute
 activations (`--config.model.remat=dots`).
 """
 

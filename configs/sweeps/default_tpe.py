@@ -1,13 +1,13 @@
-"""A TPE search over the default config's optimisation and regularisation settings.
+r"""A TPE search over the default config's optimisation and regularisation settings.
 
-  python -m transformer_jax.sweep --config=configs/default.py \
+  transformer-jax-sweep --config=configs/default.py \
       --sweep=configs/sweeps/default_tpe.py --workdir=runs/sweep_default
 
 20 trials of the 1,000-step demo run (≈ 27 min each on 2 CPU cores; minutes on a GPU), scored
 by the last validation BLEU; median pruning after 4 finished trials, from step 500.
 """
 
-from transformer_jax.sweep_spec import choice, loguniform, new_spec, uniform
+from transformer_jax.sweeps.spec import choice, loguniform, new_spec, uniform
 
 
 def get_config():

@@ -1,13 +1,13 @@
-"""Learning rate × warmup on the tiny config: a 3 × 2 grid scored by validation loss.
+r"""Learning rate × warmup on the tiny config: a 3 × 2 grid scored by validation loss.
 
-  python -m transformer_jax.sweep --config=configs/tiny.py \
+  transformer-jax-sweep --config=configs/tiny.py \
       --sweep=configs/sweeps/tiny_lr_warmup.py --workdir=runs/sweep_tiny
 
 Six trials of 30 steps each; a few minutes on 2 CPU cores. Median pruning stops a trial
 whose validation loss at step 10 or 20 is worse than the median of the finished trials there.
 """
 
-from transformer_jax.sweep_spec import choice, new_spec
+from transformer_jax.sweeps.spec import choice, new_spec
 
 
 def get_config():

@@ -1,0 +1,238 @@
+"""Helpers shared by the test files: tiny configs and sections, a fixed packed batch, running
+tools in-process and training in a subprocess, and building shared fixtures once."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import gzip
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import tiny
+from transformer_jax.config import sections
+from transformer_jax.config.parse import from_config_dict
+from transformer_jax.data import corpus
+from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import mesh as mesh_lib
+from transformer_jax.training.loop import train_and_evaluate
+from transformer_jax.training.preemption import ENV as FAULTS_ENV
+from transformer_jax.training.state import create_state
+from transformer_jax.workdir.preparation import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ configs
+def tiny_config(**overrides):
+  """configs/tiny.py with `section.key=value` (or run-level `key=value`) overrides."""
+  c = tiny.get_config()
+  for key, value in overrides.items():
+    *path, name = key.split(".")
+    node = c
+    for part in path:
+      node = node[part]
+    node[name] = value
+  return c
+
+
+def tiny_train_config(**overrides) -> sections.TrainConfig:
+  return from_config_dict(tiny_config(**overrides))
+
+
+def section(name: str, **overrides):
+  """A config section (`"model"`, `"decode"`, ...) of the tiny config, with overrides."""
+  cls = sections.SECTIONS[name]
+  return cls(**{**tiny.get_config()[name].to_dict(), **overrides})
+
+
+# ------------------------------------------------------------------------------ models
+@functools.lru_cache(maxsize=None)
+def _mesh():
+  return mesh_lib.make_mesh(sections.ParallelismConfig((1, 1, 1), ()), jax.devices()[:1])
+
+
+def tiny_setup(**overrides):
+  """(config, model, initial train state) of the tiny config on one device."""
+  cfg = tiny_train_config(**overrides)
+  model = Transformer(cfg.model)
+  state, _ = create_state(cfg, model, _mesh(), jax.random.PRNGKey(cfg.seed))
+  return cfg, model, state
+
+
+def fixed_batch(rows=8, length=16, vocab=500, seed=0):
+  """A deterministic packed batch: two examples per row."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(3, vocab, (rows, length)).astype(np.int32)
+  seg = np.zeros((rows, length), np.int32)
+  pos = np.zeros((rows, length), np.int32)
+  for r in range(rows):
+    a = 3 + r % 5
+    b = length - a - 2
+    seg[r, :a], seg[r, a:a + b] = 1, 2
+    pos[r, :a], pos[r, a:a + b] = np.arange(a), np.arange(b)
+  ids = np.where(seg > 0, ids, 0)
+  ids[np.arange(rows), seg.argmin(1) - 1] = 1  # EOS closes each row's last example
+  return {"inputs": ids, "targets": ids.copy(), "inputs_positions": pos,
+          "targets_positions": pos, "inputs_segment_ids": seg, "targets_segment_ids": seg}
+
+
+def stack_layers(params, cfg: sections.ModelConfig):
+  """Per-layer parameters in the scanned layout (the inverse of model.unstack_layers)."""
+  params = dict(params)
+  for prefix, n in (("encoder", cfg.num_encoder_layers), ("decoder", cfg.num_decoder_layers)):
+    layers = [params.pop(f"{prefix}_{i}") for i in range(n)]
+    params[f"{prefix}_layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
+  return params
+
+
+@functools.partial(jax.jit, static_argnames="model")
+def sequence_log_prob(model, params, inputs_BS, targets_BT):
+  """Total log-probability of each target sequence (ending in EOS, padded with 0) under the
+  model, from one teacher-forced pass: the reference the decoders are checked against."""
+  logits = model.apply({"params": params}, inputs_BS, targets_BT)
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+  token_lp = jnp.take_along_axis(log_probs, targets_BT[..., None], axis=-1)[..., 0]
+  return jnp.sum(jnp.where(targets_BT > 0, token_lp, 0.0), axis=-1)
+
+
+# ------------------------------------------------------------------------------ data
+SRC = ["ein kleiner hund", "zwei katzen schlafen", "ein mann", "eine frau liest ein buch",
+       "kinder spielen im park", ("ein sehr langer satz " * 8).strip(), "der hund rennt", "ja"]
+TGT = ["a small dog", "two cats sleep", "a man", "a woman reads a book",
+       "children play in the park", ("a very long sentence " * 8).strip(), "the dog runs", "yes"]
+
+
+def small_corpus(tmp_path: Path):
+  """(data config, tokenizer) of an 8-pair corpus (train and val: the same pairs) in tmp_path;
+  one pair is longer than the 16-token length limit."""
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  for split in ("train", "val"):
+    for lang, lines in (("de", SRC), ("en", TGT)):
+      (folder / f"{split}.{lang}.gz").write_bytes(
+          gzip.compress("".join(x + "\n" for x in lines).encode()))
+  cfg = section("data", data_dir=str(folder), cache_dir=str(tmp_path / "tfds"), test_split="",
+                max_source_length=16, max_target_length=16, batch_size=4, num_threads=1)
+  return cfg, train_tokenizer(SRC + TGT, 70, tmp_path / "spm.model")
+
+
+# ------------------------------------------------------------------------------ shared fixtures
+def built_once(folder: Path, build) -> Path:
+  """`folder`, built by `build(folder)` by the first process to get here (the others wait for
+  it, under a file lock); a failed build is redone by the next caller."""
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  with open(f"{folder}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (folder / ".done").is_file():
+      shutil.rmtree(folder, ignore_errors=True)
+      folder.mkdir()
+      build(folder)
+      (folder / ".done").touch()
+  return folder
+
+
+def prepare_tiny_corpus(cache: Path):
+  corpus.get_builder(corpus.corpus_spec(tiny_train_config(**{"data.cache_dir": str(cache)}).data))
+
+
+def train_tiny_tokenizer(out: Path, cache: Path):
+  load_tokenizer(tiny_train_config(**{"data.cache_dir": str(cache)}), out)
+
+
+def train_in_process(workdir: Path, cache: Path, tokenizer: Path, **overrides) -> dict:
+  """Trains the tiny config in this process (its tokenizer copied in first)."""
+  workdir.mkdir(parents=True, exist_ok=True)
+  if not (workdir / "spm.model").exists():
+    shutil.copy(tokenizer, workdir / "spm.model")
+  c = tiny_config(**{"data.cache_dir": str(cache), **overrides})
+  return train_and_evaluate(from_config_dict(c), workdir, c.to_dict())
+
+
+def copy_run(run: Path, to: Path) -> Path:
+  """A writable copy of a trained run."""
+  shutil.copytree(run, to, ignore=shutil.ignore_patterns("eval", "attention"))
+  return to
+
+
+def read_metrics(workdir: Path) -> list[dict]:
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def logged(workdir: Path, key: str, step: int):
+  """The last value of `key` logged at `step`."""
+  return [r[key] for r in read_metrics(workdir) if key in r and r["step"] == step][-1]
+
+
+def checkpoint_steps(workdir: Path, folder: str = "checkpoints") -> list[int]:
+  return sorted(int(p.name) for p in (workdir / folder).iterdir() if p.name.isdigit())
+
+
+# ------------------------------------------------------------------------------ tools
+def run_tool(main, *argv: str, stdin: bytes | None = None):
+  """Runs a CLI module's `main` in this process on `argv` (and `stdin`); returns its exit
+  status and what it wrote to stdout and stderr."""
+  out, err = io.StringIO(), io.StringIO()
+  stdin_stream = io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8")
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+      _replaced_stdin(stdin_stream):
+    with pytest.raises(SystemExit) as exit_info:
+      main(["tool", *argv])
+  return exit_info.value.code, out.getvalue(), err.getvalue()
+
+
+@contextlib.contextmanager
+def _replaced_stdin(stream):
+  saved = sys.stdin
+  sys.stdin = stream
+  try:
+    yield
+  finally:
+    sys.stdin = saved
+
+
+def one_line_error(stderr: str) -> str:
+  """The message of a tool that failed the way a user's mistake must: one line, no traceback."""
+  lines = [line for line in stderr.splitlines() if line.strip()]
+  assert "Traceback" not in stderr, stderr[-3000:]
+  assert lines, "no error message"
+  return lines[-1]
+
+
+def train_process(workdir: Path, cache: Path, *overrides: str, tokenizer: Path | None = None,
+                  fault: str = "", check: bool = True, timeout: float = 300, env=None):
+  """`python train.py --config=configs/tiny.py` in a subprocess (with the shared TFDS cache
+  and, when given, a trained tokenizer copied into the workdir)."""
+  if tokenizer is not None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    if not (workdir / "spm.model").exists():
+      shutil.copy(tokenizer, workdir / "spm.model")
+  env = dict(os.environ if env is None else env)
+  env.pop(FAULTS_ENV, None)
+  if fault:
+    env[FAULTS_ENV] = fault
+  cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+         f"--config.data.cache_dir={cache}", *overrides]
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+  if check:
+    assert r.returncode == 0, r.stderr[-4000:]
+  return r
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]

@@ -1,0 +1,123 @@
+"""Two processes × 2 fake CPU devices (jax.distributed on 127.0.0.1) train like one process
+with 4 devices, and their collectively written checkpoint restores in one process."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests import helpers
+from tests.helpers import ROOT
+
+SCRIPT = r"""
+import functools, json, sys
+import jax, numpy as np
+sys.path.insert(0, ".")
+port, process_id, num_processes, workdir, mode = sys.argv[1:]
+if int(num_processes) > 1:
+  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
+                             num_processes=int(num_processes), process_id=int(process_id))
+from configs import tiny
+from tests.helpers import fixed_batch
+from transformer_jax.config.parse import from_config_dict
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import mesh as sharding
+from transformer_jax.training import state as state_lib, step as step_lib
+from transformer_jax.workdir import checkpoints
+
+c = tiny.get_config()
+c.model.dropout_rate = 0.0
+c.parallelism.mesh_shape = (2, 2, 1)   # data x fsdp over all 4 devices (both hosts)
+cfg = from_config_dict(c)
+model = Transformer(cfg.model)
+assert jax.device_count() == 4 and jax.local_device_count() == 4 // int(num_processes)
+mesh = sharding.make_mesh(cfg.parallelism)
+state, state_sharding = state_lib.create_state(cfg, model, mesh, jax.random.PRNGKey(0))
+ckpt = checkpoints.Checkpointer(f"{workdir}/checkpoints", 3)
+digest = lambda s: [float(np.asarray(sharding.fetch(x), np.float64).sum())
+                    for x in jax.tree_util.tree_leaves(s.params)]
+out = {}
+if mode == "train":
+  step = jax.jit(functools.partial(step_lib.train_step, model=model, label_smoothing=0.1),
+                 in_shardings=(state_sharding, sharding.batch_sharding(mesh),
+                               sharding.replicated(mesh)),
+                 out_shardings=(state_sharding, sharding.replicated(mesh)))
+  losses = []
+  for i in range(3):
+    full = fixed_batch(seed=i)   # 8 global rows; each host feeds its own 8 / processes
+    rows = 8 // jax.process_count()
+    local = {k: v[jax.process_index() * rows:(jax.process_index() + 1) * rows]
+             for k, v in full.items()}
+    state, m = step(state, sharding.global_batch(local, mesh), jax.random.PRNGKey(7))
+    losses.append(float(m["loss_sum"] / m["num_tokens"]))
+  ckpt.save(3, state)
+  out = {"losses": losses, "digest": digest(state)}
+else:  # restore what the other run wrote
+  restored = ckpt.restore(ckpt.latest_step(), checkpoints.abstract_like(state))
+  out = {"step": int(restored.step), "digest": digest(restored)}
+ckpt.close()
+if jax.process_index() == 0:
+  print("RESULT " + json.dumps(out))
+"""
+
+
+def _run(num_processes, devices_each, workdir, mode):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_each}")
+  port = str(helpers.free_port())
+  procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, port, str(i), str(num_processes),
+                             str(workdir), mode], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+           for i in range(num_processes)]
+  outputs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+  line = [x for x in outputs[0][0].splitlines() if x.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])
+
+
+def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_path):
+  two = _run(2, 2, tmp_path / "two", "train")
+  one = _run(1, 4, tmp_path / "one", "train")
+  assert two["losses"] == pytest.approx(one["losses"], rel=1e-5)
+  assert one["losses"][2] < one["losses"][0]
+  # The checkpoint the two processes wrote together restores, bit for bit, in one process.
+  restored = _run(1, 4, tmp_path / "two", "restore")
+  assert restored["step"] == 3
+  assert restored["digest"] == two["digest"]
+
+
+def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_path, tfds_cache,
+                                                                          tiny_tokenizer):
+  """JAX's preemption service: SIGTERM reaches process 1 only; both processes agree on the
+  step, save one checkpoint there collectively, and exit cleanly."""
+  port = str(helpers.free_port())
+  (tmp_path / "run").mkdir()
+  shutil.copy(tiny_tokenizer, tmp_path / "run" / "spm.model")
+  procs = []
+  for i in range(2):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env.pop("TRANSFORMER_JAX_FAULTS", None)
+    if i == 1:
+      env["TRANSFORMER_JAX_FAULTS"] = "sigterm@5"
+    procs.append(subprocess.Popen(
+        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+         f"--config.data.cache_dir={tfds_cache}", "--config.num_train_steps=1000",
+         "--config.eval_every_steps=1000", "--config.log_every_steps=1",
+         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  outputs = [p.communicate(timeout=600) for p in procs]
+  saved = []
+  for p, (_, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+    lines = [x for x in err.splitlines() if "Preempted: checkpoint saved at step" in x]
+    assert len(lines) == 1, err[-3000:]
+    saved.append(int(lines[0].split("at step ")[1].split()[0]))
+  assert saved[0] == saved[1] >= 5  # the same step on both hosts, not before the signal
+  steps = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
+                 if p.name.isdigit())
+  assert steps == [saved[0]]

@@ -1,0 +1,163 @@
+"""Fault injection into real training runs (train.py on the tiny config): SIGKILL and SIGTERM
+at exact steps, damaged checkpoints, a checkpoint of another model, non-finite gradients.
+
+Faults come from TRANSFORMER_JAX_FAULTS (transformer_jax/training/preemption.py) at fixed
+steps, so every outcome is deterministic. Final states are compared bit for bit with an
+uninterrupted run.
+"""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from tests import helpers
+from tests.helpers import ROOT
+from tests.helpers import checkpoint_steps as _steps
+
+STEPS = ["--config.num_train_steps=12", "--config.checkpoint_every_steps=4",
+         "--config.log_every_steps=2", "--config.eval_every_steps=1000",
+         "--config.eval_max_sentences=4", "--config.max_checkpoints_to_keep=3"]
+
+
+@pytest.fixture()
+def train(tfds_cache, tiny_tokenizer):
+  """train.py on the tiny config with the reliability tests' schedule (12 steps, checkpoints
+  every 4)."""
+  return lambda workdir, *overrides, **kw: helpers.train_process(
+      workdir, tfds_cache, *STEPS, *overrides, tokenizer=tiny_tokenizer, **kw)
+
+
+def _state(workdir, step=None):
+  """The saved train state (step, params, optimizer state) as numpy arrays."""
+  directory = workdir / "checkpoints"
+  step = step or max(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+  return ocp.StandardCheckpointer().restore(directory / str(step) / "state")
+
+
+def _assert_bitwise_equal(a, b):
+  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
+  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    assert np.asarray(x).dtype == np.asarray(y).dtype
+    assert np.array_equal(np.asarray(x), np.asarray(y)), "states differ"
+
+
+def _assert_finite(state, step):
+  """(A run with a fault compiled in runs another XLA program, whose rounding Adam amplifies
+  in near-zero gradients: such runs are not compared bit for bit with the reference.)"""
+  assert int(state["step"]) == step
+  for x in jax.tree_util.tree_leaves(state):
+    assert np.isfinite(np.asarray(x, np.float64)).all()
+
+
+@pytest.fixture(scope="session")
+def reference(shared_dir, tfds_cache, tiny_tokenizer):
+  """An uninterrupted 12-step run (checkpoints at 4, 8, 12), trained once per test run."""
+  build = lambda out: helpers.train_process(out / "reference", tfds_cache, *STEPS,  # noqa: E731
+                                            tokenizer=tiny_tokenizer)
+  return helpers.built_once(shared_dir / "reliability", build) / "reference"
+
+
+def test_sigterm_then_sigkill_then_rerun_end_bitwise_equal(reference, train, tmp_path):
+  ref = reference
+  run = tmp_path / "run"
+  # Preemption after step 6: a checkpoint at step 6 (not a multiple of 4), clean exit.
+  r = train(run, fault="sigterm@6")
+  assert "Preempted: checkpoint saved at step 6" in r.stderr
+  assert _steps(run) == [4, 6]
+  # Restarted, then killed outright after step 10: nothing saved after step 8.
+  r = train(run, fault="sigkill@10", check=False)
+  assert r.returncode == -signal.SIGKILL
+  assert "Resuming from step 6" in r.stderr
+  assert _steps(run) == [4, 6, 8]
+  # The same command again: steps 9-12 redone from step 8's state, RNG and data position.
+  r = train(run)
+  assert "Resuming from step 8" in r.stderr
+  _assert_bitwise_equal(_state(run), _state(ref))
+
+
+def test_external_sigterm_saves_the_current_step_and_exits(tfds_cache, tiny_tokenizer, tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  shutil.copy(tiny_tokenizer, run / "spm.model")
+  cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={run}",
+         f"--config.data.cache_dir={tfds_cache}", *STEPS, "--config.num_train_steps=100000"]
+  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  metrics = run / "metrics.jsonl"
+  deadline = time.time() + 240
+  while not (metrics.is_file() and metrics.read_text().strip()):  # training has started
+    assert proc.poll() is None and time.time() < deadline
+    time.sleep(0.2)
+  sent = time.time()
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  exit_s = time.time() - sent
+  assert proc.returncode == 0, err[-3000:]
+  saved = [int(line.split("checkpoint saved at step ")[1].split()[0])
+           for line in err.splitlines() if "Preempted: checkpoint saved at step" in line]
+  assert len(saved) == 1 and _steps(run)[-1] == saved[0] >= 2
+  print(f"SIGTERM to exit: {exit_s:.1f} s (saved step {saved[0]})")
+
+
+def test_damaged_newest_checkpoints_fall_back_and_are_kept_aside(reference, train, tmp_path):
+  ref = reference
+  run = tmp_path / "run"
+  shutil.copytree(ref, run)
+  # Step 12: a data file of the state truncated; step 8: a file of the state missing.
+  files12 = sorted((p for p in (run / "checkpoints/12/state").rglob("*") if p.is_file()),
+                   key=lambda p: -p.stat().st_size)
+  with open(files12[0], "r+b") as f:
+    f.truncate(files12[0].stat().st_size // 2)
+  (run / "checkpoints/8/state/_METADATA").unlink()
+  r = train(run)
+  assert "checkpoint at step 12" in r.stderr and "checkpoint at step 8" in r.stderr
+  assert r.stderr.count("is damaged") == 2 and "resuming from step 4" in r.stderr
+  assert "Resuming from step 4" in r.stderr
+  # Both damaged copies kept (not deleted), and the run ends where the reference ended.
+  assert sorted(p.name for p in (run / "checkpoints_damaged").iterdir()) == ["12", "8"]
+  _assert_bitwise_equal(_state(run, 12), _state(ref, 12))
+
+
+def test_checkpoint_of_another_model_is_an_error_not_damage(reference, train, tmp_path):
+  ref = reference
+  run = tmp_path / "run"
+  shutil.copytree(ref, run)
+  r = train(run, "--config.model.d_ff=128", check=False)
+  assert r.returncode == 1
+  line = helpers.one_line_error(r.stderr)
+  assert line.startswith("train: checkpoint at step 12") and "does not match the config's " \
+      "model" in line, line
+  assert _steps(run) == [4, 8, 12] and not (run / "checkpoints_damaged").exists()
+  assert (run / "config.json").read_text() == (ref / "config.json").read_text()  # not replaced
+
+
+def test_nonfinite_gradient_stops_naming_the_step(train, tmp_path):
+  run = tmp_path / "run"
+  r = train(run, fault="nonfinite@6", check=False)
+  assert r.returncode == 1
+  assert helpers.one_line_error(r.stderr).startswith(
+      "train: non-finite loss or gradient at step 6")
+  assert "checkpoint (step 4" in r.stderr
+  assert _steps(run) == [4]  # nothing saved after the bad step; step 4 restores, finite
+  _assert_finite(_state(run, 4), 4)
+
+
+def test_nonfinite_gradient_skipped_when_configured(train, tmp_path):
+  run = tmp_path / "run"
+  r = train(run, "--config.nonfinite_updates=skip", fault="nonfinite@6")
+  assert "skipped 1 update(s) with a non-finite loss or gradient (first at step 6)" in r.stderr
+  _assert_finite(_state(run, 12), 12)
+  logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+  assert [r["train/skipped_steps"] for r in logged if r["step"] == 6] == [1]
+
+

@@ -1,0 +1,188 @@
+"""Sweeps end to end on the tiny config: pruning, the report and the best command, a worker
+killed midway and restarted, two workers sharing one SQLite study, and atomic trial claims."""
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.helpers import ROOT
+from transformer_jax.reporting.metrics import read_metrics
+from transformer_jax.sweeps import spec as sweep_spec
+from transformer_jax.sweeps import study as sweep
+
+SPEC = """
+from transformer_jax.sweeps.spec import choice, new_spec
+def get_config():
+  s = new_spec()
+  s.sampler = "grid"
+  s.search_space = {{"optimizer": {{"learning_rate": choice({lrs})}}}}
+  s.fixed = {{"num_train_steps": 6, "eval_every_steps": 2, "checkpoint_every_steps": 2,
+             "log_every_steps": 2, "eval_max_sentences": 8,
+             "optimizer": {{"warmup_steps": 1}}}}
+  s.objective = "eval/loss"
+  s.pruner = "median"
+  s.pruner_startup_trials = 2
+  return s
+"""
+
+
+@pytest.fixture()
+def cache_dir(tfds_cache, tiny_tokenizer, tmp_path):
+  """The shared TFDS cache; the sweep's shared tokenizer already in place (its first trial
+  would train the same one)."""
+  (tmp_path / "sweep").mkdir()
+  shutil.copy(tiny_tokenizer, tmp_path / "sweep" / "spm.model")
+  return tfds_cache
+
+
+def _sweep_cmd(tmp_path, cache_dir, lrs, *extra):
+  spec = tmp_path / "spec.py"
+  spec.write_text(SPEC.format(lrs=", ".join(map(repr, lrs))))
+  return [sys.executable, "-m", "transformer_jax.cli.sweep", "--config=configs/tiny.py",
+          f"--sweep={spec}", f"--workdir={tmp_path / 'sweep'}",
+          f"--config.data.cache_dir={cache_dir}", "--heartbeat_interval=1",
+          "--heartbeat_grace=3", *extra]
+
+
+def _trials(workdir):
+  storage = optuna.storages.RDBStorage(f"sqlite:///{workdir / 'study.db'}")
+  return optuna.load_study(study_name="spec", storage=storage).get_trials()
+
+
+def test_sweep_prunes_reports_and_best_command_reproduces(tmp_path, cache_dir):
+  # lr 1e-6 learns nothing in 2 steps: worse than both finished trials at step 2 -> pruned.
+  r = subprocess.run(_sweep_cmd(tmp_path, cache_dir, [1e-2, 3e-3, 1e-6]), cwd=ROOT,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  workdir = tmp_path / "sweep"
+  trials = _trials(workdir)
+  assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "PRUNED"]
+  assert trials[2].user_attrs["steps"] < 6
+  assert "3 trials (2 complete, 1 pruned); eval/loss: minimize" in r.stdout
+
+  # The table: CSV and JSON rows match the study.
+  rows = (workdir / "results.csv").read_text().splitlines()
+  assert rows[0].startswith("trial,state,objective,steps,wall_time_s,optimizer.learning_rate")
+  assert len(rows) == 4
+  summary = json.loads((workdir / "results.json").read_text())
+  best = min(trials[:2], key=lambda t: t.value)
+  assert summary["best"]["trial"] == best.number
+  assert summary["best"]["objective"] == best.value
+  assert [row["state"] for row in summary["trials"]] == ["complete", "complete", "pruned"]
+  for name in ("objective_vs_params.png", "objective_by_trial.png"):
+    assert (workdir / name).stat().st_size > 10_000
+
+  # The best command, rerun in a fresh workdir, gives the same objective (deterministic CPU).
+  argv = summary["best"]["command"]
+  assert f"--workdir={workdir / 'best_rerun'}" == argv[-1]
+  assert argv[-1] in (workdir / "best_command.sh").read_text()
+  rerun = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  losses = [m["eval/loss"] for m in read_metrics(workdir / "best_rerun" / "metrics.jsonl")
+            if "eval/loss" in m]
+  assert losses[-1] == best.value
+
+
+def _trial_processes(marker: str) -> list[int]:
+  pids = []
+  for pid in os.listdir("/proc"):
+    try:
+      cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (OSError, ValueError):
+      continue
+    if marker in cmdline and "transformer_jax.cli.train" in cmdline:
+      pids.append(int(pid))
+  return pids
+
+
+def _wait_for(condition, timeout_s=300, what=""):
+  deadline = time.time() + timeout_s
+  while not condition():
+    assert time.time() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.2)
+
+
+def test_killed_sweep_continues_without_repeating_finished_trials(tmp_path, cache_dir):
+  cmd = _sweep_cmd(tmp_path, cache_dir, [1e-2, 3e-3])
+  workdir = tmp_path / "sweep"
+  trial1 = workdir / "trials" / "0001"
+  worker = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  # Kill the worker (SIGKILL: no cleanup) once trial 1 has trained past its first checkpoint.
+  _wait_for(lambda: any(m.get("step", 0) >= 4 and "train/loss" in m
+                        for m in read_metrics(trial1 / "metrics.jsonl")),
+            what="trial 1 to reach step 4")
+  worker.send_signal(signal.SIGKILL)
+  worker.wait()
+  # Its training process dies with it (PR_SET_PDEATHSIG), leaving the checkpoints behind.
+  _wait_for(lambda: not _trial_processes(str(trial1)), timeout_s=60,
+            what="the orphaned trial process to exit")
+  saved = sorted(int(p.name) for p in (trial1 / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved, "no checkpoint was written before the kill"
+  assert [t.state.name for t in _trials(workdir)] == ["COMPLETE", "RUNNING"]
+
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  trials = _trials(workdir)
+  # Trial 0 is not repeated; trial 1 (heartbeat stale) is failed and rerun as trial 2, in its
+  # own workdir, resuming from its last checkpoint.
+  assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+  assert trials[2].params == trials[1].params
+  assert trials[2].user_attrs["retry_of"] == 1
+  assert trials[2].user_attrs["workdir"] == str(trial1)
+  assert (workdir / "trials" / "0000" / "train.log").read_text().count("Model:") == 1
+  assert f"Resuming from step {saved[-1]}" in (trial1 / "train.log").read_text()
+  assert not (workdir / "trials" / "0002").exists()
+
+
+def test_two_workers_share_the_study_without_running_a_trial_twice(tmp_path, cache_dir):
+  cmd = _sweep_cmd(tmp_path, cache_dir, [1e-2, 3e-3, 1e-3], "--sweep.pruner=none")
+  workers = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+  outputs = [w.communicate(timeout=600) for w in workers]
+  for w, (_, err) in zip(workers, outputs):
+    assert w.returncode == 0, err[-3000:]
+  trials = _trials(tmp_path / "sweep")
+  assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+  assert sorted(t.params["optimizer.learning_rate"] for t in trials) == [1e-3, 3e-3, 1e-2]
+  for t in trials:  # each trial's training ran exactly once
+    assert Path(t.user_attrs["workdir"], "train.log").read_text().count("Model:") == 1
+  assert len({t.user_attrs["pid"] for t in trials}) == 2  # both workers took trials
+
+
+def _claim_all(url, name, queue):
+  spec = sweep_spec.SweepSpec(search_space={"x": sweep_spec.choice(0)}, fixed={},
+                              sampler="random", num_trials=1, direction="minimize")
+  storage = sweep.open_storage(url, 60, 120, 0)
+  study = optuna.load_study(study_name=name, storage=storage)
+  study_id = storage.get_study_id_from_name(name)
+  claimed = []
+  while (c := sweep.claim_next_trial(study, storage, study_id, spec)) is not None:
+    claimed.append(c[0].number)
+  queue.put(claimed)
+
+
+def test_claiming_a_waiting_trial_is_atomic_across_processes(tmp_path):
+  url = f"sqlite:///{tmp_path / 'study.db'}"
+  storage = sweep.open_storage(url, 60, 120, 0)
+  study = optuna.create_study(study_name="race", storage=storage)
+  for _ in range(150):
+    study.enqueue_trial({})
+  ctx = multiprocessing.get_context("spawn")
+  queue = ctx.Queue()
+  procs = [ctx.Process(target=_claim_all, args=(url, "race", queue)) for _ in range(3)]
+  for p in procs:
+    p.start()
+  claimed = [queue.get(timeout=300) for _ in procs]
+  for p in procs:
+    p.join()
+  every = sorted(n for c in claimed for n in c)
+  assert every == list(range(150))  # each trial claimed once, none lost

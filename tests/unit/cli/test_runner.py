@@ -1,0 +1,88 @@
+"""Every tool, run in-process: `--help` lists its own flags, and each mistake in the command
+line or the config ends in one line and an exit status, with nothing saved."""
+
+import importlib
+
+import pytest
+
+from tests import helpers
+from transformer_jax.cli import train
+
+TOOLS = {"train": ["--config", "--workdir", "--coordinator_address", "--jax_platforms"],
+         "evaluate": ["--workdir", "--checkpoint", "--source_file", "--decode", "--lowercase"],
+         "translate": ["--workdir", "--input", "--output", "--interactive", "--decode"],
+         "average": ["--workdir", "--checkpoint", "--output"],
+         "attention_maps": ["--workdir", "--sentence", "--translation", "--output_dir"],
+         "prepare_data": ["--config", "--workdir"],
+         "split_corpus": ["--pairs", "--columns", "--group_by", "--test", "--out"],
+         "sweep": ["--config", "--sweep", "--workdir", "--storage", "--heartbeat_grace"]}
+
+
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+def test_help_lists_the_tools_own_flags(tool):
+  module = importlib.import_module(f"transformer_jax.cli.{tool}")
+  status, out, _ = helpers.run_tool(module.main, "--help")
+  assert status == 0
+  assert out.startswith(module.__doc__.strip().splitlines()[0])
+  for flag in TOOLS[tool] + ["--verbosity"]:
+    assert f"{flag}:" in out or f"--[no]{flag[2:]}:" in out, (tool, flag)
+  assert "--helpfull" not in out and "--flagfile" not in out  # only the tool's own flags
+
+
+def _train(tmp_path, *args):
+  status, _, err = helpers.run_tool(train.main, "--config=configs/tiny.py",
+                                    f"--workdir={tmp_path / 'run'}", *args)
+  assert not (tmp_path / "run" / "checkpoints").exists()
+  assert not (tmp_path / "run" / "config.json").exists()
+  return status, helpers.one_line_error(err)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.model.num_layerz=2", "config error: --config.model.num_layerz: config.model has "
+                                    "no key 'num_layerz' (did you mean scan_layers, "
+                                    "num_encoder_layers or num_decoder_layers?)"),
+    ("--config.model.num_head=2", "config error: --config.model.num_head: config.model has no "
+                                  "key 'num_head' (did you mean num_heads?)"),
+    ("--config.model.d_model=wide", "config error: --config.model.d_model: 'wide' is not a "
+                                    "valid int"),
+])
+def test_a_bad_override_is_one_line(tmp_path, override, message):
+  status, line = _train(tmp_path, override)
+  assert status == 2 and line.startswith(message), line
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "config error: {path}: no such config file"),
+    ("def get_config(:\n", "config error: {path}:1: "),
+    ("x = 1\n", "config error: {path} defines no get_config() function"),
+])
+def test_a_bad_config_file_is_one_line(tmp_path, text, message):
+  path = tmp_path / "cfg.py"
+  if text is not None:
+    path.write_text(text)
+  status, _, err = helpers.run_tool(train.main, f"--config={path}", f"--workdir={tmp_path}")
+  assert status == 2 and helpers.one_line_error(err).startswith(message.format(path=path))
+
+
+@pytest.mark.parametrize("args, message", [
+    ((), "train: --config is required; --workdir is required"),
+    (("--config=configs/tiny.py", "--workdri=x"), "train: Unknown command line flag 'workdri'"),
+    (("--config=configs/tiny.py", "--workdir=x", "extra"), "train: unexpected arguments: extra"),
+])
+def test_a_bad_command_line_is_one_line(args, message):
+  status, _, err = helpers.run_tool(train.main, *args)
+  line = helpers.one_line_error(err)
+  assert status == 2 and line.startswith(message) and "(--help lists the flags)" in line, line
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.parallelism.mesh_shape=(3,1,1)", "does not fit the 1"),
+    ("--config.data.batch_size=15", "batch_size=15 is not divisible by"),  # 2 micro-batches
+    ("--config.model.vocab_size=20", "vocab_size=20 cannot hold the training data's characters"),
+    ("--config.nonfinite_updates=ignore", "nonfinite_updates='ignore' must be 'stop' or 'skip'"),
+])
+def test_contradictory_settings_stop_before_anything_is_saved(tmp_path, tfds_cache, override,
+                                                              message):
+  status, line = _train(tmp_path, f"--config.data.cache_dir={tfds_cache}",
+                        "--config.num_micro_batches=2", override)
+  assert status == 2 and line.startswith("config error: ") and message in line, line

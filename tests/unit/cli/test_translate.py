@@ -1,0 +1,52 @@
+"""The translate tool: one output line per input line, n-best lists, bad input named."""
+
+import pytest
+
+from tests import helpers
+from transformer_jax.cli import translate as translate_cli
+
+
+def _translate(workdir, stdin: bytes, *args):
+  return helpers.run_tool(translate_cli.main, f"--workdir={workdir}", "--interactive=false",
+                          *args, stdin=stdin)
+
+
+def test_translate_keeps_line_alignment(tiny_run):
+  lines = ["Ein Hund läuft.", "", "Zwei Männer " * 150, "?!...", "", "这是一个测试",
+           "مرحبا بالعالم", "Eine Frau."]
+  status, out, err = _translate(tiny_run, ("\n".join(lines) + "\n").encode())
+  assert status == 0, err[-2000:]
+  out = out.split("\n")
+  assert out[-1] == ""
+  out = out[:-1]
+  assert len(out) == len(lines)
+  for src, hyp in zip(lines, out):
+    assert (hyp == "") == (src == "")
+  assert "inputs longer than 256 subwords are truncated" in err
+
+
+@pytest.mark.parametrize("interactive", ["false", "true"])
+def test_translate_nbest_output(tiny_run, interactive):
+  status, out, err = helpers.run_tool(translate_cli.main, f"--workdir={tiny_run}",
+                                      f"--interactive={interactive}", "--decode=nbest=2",
+                                      stdin=b"Ein Hund.\n\nEine Katze.\n")
+  assert status == 0, err[-2000:]
+  rows = [x.split(" ||| ") for x in out.splitlines()]
+  assert {int(x[0]) for x in rows} == {0, 2}
+  for index in (0, 2):
+    scores = [float(x[2]) for x in rows if int(x[0]) == index]
+    assert len(scores) == 2 and scores == sorted(scores, reverse=True)
+
+
+def test_translate_files_and_bad_input_are_named(tiny_run, tmp_path):
+  (tmp_path / "in.de").write_text("Ein Hund.\nEine Katze.\n", encoding="utf-8")
+  status, _, _ = _translate(tiny_run, b"", f"--input={tmp_path / 'in.de'}",
+                            f"--output={tmp_path / 'out.en'}")
+  assert status == 0 and len((tmp_path / "out.en").read_text().splitlines()) == 2
+  status, _, err = _translate(tiny_run, b"gut\nauch gut\nkaputt \xff\n")
+  assert status == 1
+  assert helpers.one_line_error(err).startswith("translate: <stdin>:3: not valid UTF-8")
+  status, _, err = _translate(tiny_run, b"", f"--input={tmp_path / 'nowhere.de'}")
+  assert status == 1 and "nowhere.de does not exist" in helpers.one_line_error(err)
+  status, _, err = _translate(tiny_run, b"x\n", "--decode=beam=3")
+  assert status == 2 and "unknown key 'beam' (did you mean beam_size?)" in err

@@ -1,0 +1,52 @@
+"""The section dataclasses: contradictions fail with the key named; the shipped configs are the
+one place their values live."""
+
+import dataclasses
+
+import pytest
+
+from configs import default
+from tests import helpers
+from transformer_jax.config import sections
+from transformer_jax.config.parse import from_config_dict
+from transformer_jax.errors import ConfigError
+
+
+def test_every_field_is_set_by_the_default_config_and_defaults_nowhere_else():
+  values = default.get_config().to_dict()
+  for name, cls in [*sections.SECTIONS.items(), ("", sections.TrainConfig)]:
+    given = values[name] if name else values
+    for field in dataclasses.fields(cls):
+      assert field.default is dataclasses.MISSING, f"{cls.__name__}.{field.name} has a default"
+      assert field.name in given, f"configs/default.py does not set config.{name}.{field.name}"
+
+
+def test_d_model_not_divisible_by_num_heads_is_named():
+  with pytest.raises(ConfigError, match=r"d_model=32 is not divisible .*num_heads=5"):
+    from_config_dict(helpers.tiny_config(**{"model.num_heads": 5}))
+  with pytest.raises(ConfigError, match=r"d_model=30 is not divisible by .*num_heads=4"):
+    helpers.section("model", d_model=30, num_heads=4)
+
+
+def test_contradictory_lengths_are_rejected():
+  with pytest.raises(ConfigError, match=r"config\.model\.max_len=16"):
+    from_config_dict(helpers.tiny_config(**{"model.max_len": 16}))
+
+
+def test_decode_config_rejects_contradictions():
+  with pytest.raises(ConfigError, match="greedy and config.decode.sampling"):
+    helpers.section("decode", greedy=True, sampling=True)
+  with pytest.raises(ConfigError, match="nbest=5 must be in"):
+    helpers.section("decode", beam_size=4, nbest=5)
+
+
+def test_data_config_rejects_same_languages():
+  with pytest.raises(ConfigError, match="source_lang and target_lang"):
+    helpers.section("data", target_lang="de")
+
+
+def test_parallelism_config_takes_at_most_one_free_axis():
+  with pytest.raises(ConfigError, match="at most one -1"):
+    helpers.section("parallelism", mesh_shape=(-1, -1, 1))
+  with pytest.raises(ConfigError, match="unknown mesh axis 'model'"):
+    helpers.section("parallelism", axis_rules=(("embed", "model"),))

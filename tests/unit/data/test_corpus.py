@@ -1,0 +1,98 @@
+"""Local parallel-text corpora: the TFDS array_record builder and its input checks."""
+
+import gzip
+
+import pytest
+
+from transformer_jax.data import corpus
+from transformer_jax.errors import DataError
+
+
+def _write(folder, name, lines, gz=False):
+  data = "".join(line + "\n" for line in lines).encode("utf-8")
+  path = folder / (name + (".gz" if gz else ""))
+  path.write_bytes(gzip.compress(data) if gz else data)
+  return path
+
+
+def _spec(folder, tmp_path, splits=("train",), src="de", tgt="en"):
+  return corpus.CorpusSpec("local", str(folder), src, tgt, splits, str(tmp_path / "tfds"))
+
+
+def test_builder_reads_plain_and_gzipped_files_in_order(tmp_path):
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  _write(folder, "train.de", ["eins", "zwei", "drei"], gz=True)
+  _write(folder, "train.en", ["one", "two", "three"])
+  pairs = list(corpus.iterate_pairs(_spec(folder, tmp_path), "train"))
+  assert pairs == [("eins", "one"), ("zwei", "two"), ("drei", "three")]
+  # The other direction is a config switch.
+  reverse = list(corpus.iterate_pairs(_spec(folder, tmp_path, src="en", tgt="de"), "train"))
+  assert reverse == [("one", "eins"), ("two", "zwei"), ("three", "drei")]
+  # It is an array_record TFDS dataset, prepared once.
+  files = list((tmp_path / "tfds").rglob("*.array_record*"))
+  assert files
+
+
+def test_embedded_multi30k_has_the_published_split_sizes(tmp_path):
+  spec = corpus.CorpusSpec("local", "", "de", "en", ("train", "val", "test2016"),
+                           str(tmp_path / "tfds"))
+  sizes = {split: len(corpus.get_source(spec, split)) for split in spec.splits}
+  assert sizes == {"train": 29000, "val": 1014, "test2016": 1000}
+  first = next(corpus.iterate_pairs(spec, "test2016"))
+  assert first == ("Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+                   "A man in an orange hat starring at something.")
+
+
+def test_missing_file_names_the_file(tmp_path):
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  _write(folder, "train.de", ["a"])
+  with pytest.raises(DataError, match=r"missing data file .*train\.en"):
+    list(corpus.iterate_pairs(_spec(folder, tmp_path), "train"))
+
+
+def test_missing_folder_is_named(tmp_path):
+  with pytest.raises(DataError, match="does not exist"):
+    list(corpus.iterate_pairs(_spec(tmp_path / "nowhere", tmp_path), "train"))
+
+
+def test_different_line_counts_name_both_files_and_counts(tmp_path):
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  _write(folder, "train.de", ["a", "b", "c"])
+  _write(folder, "train.en", ["x", "y"])
+  with pytest.raises(DataError,
+                     match=r"different line counts: .*train\.de has 3 lines, .*train\.en has 2"):
+    list(corpus.read_parallel(folder, "train", ("de", "en")))
+  with pytest.raises(DataError, match="different line counts"):
+    corpus.get_source(_spec(folder, tmp_path), "train")
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  _write(folder, "train.en", ["ok", "fine", "good"])
+  (folder / "train.de").write_bytes(b"gut\nnoch gut\nkaputt \xff\xfe\n")
+  with pytest.raises(DataError, match=r"train\.de:3: not valid UTF-8"):
+    list(corpus.read_parallel(folder, "train", ("de", "en")))
+
+
+def test_preparation_streams_into_shards_once(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, "PAIRS_PER_SHARD", 2)
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  _write(folder, "train.de", [f"d{i}" for i in range(5)])
+  _write(folder, "train.en", [f"e{i}" for i in range(5)])
+  spec = _spec(folder, tmp_path)
+  # A preparation interrupted earlier left a half-written folder: it is cleared, then redone.
+  stale = tmp_path / "tfds" / "parallel_text" / "de-en_x" / ".incomplete-1"
+  stale.mkdir(parents=True)
+  assert list(corpus.iterate_pairs(spec, "train")) == [(f"d{i}", f"e{i}") for i in range(5)]
+  prepared = sorted(p.name for p in (tmp_path / "tfds").rglob("*.array_record-*"))
+  assert prepared == [f"parallel_text-train.array_record-0000{i}-of-00003" for i in range(3)]
+  assert corpus.get_builder(spec).info.splits["train"].shard_lengths == [2, 2, 1]
+  # Prepared once: a second read does not write again.
+  before = {p: p.stat().st_mtime_ns for p in (tmp_path / "tfds").rglob("*.array_record-*")}
+  assert len(corpus.get_source(spec, "train")) == 5
+  assert before == {p: p.stat().st_mtime_ns for p in (tmp_path / "tfds").rglob("*array_record-*")}

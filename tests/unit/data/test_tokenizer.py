@@ -1,0 +1,45 @@
+"""SentencePiece training, id conventions, round trips and reuse."""
+
+import pytest
+
+from transformer_jax.data import tokenizer as T
+from transformer_jax.errors import DataError
+
+SENTENCES = ["Ein Mann fährt Fahrrad.", "A man rides a bike.", "Zwei Hunde spielen im Schnee.",
+             "Two dogs play in the snow.", "Eine Frau liest ein Buch.", "A woman reads a book."]
+
+
+def test_train_encode_decode_round_trip(tmp_path):
+  tok = T.train_tokenizer(SENTENCES * 20, 60, tmp_path / "spm.model")
+  assert (tmp_path / "spm.model").is_file()
+  for s in SENTENCES:
+    ids = tok.encode(s)
+    assert ids[-1] == T.EOS_ID and T.PAD_ID not in ids
+    assert tok.decode(ids) == s
+  # Decoding stops at EOS and skips padding.
+  assert tok.decode(tok.encode("Ein Mann") + [5, 6, 0, 0]) == "Ein Mann"
+
+
+def test_load_or_train_reuses_the_saved_model(tmp_path):
+  path = tmp_path / "spm.model"
+  first = T.load_or_train(path, lambda: SENTENCES * 20, 60, 1000)
+  calls = []
+  second = T.load_or_train(path, lambda: calls.append(1) or SENTENCES, 60, 1000)
+  assert not calls  # not retrained
+  assert second.model_proto == first.model_proto
+
+
+def test_missing_tokenizer_file_is_named(tmp_path):
+  with pytest.raises(DataError, match="spm.model does not exist"):
+    T.Tokenizer.load(tmp_path / "spm.model")
+
+
+def test_training_sample_is_bounded_by_sentences_and_characters():
+  corpus = (f"sentence number {i}" for i in range(100_000))  # a stream, read once
+  sample = T.training_sample(corpus, max_sentences=5000, seed=0, max_chars=20_000)
+  assert 0 < sum(map(len, sample)) <= 20_000
+  assert len(sample) == len(set(sample)) > 900
+  # Uniform over the stream, not its head: about half from the second half.
+  late = sum(int(s.split()[-1]) >= 50_000 for s in sample) / len(sample)
+  assert 0.4 < late < 0.6
+  assert len(T.training_sample(iter(["", "a", "b"]), max_sentences=10)) == 2  # empties skipped

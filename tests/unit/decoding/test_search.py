@@ -1,0 +1,131 @@
+"""Beam search and greedy decoding against brute force on a tiny random model."""
+
+import itertools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import helpers
+from transformer_jax.data.tokenizer import EOS_ID
+from transformer_jax.decoding import search as decode
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.ops.masking import NEG_INF
+
+VOCAB = 5  # PAD, EOS, UNK and two more: small enough to enumerate every output
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = helpers.section("model", vocab_size=VOCAB, d_model=16, num_heads=2, d_ff=32,
+                        num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0, max_len=16)
+  model = Transformer(cfg)
+  inputs = jnp.array([[3, 4, 2, 1, 0], [4, 4, 3, 3, 1], [2, 1, 0, 0, 0]])
+  params = nn.meta.unbox(model.init(jax.random.PRNGKey(1), inputs, inputs[:, :3])["params"])
+  # Sharpen the output distribution so that the best sequence is not trivially short.
+  params = jax.tree_util.tree_map(lambda x: x * 3.0, params)
+  return model, params, inputs
+
+
+def _all_outputs(max_len):
+  """Every sequence the decoders may produce: tokens 2..V-1, ended by EOS or by max_len."""
+  outs = []
+  for n in range(1, max_len + 1):
+    for body in itertools.product(range(2, VOCAB), repeat=n - 1):
+      outs.append(list(body) + [EOS_ID])
+    if n == max_len:
+      outs += [list(b) for b in itertools.product(range(2, VOCAB), repeat=n)]
+  return outs
+
+
+def _brute_force_best(model, params, inputs, max_len, alpha):
+  outs = _all_outputs(max_len)
+  targets = np.zeros((len(outs), max_len), np.int32)
+  for i, o in enumerate(outs):
+    targets[i, :len(o)] = o
+  lengths = (targets > 0).sum(axis=1)
+  best = []
+  for row in inputs:
+    lp = helpers.sequence_log_prob(model, params, jnp.tile(row, (len(outs), 1)), targets)
+    scores = np.asarray(lp) / decode.length_penalty(lengths, alpha)
+    best.append((targets[int(np.argmax(scores))], float(np.max(scores))))
+  return best
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_search_finds_brute_force_best(tiny, alpha):
+  model, params, inputs = tiny
+  max_len = 4
+  seqs, scores = decode.beam_search(model, params, inputs, beam_size=64, alpha=alpha,
+                                    max_len=max_len)
+  for b, (best_seq, best_score) in enumerate(_brute_force_best(model, params, inputs, max_len,
+                                                               alpha)):
+    np.testing.assert_array_equal(np.asarray(seqs[b, 0]), best_seq)
+    np.testing.assert_allclose(float(scores[b, 0]), best_score, rtol=1e-4)
+
+
+def test_beam_one_equals_greedy(tiny):
+  model, params, inputs = tiny
+  beam, _ = decode.beam_search(model, params, inputs, beam_size=1, alpha=0.0, max_len=6)
+  greedy, _ = decode.greedy_search(model, params, inputs, max_len=6)
+  np.testing.assert_array_equal(np.asarray(beam[:, 0]), np.asarray(greedy))
+
+
+@pytest.mark.parametrize("min_len", [3, 6])
+def test_min_length_keeps_eos_from_ending_short_hypotheses(tiny, min_len):
+  model, params, inputs = tiny
+  free, _ = decode.beam_search(model, params, inputs, beam_size=2, alpha=0.6, max_len=6)
+
+  def first_eos(seqs):
+    return [list(s).index(EOS_ID) if EOS_ID in s else len(s)
+            for s in np.asarray(seqs).reshape(-1, 6)]
+
+  assert min(first_eos(free)) < 3  # without the limit, some hypotheses end early
+  seqs, _ = decode.beam_search(model, params, inputs, beam_size=2, alpha=0.6, max_len=6,
+                               min_len=min_len)
+  assert min(first_eos(seqs)) >= min_len  # at least min_len tokens before any EOS
+
+
+def test_beam_scores_sorted_and_consistent(tiny):
+  model, params, inputs = tiny
+  seqs, scores = decode.beam_search(model, params, inputs, beam_size=4, alpha=0.6, max_len=6)
+  scores = np.asarray(scores)
+  assert np.all(np.diff(scores, axis=1) <= 1e-6)
+  # Each returned score is the model's own length-normalised log-probability of its sequence.
+  for b in range(inputs.shape[0]):
+    lp = helpers.sequence_log_prob(model, params, jnp.tile(inputs[b], (4, 1)), seqs[b])
+    lengths = np.asarray((seqs[b] > 0).sum(axis=1))
+    found = scores[b] > NEG_INF / 2  # early stopping may leave fewer than W finished
+    assert found[0]
+    np.testing.assert_allclose((np.asarray(lp) / decode.length_penalty(lengths, 0.6))[found],
+                               scores[b][found], rtol=1e-4, atol=1e-5)
+
+
+def test_nbest_is_sorted_and_starts_with_the_beam_output(tiny):
+  model, params, inputs = tiny
+  best, _ = decode.beam_search(model, params, inputs, beam_size=4, alpha=0.6, max_len=6)
+  nbest, scores = decode.beam_search(model, params, inputs, beam_size=4, alpha=0.6, max_len=6,
+                                     num_return=3)
+  scores = np.asarray(scores)
+  assert np.all(scores[:, :3] > NEG_INF / 2)  # three real hypotheses each
+  assert np.all(np.diff(scores[:, :3], axis=1) <= 1e-6)
+  np.testing.assert_array_equal(np.asarray(nbest[:, 0]), np.asarray(best[:, 0]))
+  assert len({tuple(np.asarray(s)) for s in nbest[0, :3]}) == 3  # distinct hypotheses
+
+
+def test_sampling_is_reproducible_with_a_seed_and_varies_across_seeds(tiny):
+  model, params, inputs = tiny
+
+  def sample(seed, **kw):
+    return np.asarray(decode.greedy_search(model, params, jnp.tile(inputs, (8, 1)), max_len=6,
+                                           rng=jax.random.PRNGKey(seed), **kw)[0])
+
+  np.testing.assert_array_equal(sample(0), sample(0))
+  assert not np.array_equal(sample(0), sample(1))
+  # top_k=1 keeps only the argmax: sampling becomes greedy.
+  greedy, _ = decode.greedy_search(model, params, jnp.tile(inputs, (8, 1)), max_len=6)
+  np.testing.assert_array_equal(sample(3, top_k=1), np.asarray(greedy))
+  # A tiny nucleus also keeps only the most likely token.
+  np.testing.assert_array_equal(sample(4, top_p=1e-6), np.asarray(greedy))

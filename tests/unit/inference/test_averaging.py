@@ -1,0 +1,40 @@
+"""Checkpoint averaging: the element-wise mean, written as a workdir evaluate can use."""
+
+import jax
+import numpy as np
+import pytest
+
+from tests import helpers
+from transformer_jax.cli import average as average_cli
+from transformer_jax.inference import trained_run
+from transformer_jax.inference.averaging import average_to_workdir
+from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
+from transformer_jax.inference.trained_run import Selected
+from transformer_jax.workdir import checkpoints
+
+
+def test_averaging_identical_and_different_checkpoints(tiny_run, tmp_path):
+  run = trained_run.load(tiny_run)
+  s10, s20 = run.state(Selected("a", [10])), run.state(Selected("b", [20]))
+  same = checkpoints.average_states([s20, s20, s20])
+  for a, b in zip(jax.tree_util.tree_leaves(same.params), jax.tree_util.tree_leaves(s20.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+  mean = run.params(Selected("mean", [10, 20]))
+  for m, a, b in zip(*(jax.tree_util.tree_leaves(x) for x in (mean, s10.params, s20.params))):
+    np.testing.assert_allclose(np.asarray(m), (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6)
+  # The averaged checkpoint is a workdir that evaluate can use.
+  step, steps = average_to_workdir(str(tiny_run), "average:2", str(tmp_path / "avg"))
+  assert (step, steps) == (20, [10, 20])
+  res, _ = evaluate_checkpoints(tmp_path / "avg", split="val", max_sentences=8)
+  assert res[0]["steps"] == [20]
+
+
+def test_the_average_tool_refuses_to_overwrite(tiny_run, tmp_path):
+  status, out, _ = helpers.run_tool(average_cli.main, f"--workdir={tiny_run}",
+                                    "--checkpoint=steps:10,20", f"--output={tmp_path / 'avg'}")
+  assert status == 0 and "averaged steps [10, 20]" in out
+  status, _, err = helpers.run_tool(average_cli.main, f"--workdir={tiny_run}",
+                                    f"--output={tmp_path / 'avg'}", "--checkpoint=average:2")
+  assert status == 1 and "already exists; choose a new --output" in err
+  with pytest.raises(Exception, match="--output must differ from --workdir"):
+    average_to_workdir(str(tiny_run), "average:2", str(tiny_run))

@@ -1,0 +1,101 @@
+"""Scoring a trained run's checkpoints: the BLEU training logged, every checkpoint with a table
+and plot, the best and an average side by side, any pair of (gzipped) files, and what goes
+wrong said in one line."""
+
+import gzip
+import json
+import shutil
+
+import pytest
+
+from tests import helpers
+from transformer_jax.cli import evaluate as evaluate_cli
+from transformer_jax.data import corpus
+from transformer_jax.errors import DataError
+from transformer_jax.inference import trained_run
+from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints, format_table
+
+
+@pytest.fixture()
+def workdir(tiny_run, tmp_path):
+  return helpers.copy_run(tiny_run, tmp_path / "run")
+
+
+def test_evaluate_reproduces_the_bleu_logged_in_training(workdir):
+  results, out = evaluate_checkpoints(workdir, split="val", checkpoint="20", max_sentences=32)
+  assert results[0]["steps"] == [20] and out == workdir / "eval" / "val"
+  assert results[0]["bleu"] == pytest.approx(helpers.logged(workdir, "eval/bleu", 20), abs=1e-6)
+  assert results[0]["chrf"] == pytest.approx(helpers.logged(workdir, "eval/chrf", 20), abs=1e-6)
+  assert json.loads((out / "results.json").read_text())[0]["bleu_signature"].startswith("nrefs")
+  assert len((out / "step_20.hyp").read_text().splitlines()) == 32
+  # Evaluating again adds to results.json: another checkpoint beside, the same one replaced.
+  evaluate_checkpoints(workdir, split="val", checkpoint="10", max_sentences=32)
+  evaluate_checkpoints(workdir, split="val", checkpoint="20", max_sentences=32)
+  saved = json.loads((out / "results.json").read_text())
+  assert sorted(r["label"] for r in saved) == ["step_10", "step_20"]
+
+
+def test_evaluate_every_checkpoint_writes_table_and_plot(tiny_run, tmp_path):
+  results, _ = evaluate_checkpoints(tiny_run, split="val", checkpoint="all", max_sentences=8,
+                                    output_dir=str(tmp_path), lowercase=True)
+  assert [r["steps"] for r in results] == [[10], [20]]
+  assert "bleu_lowercase" in results[0]
+  assert (tmp_path / "bleu_by_step.csv").read_text().splitlines()[0] == "step,bleu,chrf"
+  assert (tmp_path / "bleu_by_step.png").stat().st_size > 1000
+  table = format_table(results).splitlines()
+  assert table[0].split() == ["checkpoint", "BLEU", "chrF", "sent/s"]
+  assert [line.split()[0] for line in table[1:3]] == ["step_10", "step_20"]
+  assert "lowercase BLEU" in table[1] and table[-1].startswith("(nrefs:1")
+
+
+def test_best_checkpoint_is_kept_by_validation_bleu(tiny_run, tmp_path):
+  run = trained_run.load(tiny_run)
+  best = run.best_step()
+  bleus = {s: helpers.logged(tiny_run, "eval/bleu", s) for s in (10, 20)}
+  assert bleus[best] == max(bleus.values())
+  # best and an average, side by side in one report
+  results, _ = evaluate_checkpoints(tiny_run, split="val", checkpoint=["best", "average:2"],
+                                    max_sentences=32, output_dir=str(tmp_path))
+  assert [r["label"] for r in results] == [f"best_step_{best}", "average_last_2_to_20"]
+  assert results[0]["bleu"] == pytest.approx(bleus[best], abs=1e-6)
+
+
+def test_evaluate_scores_a_local_test_set_of_gzipped_files(workdir, tmp_path):
+  # Out-of-domain evaluation: any line-aligned pair of files, e.g. WMT newstest (.gz or plain).
+  # The first 8 val pairs as files score what the same pairs score as the val split.
+  run = trained_run.load(workdir)
+  pairs = list(corpus.iterate_pairs(corpus.corpus_spec(run.cfg.data), "val"))
+  src, ref = tmp_path / "news.de.gz", tmp_path / "news.en"
+  src.write_bytes(gzip.compress("".join(s + "\n" for s, _ in pairs[:8]).encode()))
+  ref.write_text("".join(r + "\n" for _, r in pairs[:8]))
+  from_files, _ = evaluate_checkpoints(workdir, checkpoint="20", source_file=str(src),
+                                       reference_file=str(ref))
+  from_split, _ = evaluate_checkpoints(workdir, split="val", checkpoint="20", max_sentences=8,
+                                       output_dir=str(tmp_path / "split"))
+  assert from_files[0]["data"] == "news.de" and from_files[0]["sentences"] == 8
+  assert from_files[0]["bleu"] == pytest.approx(from_split[0]["bleu"], abs=1e-6)
+  assert len((workdir / "eval" / "news.de" / "step_20.hyp").read_text().splitlines()) == 8
+  ref.write_text("only one line\n")
+  with pytest.raises(DataError, match=r"news\.de\.gz has 8 lines, .*news\.en has 1"):
+    evaluate_checkpoints(workdir, checkpoint="20", source_file=str(src),
+                         reference_file=str(ref))
+
+
+def test_the_evaluate_tool_prints_the_table_and_says_what_is_wrong(tiny_run, tmp_path):
+  status, out, _ = helpers.run_tool(evaluate_cli.main, f"--workdir={tiny_run}", "--split=val",
+                                    "--checkpoint=10", "--checkpoint=20", "--max_sentences=4",
+                                    f"--output_dir={tmp_path / 'out'}")
+  assert status == 0
+  assert [line.split()[0] for line in out.splitlines()[1:3]] == ["step_10", "step_20"]
+  assert f"wrote {tmp_path / 'out'}/results.json" in out
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  for name in ("config.json", "spm.model", "tokenizer.json"):
+    shutil.copy(tiny_run / name, bare / name)
+  (bare / "checkpoints").mkdir()
+  status, _, err = helpers.run_tool(evaluate_cli.main, f"--workdir={bare}")
+  assert status == 1
+  assert helpers.one_line_error(err) == "evaluate: the workdir has no checkpoints yet"
+  status, _, err = helpers.run_tool(evaluate_cli.main, f"--workdir={tiny_run}",
+                                    "--source_file=x.de")
+  assert status == 2 and "--source_file and --reference_file go together" in err

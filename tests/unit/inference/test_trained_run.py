@@ -1,0 +1,49 @@
+"""Loading a trained run: what is missing or does not belong to it is named."""
+
+import shutil
+
+import pytest
+
+from tests import helpers
+from transformer_jax.cli import translate as translate_cli
+from transformer_jax.data import text, tokenizer
+from transformer_jax.errors import CheckpointError
+from transformer_jax.inference import trained_run
+
+
+def test_bad_checkpoint_selections_are_named(tiny_run):
+  run = trained_run.load(tiny_run)
+  with pytest.raises(CheckpointError, match=r"no checkpoint for step 15.*\[10, 20\]"):
+    run.select("15")
+  with pytest.raises(CheckpointError, match="unknown checkpoint selection"):
+    run.select("newest")
+  with pytest.raises(CheckpointError, match="names 2 models; translate takes one"):
+    run.select_one("all", "translate")
+  with pytest.raises(CheckpointError, match="no config.json"):
+    trained_run.load(tiny_run / "checkpoints")
+
+
+def test_workdir_without_checkpoints_is_named(tiny_run, tmp_path):
+  bare = tmp_path / "bare"
+  bare.mkdir()
+  for name in ("config.json", "spm.model", "tokenizer.json"):
+    shutil.copy(tiny_run / name, bare / name)
+  with pytest.raises(CheckpointError, match="no checkpoints in .*bare/checkpoints"):
+    trained_run.load(bare)
+  (bare / "checkpoints").mkdir()
+  with pytest.raises(CheckpointError, match="no checkpoints yet"):
+    trained_run.load(bare).select("latest")
+
+
+def test_tokenizer_that_does_not_match_the_run_is_named(tiny_run, tmp_path):
+  other = tmp_path / "other"
+  other.mkdir()
+  for name in ("config.json", "tokenizer.json"):
+    shutil.copy(tiny_run / name, other / name)
+  (other / "checkpoints").symlink_to(tiny_run / "checkpoints")
+  sentences = list(text.read_lines(helpers.ROOT / "transformer_jax/corpora/multi30k/val.en.gz"))
+  tokenizer.train_tokenizer(sentences, 300, other / "spm.model")  # another vocabulary
+  with pytest.raises(CheckpointError, match="spm.model is not the one .* trained with"):
+    trained_run.load(other)
+  status, _, err = helpers.run_tool(translate_cli.main, f"--workdir={other}", stdin=b"Ein Hund.\n")
+  assert status == 1 and helpers.one_line_error(err).startswith("translate: tokenizer ")

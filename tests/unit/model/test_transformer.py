@@ -1,0 +1,141 @@
+"""The whole model: padding, causality and packing masks, cached decoding against the full
+forward pass, the bf16 path, and the parameters' logical axis names."""
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import helpers
+from transformer_jax.model.transformer import Transformer, shift_right
+
+CFG = helpers.section("model", vocab_size=40, d_model=32, num_heads=4, d_ff=64,
+                      num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0, max_len=32)
+INPUTS = jnp.array([[5, 6, 7, 8, 1, 0, 0], [9, 10, 1, 0, 0, 0, 0]])
+TARGETS = jnp.array([[11, 12, 13, 1, 0], [14, 15, 16, 17, 1]])
+
+
+def _init(cfg=CFG):
+  model = Transformer(cfg)
+  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), INPUTS, TARGETS)["params"])
+  return model, params
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logits(model, params, *args):
+  """Teacher-forced logits (compiled: one program per shape, not op by op)."""
+  return model.apply({"params": params}, *args)
+
+
+def test_padding_source_tokens_do_not_change_the_output():
+  model, params = _init()
+  logits = _logits(model, params, INPUTS, TARGETS)
+  # Row 1 has padding from position 3: put other tokens there and mark them as still padding
+  # by keeping the mask source — change only what is hidden behind padding in the embeddings.
+  changed = INPUTS.at[1, 3:].set(0)
+  np.testing.assert_allclose(_logits(model, params, changed, TARGETS), logits,
+                             atol=1e-6)
+  # Changing a real source token does change the output (the test can fail).
+  other = INPUTS.at[1, 0].set(20)
+  assert not np.allclose(_logits(model, params, other, TARGETS)[1], logits[1],
+                         atol=1e-4)
+
+
+def test_encoder_ignores_values_at_padded_positions():
+  """Encoder outputs at real positions do not depend on the padded positions' embeddings."""
+  model, params = _init()
+
+  def enc(p):
+    return model.apply({"params": p}, INPUTS, method=Transformer.encode)
+
+  base = enc(params)
+  # Perturb the embedding row of token 0 (padding): real positions must not move.
+  p2 = jax.tree_util.tree_map(lambda x: x, params)
+  table = p2["source_embedding"]["embedding"]
+  p2["source_embedding"]["embedding"] = table.at[0].add(5.0)
+  moved = enc(p2)
+  real = np.asarray(INPUTS) > 0
+  np.testing.assert_allclose(np.asarray(moved)[real], np.asarray(base)[real], atol=1e-5)
+
+
+def test_future_target_tokens_do_not_change_earlier_logits():
+  model, params = _init()
+  logits = _logits(model, params, INPUTS, TARGETS)
+  changed = TARGETS.at[:, 3:].set(30)
+  new = _logits(model, params, INPUTS, changed)
+  # Position t predicts targets[t] from targets[<t]: positions <= 3 see only targets[:3].
+  np.testing.assert_allclose(new[:, :4], logits[:, :4], atol=1e-6)
+  assert not np.allclose(new[:, 4], logits[:, 4], atol=1e-4)
+
+
+def test_packed_examples_do_not_attend_to_each_other():
+  """Two examples packed in one row give the same logits as each alone."""
+  model, params = _init()
+  a_in, a_tg = jnp.array([[5, 6, 1]]), jnp.array([[11, 12, 1]])
+  b_in, b_tg = jnp.array([[9, 10, 7, 1]]), jnp.array([[14, 1]])
+  alone_a = _logits(model, params, a_in, a_tg)
+  alone_b = _logits(model, params, b_in, b_tg)
+  packed_in = jnp.concatenate([a_in, b_in, jnp.zeros((1, 1), jnp.int32)], 1)
+  packed_tg = jnp.concatenate([a_tg, b_tg, jnp.zeros((1, 1), jnp.int32)], 1)
+  in_seg = jnp.array([[1, 1, 1, 2, 2, 2, 2, 0]])
+  in_pos = jnp.array([[0, 1, 2, 0, 1, 2, 3, 0]])
+  tg_seg = jnp.array([[1, 1, 1, 2, 2, 0]])
+  tg_pos = jnp.array([[0, 1, 2, 0, 1, 0]])
+  packed = _logits(model, params, packed_in, packed_tg, in_pos, tg_pos, in_seg, tg_seg)
+  np.testing.assert_allclose(packed[0, :3], alone_a[0], atol=1e-5)
+  np.testing.assert_allclose(packed[0, 3:5], alone_b[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("pre_ln,positions", [(True, "sinusoidal"), (False, "learned")])
+def test_cached_step_by_step_decoding_equals_full_forward(pre_ln, positions):
+  cfg = dataclasses.replace(CFG, pre_layer_norm=pre_ln, positional_encoding=positions)
+  model, params = _init(cfg)
+  full = model.apply({"params": params}, INPUTS, TARGETS)
+  encoded = model.apply({"params": params}, INPUTS, method=Transformer.encode)
+  _, mutated = model.apply({"params": params}, encoded, INPUTS, TARGETS.shape[1],
+                           method=Transformer.init_cache, mutable=["cache"])
+  cache = mutated["cache"]
+  decoder_inputs = shift_right(TARGETS)
+  for t in range(TARGETS.shape[1]):
+    step_logits, mutated = model.apply(
+        {"params": params, "cache": cache}, encoded, INPUTS, decoder_inputs[:, t:t + 1],
+        decode=True, method=Transformer.decode, mutable=["cache"])
+    cache = mutated["cache"]
+    real = np.asarray(TARGETS[:, t]) > 0
+    np.testing.assert_allclose(np.asarray(step_logits[:, 0])[real],
+                               np.asarray(full[:, t])[real], atol=1e-4)
+
+
+def test_bfloat16_path_is_close_to_float32_and_differentiable():
+  model32, params = _init()
+  model16 = Transformer(dataclasses.replace(CFG, dtype="bfloat16"))
+  l32 = model32.apply({"params": params}, INPUTS, TARGETS)
+  l16 = model16.apply({"params": params}, INPUTS, TARGETS)
+  assert l16.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(l16), np.asarray(l32), atol=0.1)
+
+  def grads(model):
+    return jax.jit(jax.grad(lambda p: jnp.mean(model.apply({"params": p}, INPUTS, TARGETS) ** 2)))
+
+  g32, g16 = grads(model32)(params), grads(model16)(params)
+  assert all(g.dtype == jnp.float32 for g in jax.tree_util.tree_leaves(g16))
+
+  def flat(g):
+    return jnp.concatenate([x.ravel() for x in jax.tree_util.tree_leaves(g)])
+
+  err = float(jnp.linalg.norm(flat(g16) - flat(g32)) / jnp.linalg.norm(flat(g32)))
+  assert err < 0.05, err  # bf16 rounding, not a wrong gradient (that would be ~1)
+
+
+def test_parameters_carry_logical_axis_names():
+  model = Transformer(CFG)
+  boxed = model.init(jax.random.PRNGKey(0), INPUTS, TARGETS)["params"]
+  specs = nn.get_partition_spec(boxed)
+  assert tuple(specs["encoder_0"]["self_attention"]["query"]["kernel"]) == ("embed", "heads",
+                                                                             "kv")
+  assert tuple(specs["encoder_0"]["feed_forward"]["wi"]["kernel"]) == ("embed", "mlp")
+  assert tuple(specs["source_embedding"]["embedding"]) == ("vocab", "embed")

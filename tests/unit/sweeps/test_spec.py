@@ -1,0 +1,121 @@
+"""Sweep specs: valid specs load; bad ones fail with a message naming the key, before any
+trial starts."""
+
+import ml_collections
+import pytest
+
+from configs import default, tiny
+from configs.sweeps import default_tpe, tiny_lr_warmup
+from tests import helpers
+from transformer_jax.cli import sweep as sweep_cli
+from transformer_jax.sweeps import spec as sweep_spec
+from transformer_jax.sweeps.spec import SweepError, choice, integer, loguniform, uniform
+
+
+def _spec(**fields):
+  spec = sweep_spec.new_spec()
+  spec.search_space = {"optimizer": {"learning_rate": loguniform(1e-4, 1e-2)}}
+  spec.num_trials = 4
+  for key, value in fields.items():
+    spec[key] = value
+  return spec
+
+
+def test_shipped_grid_spec_loads():
+  spec = sweep_spec.load_spec(tiny_lr_warmup.get_config(), tiny.get_config())
+  assert spec.direction == "minimize"          # eval/loss
+  assert spec.intermediate_metric == "eval/loss"
+  assert len(spec.grid_points) == 6
+  assert spec.grid_points[0] == {"optimizer.learning_rate": 1e-2, "optimizer.warmup_steps": 5}
+  assert spec.fixed["num_train_steps"] == 30
+
+
+def test_ranges_and_overrides_as_config_flags_parse_them():
+  base = tiny.get_config()
+  spec = sweep_spec.load_spec(_spec(search_space={
+      "optimizer": {"learning_rate": loguniform(1e-4, 1e-2), "warmup_steps": integer(1, 20)},
+      "model": {"dropout_rate": uniform(0.0, 0.3), "pre_layer_norm": choice(True, False)}}), base)
+  assert spec.direction == "maximize" and spec.sampler == "tpe"
+  assert sweep_spec.format_override(base, "optimizer.learning_rate", 1e-3) == \
+      "--config.optimizer.learning_rate=0.001"
+  # An int given for a float field is written as a float; bools as config_flags reads them.
+  assert sweep_spec.format_override(base, "model.dropout_rate", 0) == \
+      "--config.model.dropout_rate=0.0"
+  assert sweep_spec.format_override(base, "model.pre_layer_norm", False) == \
+      "--config.model.pre_layer_norm=false"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"search_space": {"optimizer": {"learnin_rate": loguniform(1e-4, 1e-2)}}},
+     "sweep.search_space.optimizer.learnin_rate: config.optimizer has no key 'learnin_rate' "
+     "(did you mean learning_rate?) (in the training config)"),
+    ({"search_space": {"optimiser": {"learning_rate": choice(1e-3)}}},
+     "config has no key 'optimiser' (did you mean optimizer?)"),
+    ({"search_space": {}}, "sweep.search_space is empty"),
+    ({"search_space": {"optimizer": {"learning_rate": choice("fast", "slow")}}},
+     "value 'fast' has type str, but config.optimizer.learning_rate is float"),
+    ({"search_space": {"optimizer": {"warmup_steps": uniform(1, 100)}}},
+     "value 1.0 has type float, but config.optimizer.warmup_steps is int"),
+    ({"search_space": {"optimizer": {"learning_rate": 1e-3}}}, "is a single value"),
+    ({"search_space": {"optimizer": {"learning_rate": choice()}}}, "at least one value"),
+    ({"search_space": {"optimizer": {"learning_rate": loguniform(0.0, 1e-2)}}},
+     "log-scaled range needs low > 0"),
+    ({"search_space": {"optimizer": {"learning_rate": uniform(1e-2, 1e-3)}}}, "low < high"),
+    ({"search_space": {"model": {"num_heads": choice(3, 4)}}, "sampler": "grid",
+      "num_trials": 0}, "grid point {'model.num_heads': 3}: the training config would be "
+     "invalid"),
+    ({"sampler": "grid"}, "continuous range; a grid sweep needs choice"),
+    ({"sampler": "annealing"}, "sweep.sampler='annealing'; choose one of"),
+    ({"objective": "eval/accuracy"}, "sweep.objective='eval/accuracy' is not a logged metric"),
+    ({"objective": "test/bleu"}, "needs a test split"),
+    ({"num_trials": 0}, "needs a budget >= 1"),
+    ({"fixed": {"optimizer": {"learning_rate": 1e-3}}}, "both set optimizer.learning_rate"),
+])
+def test_bad_specs_are_rejected_with_the_key(fields, message):
+  with pytest.raises(SweepError) as e:
+    sweep_spec.load_spec(_spec(**fields), tiny.get_config())
+  assert message in str(e.value)
+
+
+def test_unknown_and_ill_typed_sweep_keys():
+  spec = _spec()
+  spec.unlock()
+  spec.num_trails = 3
+  with pytest.raises(SweepError, match=r"unknown key sweep.num_trails \(did you mean "
+                                       r"num_trials\?\)"):
+    sweep_spec.load_spec(spec, tiny.get_config())
+  ill_typed = ml_collections.ConfigDict({**_spec().to_dict(), "num_trials": "many"})
+  with pytest.raises(SweepError, match="sweep.num_trials='many' has type str"):
+    sweep_spec.load_spec(ill_typed, tiny.get_config())
+
+
+def test_cli_rejects_a_bad_spec_before_any_trial(tmp_path):
+  bad = tmp_path / "bad.py"
+  bad.write_text("from transformer_jax.sweeps.spec import choice, new_spec\n"
+                 "def get_config():\n"
+                 "  s = new_spec()\n"
+                 "  s.sampler = 'grid'\n"
+                 "  s.search_space = {'optimizer': {'learnin_rate': choice(1e-3, 1e-2)}}\n"
+                 "  return s\n")
+  status, _, err = helpers.run_tool(sweep_cli.main, "--config=configs/tiny.py", f"--sweep={bad}",
+                                    f"--workdir={tmp_path / 'sweep'}")
+  line = helpers.one_line_error(err)
+  assert status == 2 and line.startswith(f"config error: sweep spec {bad}: ")
+  assert "config.optimizer has no key 'learnin_rate'" in line
+  assert not (tmp_path / "sweep").exists()  # no study, no trial
+
+
+def test_trials_share_the_tokenizer_only_when_nothing_changes_it():
+  base = tiny.get_config()
+  assert sweep_spec.shares_tokenizer(sweep_spec.load_spec(_spec(), base), base)
+  vocab = _spec(search_space={"model": {"vocab_size": choice(400, 500)}})
+  assert not sweep_spec.shares_tokenizer(sweep_spec.load_spec(vocab, base), base)
+  seed = _spec(fixed={"seed": 3})
+  assert not sweep_spec.shares_tokenizer(sweep_spec.load_spec(seed, base), base)
+
+
+def test_shipped_tpe_spec_loads_against_the_default_config():
+  spec = sweep_spec.load_spec(default_tpe.get_config(), default.get_config())
+  assert spec.sampler == "tpe" and spec.num_trials == 20 and spec.direction == "maximize"
+  assert set(spec.search_space) == {"optimizer.learning_rate", "optimizer.warmup_steps",
+                                    "model.dropout_rate", "label_smoothing"}

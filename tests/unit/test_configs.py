@@ -1,0 +1,37 @@
+"""The shipped configs: each builds; the WMT configs have the paper's sizes, data and batch."""
+
+import pytest
+
+from configs import default, tatoeba_deen, tiny, wmt_base, wmt_big
+from transformer_jax.config.parse import from_config_dict
+
+
+@pytest.mark.parametrize("get_config", [default.get_config, tiny.get_config, wmt_base.get_config,
+                                        wmt_big.get_config, tatoeba_deen.get_config])
+def test_shipped_configs_build(get_config):
+  cfg = from_config_dict(get_config())
+  assert cfg.model.d_model % cfg.model.num_heads == 0
+
+
+def _paper_sizes(cfg):
+  m = cfg.model
+  return (m.num_encoder_layers, m.num_decoder_layers, m.d_model, m.num_heads, m.d_ff,
+          m.dropout_rate, m.pre_layer_norm)
+
+
+def test_paper_configs_have_the_paper_sizes_data_and_batch():
+  base = from_config_dict(wmt_base.get_config())
+  big = from_config_dict(wmt_big.get_config())
+  assert _paper_sizes(base) == (6, 6, 512, 8, 2048, 0.1, False)
+  assert _paper_sizes(big) == (6, 6, 1024, 16, 4096, 0.3, False)
+  for cfg in (base, big):
+    assert cfg.model.vocab_size == 32000 and cfg.data.tokenizer_max_chars == 10_000_000
+    assert (cfg.data.dataset, cfg.data.train_split) == ("wmt17_translate/de-en", "train")
+    # newstest2014 is the test split of TFDS's wmt14 (wmt17's is newstest2017).
+    assert (cfg.data.test_dataset, cfg.data.test_split) == ("wmt14_translate/de-en", "test")
+    assert (cfg.data.source_lang, cfg.data.target_lang) == ("en", "de")
+    # ~25k source and ~25k target tokens: 256 packed rows of 128 slots per side.
+    assert cfg.data.batch_size * cfg.data.max_source_length == 32768
+  # 4000 warmup steps to d_model^-0.5 * 4000^-0.5.
+  assert base.optimizer.learning_rate == pytest.approx(512**-0.5 * 4000**-0.5, rel=0.01)
+  assert big.optimizer.learning_rate == pytest.approx(1024**-0.5 * 4000**-0.5, rel=0.01)

@@ -1,0 +1,73 @@
+"""The pure train step on the tiny config: golden metrics, learning, non-finite updates.
+(Its layout variants, compiled apart: tests/integration/test_step_variants.py.)"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from tests.helpers import fixed_batch, tiny_setup
+from transformer_jax.training import step as train_lib
+
+# Golden values of the first two steps of the tiny config (f32, seed 0) on `fixed_batch`.
+# They change only when the model, initialisation, loss or optimizer change: update them
+# deliberately, with the reason in the commit message.
+GOLDEN = [
+    {"loss": 5.801586, "nll": 6.748532, "num_tokens": 112.0, "grad_norm": 1.292804},
+    {"loss": 5.872424, "nll": 6.828216, "num_tokens": 112.0, "grad_norm": 1.336304},
+]
+
+
+def run_two_steps():
+  cfg, model, state = tiny_setup()
+  step = jax.jit(functools.partial(train_lib.train_step, model=model,
+                                   label_smoothing=cfg.label_smoothing))
+  batch = fixed_batch()
+  out = []
+  for _ in range(2):
+    state, m = step(state, batch, jax.random.PRNGKey(0))
+    m = jax.device_get(m)
+    out.append({"loss": m["loss_sum"] / m["num_tokens"], "nll": m["nll_sum"] / m["num_tokens"],
+                "num_tokens": m["num_tokens"], "grad_norm": m["grad_norm"]})
+  return out
+
+
+def test_train_step_matches_golden_metrics():
+  got = run_two_steps()
+  for step, (g, want) in enumerate(zip(got, GOLDEN)):
+    for key, value in want.items():
+      assert float(g[key]) == pytest.approx(value, rel=1e-4), (step, key, g[key])
+  # (whether the update helps is test_training_reduces_loss_on_a_repeated_batch's question:
+  # here each step draws other dropout masks)
+
+
+def test_training_reduces_loss_on_a_repeated_batch():
+  cfg, model, state = tiny_setup(**{"optimizer.learning_rate": 1e-2})
+  step = jax.jit(functools.partial(train_lib.train_step, model=model, label_smoothing=0.0))
+  batch = fixed_batch()
+  first = None
+  for i in range(30):
+    state, m = step(state, batch, jax.random.PRNGKey(i))
+    loss = float(m["loss_sum"] / m["num_tokens"])
+    first = loss if first is None else first
+  assert loss < 0.5 * first
+
+
+def test_nonfinite_update_is_not_applied_and_is_counted():
+  cfg, model, state = tiny_setup()
+  step = jax.jit(functools.partial(train_lib.train_step, model=model,
+                                   label_smoothing=cfg.label_smoothing, nonfinite_at_step=1))
+  new, m = step(state, fixed_batch(), jax.random.PRNGKey(0))
+  assert int(new.step) == int(state.step) + 1
+  for a, b in zip(jax.tree_util.tree_leaves((new.params, new.opt_state)),
+                  jax.tree_util.tree_leaves((state.params, state.opt_state))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  m = jax.device_get(m)
+  assert m["nonfinite_steps"] == 1 and m["first_nonfinite_step"] == 1
+  assert m["loss_sum"] == 0 and m["num_tokens"] == 0  # kept out of the logged averages
+  # The next (finite) step applies its update.
+  newer, m2 = step(new, fixed_batch(), jax.random.PRNGKey(0))
+  assert m2["nonfinite_steps"] == 0 and np.isinf(m2["first_nonfinite_step"])
+  assert not np.array_equal(np.asarray(jax.tree_util.tree_leaves(newer.params)[0]),
+                            np.asarray(jax.tree_util.tree_leaves(new.params)[0]))

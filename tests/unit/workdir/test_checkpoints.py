@@ -1,0 +1,63 @@
+"""Checkpoints: a failed save keeps every good one, checkpoints that all fail to restore are an
+error that moves nothing, and selection strings name the checkpoints or say what is wrong."""
+
+import grain
+import jax
+import jax.numpy as jnp
+import pytest
+
+from transformer_jax.errors import CheckpointError
+from transformer_jax.workdir import checkpoints
+
+
+def test_checkpoints_that_all_fail_to_restore_are_an_error_and_stay(tmp_path):
+  ckpt = checkpoints.Checkpointer(tmp_path / "checkpoints", max_to_keep=2)
+  for step in (1, 2):
+    ckpt.save(step, {"w": jnp.zeros(3)})
+  with pytest.raises(CheckpointError, match="no checkpoint in .* can be restored "
+                                                        r"\(nothing was moved"):
+    ckpt.restore_latest({"w": jax.ShapeDtypeStruct((3,), jnp.float32), "extra": 1.0})
+  assert ckpt.all_steps() == [1, 2] and not (tmp_path / "checkpoints_damaged").exists()
+  ckpt.close()
+
+
+def test_failed_save_keeps_every_good_checkpoint(tmp_path, monkeypatch):
+  state = {"w": jnp.arange(6, dtype=jnp.float32), "step": jnp.int32(0)}
+  data_iter = iter(grain.MapDataset.range(100).to_iter_dataset())
+  ckpt = checkpoints.Checkpointer(tmp_path / "checkpoints", max_to_keep=2)
+  for step in (1, 2):
+    next(data_iter)
+    ckpt.save(step, {**state, "step": jnp.int32(step)}, data_iter)
+
+  def broken_save(self, directory, item=None, args=None):  # fails after the state is written
+    raise OSError("disk full (injected)")
+  monkeypatch.setattr(grain.checkpoint.CheckpointHandler, "save", broken_save)
+  with pytest.raises(OSError, match="disk full"):
+    ckpt.save(3, {**state, "step": jnp.int32(3)}, data_iter)
+  monkeypatch.undo()
+  ckpt.close()
+  ckpt = checkpoints.Checkpointer(tmp_path / "checkpoints", max_to_keep=2)
+  assert ckpt.all_steps() == [1, 2]  # the failed step 3 neither listed nor evicting step 1
+  step, restored = ckpt.restore_latest(checkpoints.abstract_like(state))
+  assert step == 2 and int(restored["step"]) == 2
+  ckpt.save(3, {**state, "step": jnp.int32(3)}, data_iter)  # a later save works
+  assert ckpt.all_steps() == [2, 3]
+  ckpt.close()
+
+
+def test_selections_name_checkpoints_or_say_what_is_wrong():
+  steps = [10, 20, 30]
+  assert checkpoints.parse_selection("latest", steps) == [("step_30", [30])]
+  assert checkpoints.parse_selection("all", steps) == [(f"step_{s}", [s]) for s in steps]
+  assert checkpoints.parse_selection("average:2", steps) == [("average_last_2_to_30", [20, 30])]
+  assert checkpoints.parse_selection("steps:10,30", steps) == [("average_10_30", [10, 30])]
+  assert checkpoints.parse_selection("20", steps) == [("step_20", [20])]
+  for bad, message in [("average:4", r"average:4 needs 1..3 checkpoints"),
+                       ("average:x", r"'average:x': average:N needs a count N"),
+                       ("steps:10,x", r"'steps:10,x': steps: needs step numbers"),
+                       ("steps:15", r"no checkpoint for step\(s\) \[15\]"),
+                       ("newest", "unknown checkpoint selection 'newest'")]:
+    with pytest.raises(CheckpointError, match=message):
+      checkpoints.parse_selection(bad, steps)
+  with pytest.raises(CheckpointError, match="no checkpoints yet"):
+    checkpoints.parse_selection("latest", [])

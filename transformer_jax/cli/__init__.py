@@ -1,0 +1,1 @@
+"""Command-line tools: one thin module per console script, all run by runner.py."""

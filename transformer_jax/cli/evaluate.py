@@ -1,0 +1,50 @@
+r"""Scores checkpoints of a trained run with sacreBLEU and chrF, side by side.
+
+  transformer-jax-evaluate --workdir=runs/default [--split=test2016]
+      [--checkpoint=latest|best|all|STEP|average:N|steps:A,B ...] [--decode=beam_size=5 ...]
+  transformer-jax-evaluate --workdir=runs/default --source_file=newstest.de \
+      --reference_file=newstest.en
+
+Writes <workdir>/eval/<set>/<checkpoint>.hyp and adds to results.json there; with
+--checkpoint=all also bleu_by_step.csv and bleu_by_step.png.
+"""
+
+from absl import flags
+
+from transformer_jax.cli import runner
+from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints, format_table
+
+
+def define_flags(fv: flags.FlagValues):
+  flags.DEFINE_string("workdir", None, "A training workdir.", flag_values=fv, required=True)
+  flags.DEFINE_string("split", "", "Split of the run's data (default: its test split).",
+                      flag_values=fv)
+  flags.DEFINE_multi_string("checkpoint", ["latest"], "latest | best | all | STEP | average:N "
+                            "| steps:A,B,...; repeat to compare several", flag_values=fv)
+  flags.DEFINE_string("source_file", "", "Score on this source text file (with "
+                      "--reference_file) instead of a split.", flag_values=fv)
+  flags.DEFINE_string("reference_file", "", "Reference translations of --source_file.",
+                      flag_values=fv)
+  flags.DEFINE_integer("max_sentences", 0, "Only the first N sentences (0 = all).",
+                       flag_values=fv)
+  flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, "
+                            "length_penalty, nbest, greedy, ...); repeatable.", flag_values=fv)
+  flags.DEFINE_bool("lowercase", False, "Also report lowercased BLEU.", flag_values=fv)
+  flags.DEFINE_string("output_dir", "", "Where to write (default <workdir>/eval/<set>).",
+                      flag_values=fv)
+
+
+def evaluate(args: runner.Args):
+  results, out_dir = evaluate_checkpoints(
+      args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
+      args.max_sentences, args.decode, args.lowercase, args.output_dir)
+  print(format_table(results))
+  print(f"wrote {out_dir}/results.json")
+
+
+def main(argv=None):
+  runner.main("evaluate", __doc__, define_flags, evaluate, argv)
+
+
+if __name__ == "__main__":
+  main()

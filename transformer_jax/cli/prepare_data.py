@@ -1,0 +1,41 @@
+"""Prepares a config's data once, ahead of training: its TFDS datasets and its tokenizer.
+
+  transformer-jax-prepare-data --config=configs/wmt_base.py --workdir=runs/wmt_base
+
+Training does the same on first use; running it apart is for big corpora and many hosts:
+prepare WMT into a shared `config.data.cache_dir` and train the tokenizer into the shared
+workdir on one machine, then start every host's training with the same flags (they read,
+nothing is written twice). Prints each split's size and the tokenizer's pieces.
+"""
+
+import time
+
+from absl import flags
+
+from transformer_jax.cli import runner
+from transformer_jax.config.parse import from_config_dict
+from transformer_jax.workdir.preparation import prepare
+
+
+def define_flags(fv: flags.FlagValues):
+  flags.DEFINE_string("workdir", None, "The run's workdir: the tokenizer goes to "
+                      "<workdir>/spm.model (or config.data.tokenizer_path).", flag_values=fv,
+                      required=True)
+
+
+def prepare_data(args: runner.Args):
+  start = time.perf_counter()
+  sizes, tok = prepare(from_config_dict(args.configs["config"]), args.workdir)
+  for name, size in sizes.items():
+    print(f"{name}: {size:,} pairs")
+  print(f"tokenizer: {tok.path} ({tok.vocab_size:,} pieces); "
+        f"prepared in {time.perf_counter() - start:.0f} s")
+
+
+def main(argv=None):
+  runner.main("prepare_data", __doc__, define_flags, prepare_data, argv,
+              configs={"config": "Training config file (configs/*.py)"})
+
+
+if __name__ == "__main__":
+  main()

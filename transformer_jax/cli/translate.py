@@ -1,0 +1,53 @@
+r"""Translates text with a trained run: stdin or a file in, stdout or a file out.
+
+  echo "Ein Hund läuft im Schnee." | transformer-jax-translate --workdir=runs/default
+  transformer-jax-translate --workdir=runs/default --input=in.de --output=out.en \
+      [--checkpoint=best] [--decode=beam_size=5 --decode=nbest=4]
+
+One output line per input line, in order; an empty input line gives an empty output line.
+Input is batched by length, with a progress bar on long inputs; on a terminal (or with
+--interactive) each line is translated as soon as it is entered. With nbest > 1 each input
+gives `nbest` lines `INDEX ||| translation ||| score`.
+"""
+
+import sys
+
+from absl import flags
+
+from transformer_jax.cli import runner
+from transformer_jax.data.text import iter_lines, read_lines
+from transformer_jax.inference.translator import Translator
+
+
+def define_flags(fv: flags.FlagValues):
+  flags.DEFINE_string("workdir", None, "A training workdir.", flag_values=fv, required=True)
+  flags.DEFINE_string("checkpoint", "latest", "latest | best | STEP | average:N | steps:A,B,...",
+                      flag_values=fv)
+  flags.DEFINE_string("input", "-", "Input text file, one sentence per line ('-' = stdin).",
+                      flag_values=fv)
+  flags.DEFINE_string("output", "-", "Output file ('-' = stdout).", flag_values=fv)
+  flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, nbest, "
+                            "greedy, sampling, temperature, ...); repeatable.", flag_values=fv)
+  flags.DEFINE_bool("interactive", None, "Translate line by line as input arrives (default: "
+                    "when stdin is a terminal).", flag_values=fv)
+
+
+def translate(args: runner.Args):
+  from_stdin = args.input == "-"
+  interactive = from_stdin and sys.stdin.isatty() if args.interactive is None else args.interactive
+  translator = Translator(args.workdir, args.checkpoint, args.decode)
+  lines = iter_lines(sys.stdin.buffer, "<stdin>") if from_stdin else read_lines(args.input)
+  out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+  try:
+    translator.translate_lines(lines, out, interactive)
+  finally:
+    if out is not sys.stdout:
+      out.close()
+
+
+def main(argv=None):
+  runner.main("translate", __doc__, define_flags, translate, argv)
+
+
+if __name__ == "__main__":
+  main()

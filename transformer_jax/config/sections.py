@@ -1,0 +1,232 @@
+"""The sections of a run's config as typed dataclasses, each field commented and checked.
+
+`config.model` maps onto `ModelConfig`, `config.data` onto `DataConfig`, and so on, one to one
+(see `parse.from_config_dict`), so a misspelt or ill-typed key fails before anything is built.
+The fields have no defaults: the shipped config files (`configs/default.py` and the files built
+on it) are the one place where values live. Nothing heavy is imported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from transformer_jax.errors import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")     # the device mesh's axes, in mesh_shape's order
+REMAT_CHOICES = ("none", "full", "dots")   # see ModelConfig.remat
+DTYPES = ("float32", "bfloat16")
+
+
+def _check_positive(section: str, obj, names):
+  for name in names:
+    if getattr(obj, name) <= 0:
+      raise ConfigError(f"config.{section}.{name}={getattr(obj, name)} must be positive")
+
+
+def _check_rate(section: str, obj, names):
+  for name in names:
+    if not 0.0 <= getattr(obj, name) < 1.0:
+      raise ConfigError(f"config.{section}.{name}={getattr(obj, name)} must be in [0, 1)")
+
+
+def _check_choice(where: str, value, choices):
+  if value not in choices:
+    raise ConfigError(f"{where}={value!r}: expected one of {', '.join(map(repr, choices))}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Sizes and options of the Transformer (`config.model`)."""
+  vocab_size: int               # joint source/target subword vocabulary
+  d_model: int                  # width of embeddings and the residual stream
+  num_heads: int                # attention heads; d_model % num_heads == 0
+  d_ff: int                     # hidden width of the position-wise feed-forward
+  num_encoder_layers: int
+  num_decoder_layers: int
+  dropout_rate: float           # on embeddings and each residual branch
+  attention_dropout_rate: float  # on attention weights
+  ffn_dropout_rate: float       # after the feed-forward activation
+  pre_layer_norm: bool          # pre-LN (stable) or the paper's post-LN
+  positional_encoding: str      # "sinusoidal" (the paper's) or "learned"
+  max_len: int                  # longest source/target position supported
+  share_embeddings: bool        # one embedding table for source and target
+  tie_output_embedding: bool    # the output softmax uses the target embedding matrix
+  dtype: str                    # matmul inputs: "float32" (exact) or "bfloat16" (f32 accumulation)
+  remat: str                    # recompute activations in the backward pass: "none", "full"
+                                # (keep only layer inputs) or "dots" (keep matmul outputs)
+  scan_layers: bool             # one nn.scan-ned layer per stack (fast compiles for deep
+                                # models; parameters stacked on a leading layer axis)
+
+  def __post_init__(self):
+    if self.d_model % self.num_heads:
+      raise ConfigError(f"config.model.d_model={self.d_model} is not divisible by "
+                        f"config.model.num_heads={self.num_heads}")
+    _check_choice("config.model.positional_encoding", self.positional_encoding,
+                  ("sinusoidal", "learned"))
+    _check_choice("config.model.remat", self.remat, REMAT_CHOICES)
+    _check_choice("config.model.dtype", self.dtype, DTYPES)
+    _check_positive("model", self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"))
+    _check_rate("model", self, ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"))
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Where the corpus lives and how batches are made (`config.data`)."""
+  dataset: str                  # "local" (a folder of {split}.{lang}[.gz]) or a TFDS name
+  data_dir: str                 # the local folder; "" = the embedded Multi30k corpus
+  source_lang: str
+  target_lang: str
+  train_split: str
+  eval_split: str               # validation loss and BLEU during training
+  test_split: str               # BLEU at the end of training ("" to skip)
+  eval_dataset: str             # TFDS name of eval_split when it differs; "" = dataset
+  test_dataset: str             # TFDS name of test_split when it differs; "" = dataset
+  cache_dir: str                # prepared TFDS datasets; "" = ~/.cache/transformer_jax/tfds
+  tokenizer_path: str           # SentencePiece model; "" = <workdir>/spm.model
+  tokenizer_max_sentences: int  # sentences sampled to train the tokenizer
+  tokenizer_max_chars: int      # and at most this many characters of them (0 = no limit)
+  max_source_length: int        # longer training pairs are filtered out (and counted)
+  max_target_length: int        # (tokens, EOS included); also the packed row length per side
+  batch_size: int               # packed rows per global batch
+  num_threads: int              # grain reader threads
+  prefetch_buffer_size: int     # elements read ahead
+
+  def __post_init__(self):
+    if self.source_lang == self.target_lang:
+      raise ConfigError(f"config.data.source_lang and target_lang are both "
+                        f"{self.source_lang!r}")
+    _check_positive("data", self, ("max_source_length", "max_target_length", "batch_size",
+                                   "num_threads"))
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """AdamW and its learning-rate schedule (`config.optimizer`)."""
+  learning_rate: float          # peak, reached at the end of warmup
+  warmup_steps: int             # linear warmup from 0; then lr * sqrt(warmup_steps / step)
+  b1: float                     # Adam's moment decay rates and epsilon
+  b2: float
+  eps: float
+  weight_decay: float           # decoupled (AdamW), on matrices only
+  grad_clip_norm: float         # global-norm clipping; 0 disables
+
+  def __post_init__(self):
+    _check_positive("optimizer", self, ("learning_rate",))
+    if self.warmup_steps < 0:
+      raise ConfigError(f"config.optimizer.warmup_steps={self.warmup_steps} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """How translations are searched for (`config.decode`), in training and in the tools."""
+  beam_size: int                # 1 with greedy=False is beam search of width 1 (== greedy)
+  length_penalty: float         # GNMT alpha; 0 ranks by total log-probability
+  max_length: int               # most target tokens generated (EOS included)
+  max_length_a: float           # and at most a * source_length + b of them
+  max_length_b: int
+  batch_size: int               # sentences decoded together
+  num_samples_to_log: int       # sample translations printed at each evaluation
+  greedy: bool                  # argmax decoding, no beam
+  sampling: bool                # ancestral sampling instead of beam search
+  temperature: float            # sampling: logits / temperature
+  top_k: int                    # sampling: keep the k most likely tokens (0 = all)
+  top_p: float                  # sampling: keep the smallest set with probability >= p
+  seed: int                     # sampling: random seed (same seed, same samples)
+  nbest: int                    # beam search: hypotheses returned per sentence (<= beam_size)
+  min_length: int               # beam search: fewest tokens before EOS may end a hypothesis
+
+  def __post_init__(self):
+    if self.min_length < 0:
+      raise ConfigError(f"config.decode.min_length={self.min_length} must be >= 0")
+    if self.beam_size < 1:
+      raise ConfigError(f"config.decode.beam_size={self.beam_size} must be >= 1")
+    if self.max_length < 1 or self.batch_size < 1:
+      raise ConfigError("config.decode.max_length and config.decode.batch_size must be >= 1")
+    if self.greedy and self.sampling:
+      raise ConfigError("config.decode.greedy and config.decode.sampling are exclusive")
+    if not 1 <= self.nbest <= self.beam_size:
+      raise ConfigError(f"config.decode.nbest={self.nbest} must be in [1, beam_size="
+                        f"{self.beam_size}]")
+    if self.nbest > 1 and (self.greedy or self.sampling):
+      raise ConfigError("config.decode.nbest > 1 needs beam search (greedy/sampling are off)")
+    if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+      raise ConfigError(f"config.decode: temperature={self.temperature} must be > 0, "
+                        f"top_p={self.top_p} in (0, 1], top_k={self.top_k} >= 0")
+
+  def length_limit(self, source_length: int) -> int:
+    """Static decode length for a batch whose longest source has `source_length` tokens."""
+    return max(1, min(self.max_length,
+                      int(self.max_length_a * source_length + self.max_length_b)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelismConfig:
+  """The device mesh and how parameters are split over it (`config.parallelism`)."""
+  mesh_shape: tuple[int, ...]   # (data, fsdp, tensor); one -1 takes the devices left
+  # (logical parameter axis, mesh axis or None = replicated): which mesh axis splits each
+  # parameter axis. With the shipped rules the mesh shape alone picks the strategy (README).
+  axis_rules: tuple[tuple[str, str | None], ...]
+
+  def __post_init__(self):
+    object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+    object.__setattr__(self, "axis_rules", tuple(tuple(r) for r in self.axis_rules))
+    if len(self.mesh_shape) != len(MESH_AXES):
+      raise ConfigError(f"config.parallelism.mesh_shape={self.mesh_shape} needs "
+                        f"{len(MESH_AXES)} entries {MESH_AXES}")
+    if list(self.mesh_shape).count(-1) > 1:
+      raise ConfigError(f"config.parallelism.mesh_shape={self.mesh_shape}: at most one -1")
+    for name, axis in self.axis_rules:
+      if axis is not None and axis not in MESH_AXES:
+        raise ConfigError(f"config.parallelism.axis_rules maps {name!r} to unknown mesh axis "
+                          f"{axis!r}; expected one of {MESH_AXES} or None")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """A whole run: the sections above and the run-level keys (`config.<key>`)."""
+  model: ModelConfig
+  data: DataConfig
+  optimizer: OptimizerConfig
+  decode: DecodeConfig
+  parallelism: ParallelismConfig
+  seed: int                     # parameters, dropout and data order
+  num_train_steps: int
+  log_every_steps: int          # train metrics and the progress line
+  eval_every_steps: int         # validation loss + BLEU (and at the last step)
+  checkpoint_every_steps: int   # (and at the last step)
+  max_checkpoints_to_keep: int  # the newest ones; the best by BLEU is kept apart
+  label_smoothing: float
+  eval_max_sentences: int       # validation sentences decoded for BLEU; 0 = all
+  early_stopping_patience: int  # stop after this many evals without a better BLEU; 0 = off
+  num_micro_batches: int        # gradient accumulation: the batch in this many pieces
+  nonfinite_updates: str        # a NaN/Inf loss or gradient: "stop" the run, or "skip" it
+
+  def __post_init__(self):
+    for name in ("num_train_steps", "log_every_steps", "eval_every_steps",
+                 "checkpoint_every_steps", "max_checkpoints_to_keep", "num_micro_batches"):
+      if getattr(self, name) < 1:
+        raise ConfigError(f"config.{name}={getattr(self, name)} must be >= 1")
+    if self.nonfinite_updates not in ("stop", "skip"):
+      raise ConfigError(f"config.nonfinite_updates={self.nonfinite_updates!r} must be 'stop' "
+                        "or 'skip'")
+    if not 0.0 <= self.label_smoothing < 1.0:
+      raise ConfigError(f"config.label_smoothing={self.label_smoothing} must be in [0, 1)")
+    if self.data.batch_size % self.num_micro_batches:
+      raise ConfigError(f"config.data.batch_size={self.data.batch_size} is not divisible by "
+                        f"config.num_micro_batches={self.num_micro_batches}")
+    if self.model.max_len < max(self.data.max_source_length, self.data.max_target_length):
+      raise ConfigError(
+          f"config.model.max_len={self.model.max_len} is shorter than the data's length limit "
+          f"(max_source_length={self.data.max_source_length}, "
+          f"max_target_length={self.data.max_target_length})")
+    if self.decode.max_length > self.model.max_len:
+      raise ConfigError(f"config.decode.max_length={self.decode.max_length} exceeds "
+                        f"config.model.max_len={self.model.max_len}")
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optimizer": OptimizerConfig,
+            "decode": DecodeConfig, "parallelism": ParallelismConfig}

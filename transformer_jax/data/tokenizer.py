@@ -1,0 +1,141 @@
+"""Joint SentencePiece tokenizer: trained once on the training split, cached and reused."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import random
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+from transformer_jax.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2  # PAD doubles as the decoder's start-of-sequence token.
+
+
+class Tokenizer:
+  """A SentencePiece model with the id conventions the model and decoder rely on."""
+
+  def __init__(self, model_proto: bytes, path: str = ""):
+    self.path = path
+    self.model_proto = model_proto
+    self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    if (self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+      raise DataError(f"tokenizer {path or '<bytes>'} has pad/eos/unk ids "
+                      f"{(self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id())}, "
+                      f"expected {(PAD_ID, EOS_ID, UNK_ID)}")
+
+  @property
+  def fingerprint(self) -> str:
+    """A hash of the model file: the same pieces and ids, the same fingerprint."""
+    return hashlib.sha256(self.model_proto).hexdigest()[:16]
+
+  @property
+  def vocab_size(self) -> int:
+    return self.sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Subword ids of `text`, followed by EOS."""
+    return self.sp.encode(text) + [EOS_ID]
+
+  def decode(self, ids) -> str:
+    """Detokenized text of ids, stopping at the first EOS and skipping padding."""
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == EOS_ID:
+        break
+      if i != PAD_ID:
+        out.append(i)
+    return self.sp.decode(out)
+
+  def pieces(self, ids) -> list[str]:
+    """The subword strings of ids (for attention-map labels and debugging)."""
+    return [self.sp.id_to_piece(int(i)) for i in ids]
+
+  @classmethod
+  def load(cls, path: str | Path) -> "Tokenizer":
+    path = Path(path)
+    if not path.is_file():
+      raise DataError(f"tokenizer model {path} does not exist")
+    return cls(path.read_bytes(), str(path))
+
+
+def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
+                    max_sentences: int = 1_000_000, seed: int = 0, max_chars: int = 0
+                    ) -> Tokenizer:
+  """Trains a joint unigram SentencePiece model on a sample of `sentences`; writes `path`.
+
+  The sample (`training_sample`): up to `max_sentences` sentences drawn uniformly in one
+  streaming pass, then, with `max_chars`, cut to that many characters — the usual character
+  sample of a WMT-sized corpus (10M characters for a 32k vocabulary), whatever its size.
+  """
+  sample = training_sample(sentences, max_sentences, seed, max_chars)
+  log.info("Training a %d-piece SentencePiece model on %d sentences (%d characters)",
+           vocab_size, len(sample), sum(map(len, sample)))
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
+        unk_id=UNK_ID, bos_id=-1, num_threads=os.cpu_count() or 1,
+        hard_vocab_limit=False, minloglevel=2)
+  except RuntimeError as e:
+    if "smaller than required_chars" in str(e):  # "... 20 vs 92. Increase vocab_size ..."
+      needed = str(e).split("required_chars.")[1].split(".")[0].strip()
+      raise ConfigError(f"config.model.vocab_size={vocab_size} cannot hold the training "
+                        f"data's characters and the special tokens ({needed}): raise it"
+                        ) from None
+    raise
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # (parallel trainers of one path)
+  tmp.write_bytes(model.getvalue())
+  os.replace(tmp, path)  # atomic: a half-written model is never picked up by the next run
+  return Tokenizer(model.getvalue(), str(path))
+
+
+def load_or_train(path: str | Path, sentences_fn, vocab_size: int, max_sentences: int,
+                  seed: int = 0, max_chars: int = 0) -> Tokenizer:
+  """Loads the tokenizer at `path`, or trains it on `sentences_fn()` when it is not there yet."""
+  if Path(path).is_file():
+    return Tokenizer.load(path)
+  return train_tokenizer(sentences_fn(), vocab_size, path, max_sentences, seed, max_chars)
+
+
+def training_sample(sentences: Iterable[str], max_sentences: int, seed: int = 0,
+                    max_chars: int = 0) -> list[str]:
+  """Up to `max_sentences` non-empty sentences sampled uniformly, then with `max_chars` only as
+  many of them, in random order, as fit in that many characters (at least one)."""
+  sample = _reservoir_sample(sentences, max_sentences, seed)
+  if max_chars:
+    random.Random(seed).shuffle(sample)
+    total = 0
+    for n, sentence in enumerate(sample):
+      total += len(sentence)
+      if total > max_chars:
+        del sample[max(n, 1):]
+        break
+  return sample
+
+
+def _reservoir_sample(items: Iterable[str], k: int, seed: int) -> list[str]:
+  """Up to k items, uniformly sampled in one streaming pass (bounded memory on big corpora)."""
+  rng = random.Random(seed)
+  sample: list[str] = []
+  for n, item in enumerate(items):
+    if not item:
+      continue
+    if len(sample) < k:
+      sample.append(item)
+    else:
+      j = rng.randint(0, n)
+      if j < k:
+        sample[j] = item
+  return sample

@@ -1,0 +1,1 @@
+"""Evaluation: sacreBLEU/chrF scoring, the evaluator (loss + BLEU of a set), attention maps."""

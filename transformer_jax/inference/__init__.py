@@ -1,0 +1,2 @@
+"""Inference: a trained run loaded from its workdir and put to use: translating, scoring its
+checkpoints, averaging them."""

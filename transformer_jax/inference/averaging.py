@@ -1,0 +1,35 @@
+"""Checkpoint averaging into a new workdir that evaluate and translate use as they are: the
+run's config.json and tokenizer, and one checkpoint, at the last averaged step, whose
+parameters are the element-wise mean (optimizer state: the last one's)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from transformer_jax.errors import CheckpointError
+from transformer_jax.inference import trained_run
+from transformer_jax.workdir import layout
+from transformer_jax.workdir.checkpoints import Checkpointer
+
+
+def average_to_workdir(workdir: str, selection: str, output: str) -> tuple[int, list[int]]:
+  """Averages the checkpoints `selection` names into `output`; returns (step, steps)."""
+  run = trained_run.load(workdir)
+  selected = run.select_one(selection, "average (average:N or steps:A,B,...)")
+  out = Path(output)
+  if out.resolve() == Path(workdir).resolve():
+    raise CheckpointError("--output must differ from --workdir (nothing saved there is "
+                          "overwritten)")
+  if (out / layout.CHECKPOINTS).exists():
+    raise CheckpointError(f"{out / layout.CHECKPOINTS} already exists; choose a new --output")
+  state = run.state(selected)
+  out.mkdir(parents=True, exist_ok=True)
+  shutil.copy(Path(workdir) / layout.CONFIG, out / layout.CONFIG)
+  tok = Path(run.tokenizer.path)
+  if tok.parent.resolve() == Path(workdir).resolve():
+    shutil.copy(tok, out / tok.name)
+  ckpt = Checkpointer(out / layout.CHECKPOINTS, max_to_keep=1)
+  ckpt.save(selected.steps[-1], state)
+  ckpt.close()
+  return selected.steps[-1], selected.steps

@@ -1,0 +1,102 @@
+"""Scoring a trained run's checkpoints with sacreBLEU and chrF, on a split of its data or on any
+pair of line-aligned files: one result per selected model (a step, the best, every checkpoint,
+an average), side by side.
+
+Writes `<workdir>/eval/<set>/<label>.hyp` and adds the results to `results.json` there (the
+format training's final test writes); with `--checkpoint=all`, also `bleu_by_step.csv` and
+`bleu_by_step.png`.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import time
+from pathlib import Path
+
+from transformer_jax.config.parse import replace_from_text
+from transformer_jax.data.corpus import read_aligned
+from transformer_jax.data.eval_sets import EvalSet, load_eval_set
+from transformer_jax.errors import UsageError
+from transformer_jax.evaluation.evaluator import Evaluator
+from transformer_jax.evaluation.scoring import lowercase_bleu
+from transformer_jax.inference import trained_run
+from transformer_jax.reporting import plots
+from transformer_jax.workdir import layout
+
+log = logging.getLogger(__name__)
+
+
+def _eval_set(run: trained_run.TrainedRun, split: str, source_file: str, reference_file: str,
+              max_sentences: int) -> tuple[EvalSet, str]:
+  """The evaluation set and its name: the given files, or a split of the run's data."""
+  cfg = run.cfg
+  if source_file or reference_file:
+    if not (source_file and reference_file):
+      raise UsageError("--source_file and --reference_file go together")
+    pairs = [(a, b) for _, a, b in read_aligned(Path(source_file), Path(reference_file))]
+    if max_sentences:
+      pairs = pairs[:max_sentences]
+    sources, references = [a for a, _ in pairs], [b for _, b in pairs]
+    return (EvalSet.from_pairs(sources, references, run.tokenizer),
+            Path(source_file).name.removesuffix(".gz"))
+  split = split or cfg.data.test_split or cfg.data.eval_split
+  dataset = (cfg.data.test_dataset if split == cfg.data.test_split else
+             cfg.data.eval_dataset if split == cfg.data.eval_split else "")
+  return load_eval_set(cfg.data, split, run.tokenizer, max_sentences, dataset), split
+
+
+def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] = "latest",
+                         source_file: str = "", reference_file: str = "",
+                         max_sentences: int = 0, decode_overrides=(), lowercase: bool = False,
+                         output_dir: str = "") -> tuple[list[dict], Path]:
+  """Scores the selected checkpoint(s) of a workdir; returns one result record each (see
+  `layout.result_record`) and the folder they were written to."""
+  run = trained_run.load(workdir)
+  decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
+  eval_set, name = _eval_set(run, split, source_file, reference_file, max_sentences)
+  out_dir = Path(output_dir) if output_dir else layout.eval_dir(workdir, name)
+  selections = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+  chosen = [model for selection in selections for model in run.select(selection)]
+  evaluator = Evaluator(eval_set, run.model, run.tokenizer, decode, run.mesh)
+  results = []
+  for selected in chosen:
+    params = run.params(selected)
+    t0 = time.time()
+    score, hyps = evaluator.bleu(params)
+    result = layout.result_record(selected.label, selected.steps, name, score, len(hyps),
+                                  time.time() - t0, decode)
+    if lowercase:
+      result["bleu_lowercase"], result["bleu_lowercase_signature"] = lowercase_bleu(
+          hyps, eval_set.references)
+    layout.write_lines(out_dir / f"{selected.label}.hyp", hyps)
+    log.info("%s: %s%s", selected.label, score,
+             f"  lowercase BLEU {result['bleu_lowercase']:.2f}" if lowercase else "")
+    results.append(result)
+  layout.write_results(out_dir, results)
+  if "all" in selections and results:
+    _write_by_step(results, out_dir)
+  return results, out_dir
+
+
+def _write_by_step(results: list[dict], out_dir: Path):
+  with (out_dir / "bleu_by_step.csv").open("w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["step", "bleu", "chrf"])
+    for r in results:
+      writer.writerow([r["steps"][0], f"{r['bleu']:.2f}", f"{r['chrf']:.2f}"])
+  plots.plot_bleu_by_step([r["steps"][0] for r in results], [r["bleu"] for r in results],
+                          [r["chrf"] for r in results], out_dir / "bleu_by_step.png")
+
+
+def format_table(results: list[dict]) -> str:
+  """The results side by side: checkpoint, BLEU, chrF, sentences/s."""
+  width = max(len(r["label"]) for r in results)
+  lines = [f"{'checkpoint':<{width}}  {'BLEU':>6}  {'chrF':>6}  sent/s"]
+  for r in results:
+    lines.append(f"{r['label']:<{width}}  {r['bleu']:6.2f}  {r['chrf']:6.2f}  "
+                 f"{r['sentences_per_sec']:6.1f}"
+                 + (f"  (lowercase BLEU {r['bleu_lowercase']:.2f})" if "bleu_lowercase" in r
+                    else ""))
+  lines.append(f"({results[0]['bleu_signature']}; {results[0]['chrf_signature']})")
+  return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""Attention: the masks, scaled dot-product attention, and multi-head attention with Q/K/V
+projections split into heads and merged back, keeping a key/value cache when decoding (shape
+legend: model/__init__.py)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.config.sections import ModelConfig
+from transformer_jax.model.embeddings import Projection, compute_dtype
+from transformer_jax.ops.dropout import Dropout
+from transformer_jax.ops.masking import NEG_INF
+from transformer_jax.ops.matmul import attention_matmul
+
+
+def padding_mask(query_BT, key_BS):
+  """True where both the query and the key token are real (non-padding), as (B, 1, T, S)."""
+  return ((query_BT > 0)[:, None, :, None]) & ((key_BS > 0)[:, None, None, :])
+
+
+def segment_mask(query_segments_BT, key_segments_BS):
+  """True where query and key belong to the same packed example, as (B, 1, T, S)."""
+  return query_segments_BT[:, None, :, None] == key_segments_BS[:, None, None, :]
+
+
+def causal_mask(length: int):
+  """True where the key position is not after the query position, as (1, 1, T, T)."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
+                                 dropout: nn.Module | None = None, kv_layout: str = "bshk"):
+  """softmax(Q K^T / sqrt(d_k)) V over each head; returns (output_BTHK, weights_BHTS).
+
+  Keys and values are (B, S, H, K), or (B, H, S, K) with `kv_layout="bhsk"` (the decoding
+  cache, kept head-major so that no step transposes the whole cache)."""
+  q_BTHK = q_BTHK / math.sqrt(q_BTHK.shape[-1])
+  logits_BHTS = attention_matmul(f"bthk,{kv_layout}->bhts", q_BTHK, k_BSHK, dtype)
+  logits_BHTS = jnp.where(mask_BHTS, logits_BHTS, NEG_INF)
+  weights_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
+  dropped_BHTS = weights_BHTS if dropout is None else dropout(weights_BHTS)
+  out_BTHK = attention_matmul(f"bhts,{kv_layout}->bthk", dropped_BHTS, v_BSHK, dtype,
+                              b_grad_input_first=True)
+  return out_BTHK, weights_BHTS
+
+
+class MultiHeadAttention(nn.Module):
+  """Q/K/V projections split into heads, scaled dot-product attention, heads merged back.
+
+  With `decode=True`, self-attention keeps keys/values of earlier steps in a 'cache' variable
+  and cross-attention computes the encoder's keys/values once, when the cache is created.
+  """
+  config: ModelConfig
+  is_cross_attention: bool = False
+
+  @nn.compact
+  def __call__(self, x_BTD, context_BSD, mask_BHTS, deterministic: bool, decode: bool = False):
+    cfg = self.config
+    H, K, D, dtype = cfg.num_heads, cfg.head_dim, cfg.d_model, compute_dtype(cfg)
+
+    def split_heads(name):  # the Q, K or V projection: (B, T, D) -> (B, T, H, K)
+      return Projection((D,), (H, K), ("embed", "heads", "kv"), dtype, name=name)
+
+    q_BTHK = split_heads("query")(x_BTD)
+
+    kv_layout = "bshk"
+    rows = q_BTHK.shape[0]
+    if decode and self.is_cross_attention:
+      # Encoder keys/values never change while decoding: compute them when the cache is made.
+      if not self.has_variable("cache", "cached_key"):
+        # (kept in the compute dtype: the attention matmuls cast them to it anyway)
+        for name, kind in (("cached_key", "key"), ("cached_value", "value")):
+          self.variable("cache", name,
+                        lambda kind=kind: split_heads(kind)(context_BSD).astype(dtype))
+      k_BSHK = self.get_variable("cache", "cached_key")
+      v_BSHK = self.get_variable("cache", "cached_value")
+      # The encoder ran once per sentence; its `beams` decoder rows (consecutive) query the
+      # same keys/values, as extra query positions: (B*W, T) -> (B, W*T).
+      q_BTHK = q_BTHK.reshape((k_BSHK.shape[0], -1) + q_BTHK.shape[2:])
+    else:
+      k_BSHK = split_heads("key")(context_BSD)
+      v_BSHK = split_heads("value")(context_BSD)
+      if decode:
+        k_BSHK, v_BSHK, mask_BHTS, kv_layout = self._update_self_attention_cache(
+            k_BSHK, v_BSHK, mask_BHTS)
+
+    dropout = None
+    if cfg.attention_dropout_rate > 0 and not deterministic:
+      dropout = functools.partial(Dropout(cfg.attention_dropout_rate), deterministic=False)
+    out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
+                                                          dtype, dropout, kv_layout)
+    self.sow("intermediates", "attention_weights", weights_BHTS)
+    out_BTHK = out_BTHK.reshape((rows, -1) + out_BTHK.shape[2:])
+    merge_heads = Projection((H, K), (D,), ("heads", "kv", "embed"), dtype, name="output")
+    return merge_heads(out_BTHK)
+
+  def _update_self_attention_cache(self, k_B1HK, v_B1HK, mask_BHTS):
+    """Writes this step's key/value at the cache index; attends to positions <= index.
+    Returns keys, values, mask and their layout: the cache is kept as (B, H, max_len, K), in
+    the compute dtype (bf16 halves the cache traffic); each step writes one contiguous (H, K)
+    slice per row (the (B, H, K, max_len) layout wrote strided columns, 10% slower overall)."""
+    initialized = self.has_variable("cache", "cached_key")
+    B, L, H, K = k_B1HK.shape  # (when the cache is created: L = max_len)
+    dtype = compute_dtype(self.config)
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, (B, H, L, K), dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, (B, H, L, K), dtype)
+    index = self.variable("cache", "index", lambda: jnp.array(0, dtype=jnp.int32))
+    if not initialized:  # creating the cache (full-length dummy input): nothing to attend to
+      return k_B1HK, v_B1HK, mask_BHTS, "bshk"
+    if L != 1:
+      raise ValueError(f"cached decoding takes one token per step, got {L}")
+    i = index.value
+
+    def to_cache(x_B1HK):  # (B, 1, H, K) -> (B, H, 1, K), in the cache's dtype
+      return x_B1HK.transpose(0, 2, 1, 3).astype(dtype)
+
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, to_cache(k_B1HK),
+                                                    (0, 0, i, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, to_cache(v_B1HK),
+                                                      (0, 0, i, 0))
+    index.value = i + 1
+    max_len = cached_key.value.shape[2]
+    causal_11TS = (jnp.arange(max_len) <= i)[None, None, None, :]
+    return cached_key.value, cached_value.value, causal_11TS, "bhsk"
+

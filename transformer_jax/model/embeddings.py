@@ -1,0 +1,103 @@
+"""Linear projections, token embeddings and position encodings (shape legend: model/__init__.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.config.sections import ModelConfig
+from transformer_jax.ops.matmul import matmul
+
+
+def compute_dtype(cfg: ModelConfig) -> Any:
+  """The dtype matmul inputs are cast to (config.model.dtype)."""
+  return jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
+
+
+def _param(module, name, init, shape, axes):
+  return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+class Projection(nn.Module):
+  """A linear map contracting the trailing `len(in_shape)` axes of x into `out_shape` axes."""
+  in_shape: tuple[int, ...]
+  out_shape: tuple[int, ...]
+  axes: tuple[str, ...]  # logical names of the kernel's axes (in..., out...)
+  dtype: Any = jnp.float32
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    fan_in = math.prod(self.in_shape)
+    fan_out = math.prod(self.out_shape)
+    # Xavier-uniform over the flattened (fan_in, fan_out) matrix, whatever the axis split.
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
+
+    def init(key, shape, dtype):
+      return jax.random.uniform(key, shape, dtype, -limit, limit)
+
+    kernel = _param(self, "kernel", init, self.in_shape + self.out_shape, self.axes)
+    letters = "abcdefgh"
+    n_in, n_out = len(self.in_shape), len(self.out_shape)
+    contract, out = letters[:n_in], letters[n_in:n_in + n_out]
+    y = matmul(f"...{contract},{contract}{out}->...{out}", x, kernel, self.dtype)
+    if self.use_bias:
+      y = y + _param(self, "bias", nn.initializers.zeros, self.out_shape,
+                     self.axes[len(self.in_shape):])
+    return y
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+  """The paper's fixed encodings: sin on even, cos on odd dims, wavelengths 2π…10000·2π."""
+  position = np.arange(max_len)[:, None]
+  div_term = np.exp(np.arange(0, d_model, 2) * -(math.log(10000.0) / d_model))
+  table = np.zeros((max_len, d_model), dtype=np.float32)
+  table[:, 0::2] = np.sin(position * div_term)
+  table[:, 1::2] = np.cos(position * div_term)[:, : d_model // 2]
+  return table
+
+
+class Embedding(nn.Module):
+  """Token embedding scaled by sqrt(d_model); `attend` gives output logits (tied softmax)."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.table_VD = _param(self, "embedding", nn.initializers.normal(cfg.d_model ** -0.5),
+                           (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
+
+  def __call__(self, ids_BT):
+    return jnp.take(self.table_VD, ids_BT, axis=0) * math.sqrt(self.config.d_model)
+
+  def attend(self, x_BTD):
+    return matmul("btd,vd->btv", x_BTD, self.table_VD, compute_dtype(self.config))
+
+
+class PositionalEncoding(nn.Module):
+  """Adds sinusoidal (or learned) position encodings at the given positions.
+
+  With `decode=True` the position is the step count kept in the 'cache' collection.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, decode: bool = False):
+    cfg = self.config
+    if decode:
+      started = self.has_variable("cache", "position")
+      position = self.variable("cache", "position", lambda: jnp.array(0, dtype=jnp.int32))
+      positions_BT = jnp.broadcast_to(position.value, x_BTD.shape[:2])
+      if started:
+        position.value = position.value + 1
+    if cfg.positional_encoding == "learned":
+      table = _param(self, "position_embedding", nn.initializers.normal(0.02),
+                     (cfg.max_len, cfg.d_model), (None, "embed"))
+    else:
+      table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
+    return x_BTD + jnp.take(table, positions_BT, axis=0)
+

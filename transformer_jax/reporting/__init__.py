@@ -1,0 +1,1 @@
+"""Reporting: metric files (JSONL, TensorBoard), the progress line, plots, log set-up."""

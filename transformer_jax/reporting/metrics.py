@@ -1,0 +1,71 @@
+"""Run metrics as files a person can plot: `metrics.jsonl` (one JSON record per line, with its
+step) and TensorBoard events, written by process 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.errors import DataError
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricWriter:
+  """Appends `{"step": N, "train/loss": ...}` lines to metrics.jsonl and TensorBoard events.
+
+  Only process 0 writes; the others accept calls and do nothing.
+  """
+
+  def __init__(self, workdir: str | Path):
+    self.path = Path(workdir) / METRICS_FILE
+    self.active = jax.process_index() == 0
+    self._tb = None
+    if self.active:
+      from tensorboardX import SummaryWriter  # imported here: only the writing process needs it
+      self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
+
+  def write(self, step: int, metrics: dict[str, float]):
+    if not self.active:
+      return
+    record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+    with self.path.open("a") as f:
+      f.write(json.dumps(record) + "\n")
+    for k, v in metrics.items():
+      self._tb.add_scalar(k, float(v), int(step))
+    self._tb.flush()
+
+  def write_text(self, step: int, tag: str, text: str):
+    if self.active:
+      self._tb.add_text(tag, text, int(step))
+
+  def close(self):
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+  path = Path(path)
+  if not path.is_file():
+    return []
+  records = []
+  lines = path.read_text().splitlines()
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if number < len(lines):  # (the last line may be being written right now)
+        raise DataError(f"{path}:{number}: not a JSON record: {e}") from None
+  return records
+
+
+def sum_metrics(acc, new):
+  """Adds up metric sums over steps (`first_*` entries keep the smallest); `acc` None starts."""
+  if acc is None:
+    return new
+  return {k: (jnp.minimum if k.startswith("first_") else jnp.add)(acc[k], new[k]) for k in acc}

@@ -1,0 +1,208 @@
+"""Sweep results from the Optuna study: a table (printed, CSV, JSON), plots, and the best
+trial's command line, written into the sweep's workdir."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import shlex
+from pathlib import Path
+
+from transformer_jax.reporting import plots
+from transformer_jax.sweeps import spec as sweep_spec
+
+STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running",
+          "WAITING": "waiting"}
+
+
+def rows(study, spec: sweep_spec.SweepSpec) -> list[dict]:
+  """One row per started trial, in trial order. A pruned trial's objective is its last
+  reported validation value (at `steps`)."""
+  out = []
+  for t in study.get_trials(deepcopy=False):
+    state = STATES[t.state.name]
+    if state == "waiting":
+      continue
+    value = t.value
+    if value is None and t.intermediate_values:
+      value = t.intermediate_values[max(t.intermediate_values)]
+    out.append({"trial": t.number, "state": state, "objective": value,
+                "steps": t.user_attrs.get("steps"),
+                "wall_time_s": t.user_attrs.get("wall_time_s"),
+                **{name: t.params.get(name) for name in spec.search_space},
+                "retry_of": t.user_attrs.get("retry_of"), "host": t.user_attrs.get("host"),
+                "workdir": t.user_attrs.get("workdir"), "error": t.user_attrs.get("error"),
+                "intermediate": {int(k): v for k, v in sorted(t.intermediate_values.items())}})
+  return out
+
+
+def ranked(table: list[dict], spec: sweep_spec.SweepSpec) -> list[dict]:
+  """Finished trials best first, then pruned (best first), running and failed."""
+  sign = -1.0 if spec.direction == "maximize" else 1.0
+  order = {"complete": 0, "pruned": 1, "running": 2, "failed": 3}
+
+  def key(row):
+    value = row["objective"]
+    return (order[row["state"]], sign * value if value is not None else math.inf, row["trial"])
+  return sorted(table, key=key)
+
+
+def best(table: list[dict], spec: sweep_spec.SweepSpec) -> dict | None:
+  done = [r for r in ranked(table, spec) if r["state"] == "complete"]
+  return done[0] if done else None
+
+
+def format_table(table: list[dict], spec: sweep_spec.SweepSpec) -> str:
+  names = list(spec.search_space)
+  header = ["trial", "state", spec.objective, "steps", "time"] + names
+  lines = []
+  for row in ranked(table, spec):
+    value = row["objective"]
+    lines.append([str(row["trial"]), row["state"],
+                  "" if value is None else f"{value:.4f}",
+                  "" if row["steps"] is None else str(row["steps"]),
+                  "" if row["wall_time_s"] is None else f"{row['wall_time_s']:.0f}s"]
+                 + [_short(row[n]) for n in names])
+  widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
+            for i, h in enumerate(header)]
+  fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+  counts = {s: sum(r["state"] == s for r in table) for s in ("complete", "pruned", "failed",
+                                                             "running")}
+  summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+  return "\n".join([f"{len(table)} trials ({summary}); {spec.objective}: {spec.direction}",
+                    fmt(header)] + [fmt(line) for line in lines])
+
+
+def _short(value) -> str:
+  if isinstance(value, float):
+    return f"{value:.4g}"
+  return "" if value is None else str(value)
+
+
+def write(study, spec: sweep_spec.SweepSpec, workdir: Path, command_of) -> str:
+  """Writes results.csv/.json, the plots and best_command.sh; returns the printed table."""
+  workdir = Path(workdir)
+  table = rows(study, spec)
+  names = list(spec.search_space)
+  top = best(table, spec)
+
+  buf = io.StringIO()
+  fields = ["trial", "state", "objective", "steps", "wall_time_s", *names, "retry_of", "host",
+            "workdir", "error"]
+  writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+  writer.writeheader()
+  writer.writerows(table)
+  _atomic_write(workdir / "results.csv", buf.getvalue())
+
+  summary = {"study": study.study_name, "objective": spec.objective,
+             "direction": spec.direction, "reduce": spec.reduce, "sampler": spec.sampler,
+             "search_space": spec.to_json()["search_space"], "trials": table, "best": None}
+  if top is not None:
+    params = {n: top[n] for n in names}
+    argv = command_of(params, workdir / "best_rerun")
+    summary["best"] = {"trial": top["trial"], "objective": top["objective"],
+                       "params": params, "command": argv}
+    _atomic_write(workdir / "best_command.sh", (
+        "#!/bin/sh\n"
+        f"# Best trial {top['trial']} of study {study.study_name!r}: {spec.objective} = "
+        f"{top['objective']:.4f} ({spec.direction}, {spec.reduce} evaluation) after "
+        f"{top['steps']} steps.\n"
+        f"# Its run: {top['workdir']}\n"
+        "# Reruns it from scratch in a new workdir (same seed: same result):\n"
+        f"cd {shlex.quote(os.getcwd())}\n{shlex.join(argv)}\n"))
+  _atomic_write(workdir / "results.json", json.dumps(summary, indent=2))
+  if table:
+    _plot_params(table, spec, workdir / "objective_vs_params.png")
+    _plot_trials(table, spec, workdir / "objective_by_trial.png")
+  return format_table(table, spec)
+
+
+def _atomic_write(path: Path, text: str):
+  """Several workers may rewrite the report at once: readers see a whole old or new file."""
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  tmp.write_text(text)
+  os.replace(tmp, path)
+
+
+def _plot_params(table, spec, path: Path):
+  """The objective against each swept hyperparameter (pruned trials at their last value)."""
+  plt = plots.pyplot()
+  names = list(spec.search_space)
+  cols = min(len(names), 3)
+  nrows = math.ceil(len(names) / cols)
+  fig, axes = plt.subplots(nrows, cols, figsize=(4.5 * cols, 3.6 * nrows), squeeze=False)
+  top = best(table, spec)
+  for ax, name in zip(axes.flat, names):
+    dist = spec.search_space[name]
+    values = [r[name] for r in table if r[name] is not None]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if numeric:
+      position = lambda v: v  # noqa: E731
+      if _log_axis(dist, values):
+        ax.set_xscale("log")
+    else:  # categorical: one slot per choice
+      labels = [str(v) for v in getattr(dist, "values", sorted(set(values), key=str))]
+      position = lambda v: labels.index(str(v))  # noqa: E731
+      ax.set_xticks(range(len(labels)), labels)
+    for state, marker, alpha in (("complete", "o", 0.9), ("pruned", "x", 0.6)):
+      pts = [(position(r[name]), r["objective"]) for r in table
+             if r["state"] == state and r["objective"] is not None and r[name] is not None]
+      if pts:
+        ax.scatter(*zip(*pts), marker=marker, alpha=alpha, label=state)
+    if top is not None and top[name] is not None:
+      ax.scatter([position(top[name])], [top["objective"]], marker="*", s=200,
+                 color="gold", edgecolor="black", zorder=3, label="best")
+    ax.set_xlabel(name)
+    ax.set_ylabel(spec.objective)
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(names):]:
+    ax.axis("off")
+  axes.flat[0].legend(fontsize=8)
+  plots.save(fig, path)
+
+
+def _log_axis(dist, values) -> bool:
+  if getattr(dist, "log", False):
+    return True
+  positive = [v for v in values if v > 0]
+  return len(positive) == len(values) and bool(values) and max(values) / min(values) >= 10
+
+
+def _plot_trials(table, spec, path: Path):
+  """Left: the objective of each trial and the best so far. Right: every trial's validation
+  curve (the values reported for pruning); pruned trials dashed."""
+  plt = plots.pyplot()
+  fig, (ax, curves) = plt.subplots(1, 2, figsize=(11, 4))
+  better = max if spec.direction == "maximize" else min
+  done = [r for r in table if r["state"] == "complete"]
+  pruned = [r for r in table if r["state"] == "pruned" and r["objective"] is not None]
+  if done:
+    ax.scatter([r["trial"] for r in done], [r["objective"] for r in done], label="complete")
+    best_so_far, xs, ys = None, [], []
+    for r in sorted(done, key=lambda r: r["trial"]):
+      best_so_far = r["objective"] if best_so_far is None else better(best_so_far,
+                                                                       r["objective"])
+      xs.append(r["trial"])
+      ys.append(best_so_far)
+    ax.step(xs, ys, where="post", color="black", alpha=0.6, label="best so far")
+  if pruned:
+    ax.scatter([r["trial"] for r in pruned], [r["objective"] for r in pruned], marker="x",
+               label="pruned (last value)")
+  ax.set_xlabel("trial")
+  ax.set_ylabel(spec.objective)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  for r in table:
+    if r["intermediate"]:
+      steps = sorted(r["intermediate"])
+      curves.plot(steps, [r["intermediate"][s] for s in steps], marker=".",
+                  linestyle="--" if r["state"] == "pruned" else "-", label=f"trial {r['trial']}")
+  curves.set_xlabel("training step")
+  curves.set_ylabel(spec.intermediate_metric)
+  curves.grid(alpha=0.3)
+  if len(table) <= 12:
+    curves.legend(fontsize=7)
+  plots.save(fig, path)

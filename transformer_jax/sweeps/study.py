@@ -1,0 +1,138 @@
+"""The study of a sweep in Optuna storage (SQLite or a database server shared by all workers):
+opened or joined, its whole budget queued when created, and waiting trials claimed one at a
+time in a database transaction, so no trial runs twice and the budget is exact."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import time
+import warnings
+
+import optuna
+from optuna.trial import TrialState
+from sqlalchemy import event
+
+from transformer_jax.sweeps import spec as sweep_spec
+
+log = logging.getLogger(__name__)
+
+
+def open_storage(url: str, heartbeat_interval: int, grace_period: int, max_retries: int):
+  """Optuna RDB storage with heartbeats (a dead worker's trial is failed and retried).
+
+  SQLite: transactions start with BEGIN IMMEDIATE, so a read-check-write such as claiming a
+  waiting trial is atomic across processes (pysqlite otherwise reads outside a transaction
+  and two workers can both claim the same trial).
+  """
+  warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+  is_sqlite = url.startswith("sqlite")
+  # Workers starting together would race to create the tables (and the schema version row).
+  lock = (_file_lock(url.removeprefix("sqlite:///") + ".lock") if is_sqlite
+          else contextlib.nullcontext())
+  with lock:
+    storage = optuna.storages.RDBStorage(
+        url, engine_kwargs={"connect_args": {"timeout": 120}} if is_sqlite else None,
+        heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+            max_retry=max_retries))
+  if is_sqlite:
+    _serializable_sqlite(storage.engine)
+  return storage
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+  with open(path, "w") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _serializable_sqlite(engine):
+  @event.listens_for(engine, "connect")
+  def _no_implicit_transactions(dbapi_connection, _):
+    dbapi_connection.isolation_level = None  # SQLAlchemy's BEGIN (below) is the only one
+
+  @event.listens_for(engine, "begin")
+  def _begin_immediate(connection):
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+  engine.dispose()  # connections made before the hooks existed
+
+
+def _make_sampler(spec: sweep_spec.SweepSpec, seed: int):
+  if spec.sampler == "tpe":
+    # constant_liar: running trials count as bad, so parallel workers spread out.
+    return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+  return optuna.samplers.RandomSampler(seed=seed)  # grid points are fixed when enqueued
+
+
+def _make_pruner(spec: sweep_spec.SweepSpec):
+  if spec.pruner == "median":
+    return optuna.pruners.MedianPruner(n_startup_trials=spec.pruner_startup_trials,
+                                       n_warmup_steps=spec.pruner_warmup_steps)
+  if spec.pruner == "hyperband":
+    return optuna.pruners.HyperbandPruner(min_resource=max(1, spec.pruner_warmup_steps))
+  if spec.pruner == "successive_halving":
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=max(1, spec.pruner_warmup_steps))
+  return optuna.pruners.NopPruner()
+
+
+def open_study(storage, name: str, spec: sweep_spec.SweepSpec, identity: dict,
+               wait_s: float = 120.0):
+  """Creates the study and enqueues its budget, or joins it (refusing a different sweep)."""
+  sampler, pruner = _make_sampler(spec, spec.seed), _make_pruner(spec)
+  try:
+    study = optuna.create_study(storage=storage, study_name=name, direction=spec.direction,
+                                sampler=sampler, pruner=pruner)
+  except optuna.exceptions.DuplicatedStudyError:
+    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    _wait_until_ready(study, wait_s)
+    saved = study.user_attrs["sweep"]
+    if saved != json.loads(json.dumps(identity)):
+      diff = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
+      raise sweep_spec.SweepError(
+          f"study {name!r} in {storage.url} was made by a different sweep (differs in: "
+          f"{', '.join(diff)}); use a new --workdir or --study_name, or the original settings")
+    log.info("Joined study %r (%d trials so far)", name, len(study.trials))
+    return study
+  study.set_user_attr("sweep", identity)
+  points = spec.grid_points if spec.sampler == "grid" else [{}] * spec.num_trials
+  for point in points:
+    study.enqueue_trial(point)
+  study.set_user_attr("ready", True)
+  log.info("Created study %r: %d trials queued (%s sampler)", name, len(points), spec.sampler)
+  return study
+
+
+def _wait_until_ready(study, wait_s: float):
+  deadline = time.time() + wait_s
+  while not study.user_attrs.get("ready"):
+    if time.time() > deadline:
+      raise sweep_spec.SweepError(
+          f"study {study.study_name!r} exists but its trials were never queued (its creator "
+          "stopped during setup); delete it (`optuna delete-study`) or use a new --study_name")
+    time.sleep(0.5)  # user_attrs are read from the storage on each access
+
+
+def claim_next_trial(study, storage, study_id: int, spec: sweep_spec.SweepSpec):
+  """Atomically moves one waiting trial to RUNNING; returns (trial, trial_id), or None when
+  no trial is waiting."""
+  for frozen in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)):
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
+    try:
+      if not storage.set_trial_state_values(trial_id, state=TrialState.RUNNING):
+        continue  # another worker took it first
+    except optuna.exceptions.UpdateFinishedTrialError:
+      continue
+    storage.record_heartbeat(trial_id)
+    # Seeded per trial: workers sampling at the same moment do not draw the same values.
+    study.sampler = _make_sampler(spec, spec.seed + frozen.number)
+    return optuna.trial.Trial(study, trial_id), trial_id
+  return None
+

@@ -1,0 +1,1 @@
+"""Training: optimizer, train state, the pure step, preemption, stopping rules, the loop."""

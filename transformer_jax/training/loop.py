@@ -1,0 +1,209 @@
+"""The training loop: resume from the workdir, train with periodic logging, validation and
+checkpoints, stop on preemption or early stopping, and score the test split at the end."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+
+import jax
+
+from transformer_jax.config.sections import TrainConfig
+from transformer_jax.data.eval_sets import load_eval_set
+from transformer_jax.data.pipeline import train_pipeline
+from transformer_jax.errors import ConfigError
+from transformer_jax.evaluation.evaluator import Evaluator, sample_translations
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import mesh as mesh_lib
+from transformer_jax.reporting import plots
+from transformer_jax.reporting.metrics import METRICS_FILE, MetricWriter, read_metrics, sum_metrics
+from transformer_jax.reporting.progress import Progress
+from transformer_jax.training.optimizer import learning_rate_schedule
+from transformer_jax.training.preemption import Faults, Preemption
+from transformer_jax.training.state import count_params, initialise, state_init
+from transformer_jax.training.step import train_step
+from transformer_jax.training.stopping import EarlyStopping, NonFiniteGuard
+from transformer_jax.workdir import layout
+from transformer_jax.workdir.checkpoints import Checkpointer, abstract_like
+from transformer_jax.workdir.preparation import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def make_mesh(cfg: TrainConfig):
+  """The device mesh of `cfg`, checked against the batch it must split."""
+  mesh = mesh_lib.make_mesh(cfg.parallelism)
+  dp = mesh_lib.data_parallel_size(mesh)
+  if cfg.data.batch_size % (dp * cfg.num_micro_batches):
+    raise ConfigError(f"config.data.batch_size={cfg.data.batch_size} is not divisible by the "
+                      f"data-parallel size {dp} (mesh {dict(mesh.shape)}) times "
+                      f"config.num_micro_batches={cfg.num_micro_batches}")
+  return mesh
+
+
+def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict | None = None
+                       ) -> dict[str, float]:
+  """Trains (resuming from the latest checkpoint in `workdir`), evaluates, and returns the
+  final metrics (including `test/bleu` when a test split is configured). `config_dict` is
+  saved as the workdir's config.json once its checkpoints have accepted the config."""
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  mesh = make_mesh(cfg)
+  model = Transformer(cfg.model)
+  init, state_sharding = state_init(cfg, model, mesh)  # fails fast on an uneven split
+  tok = load_tokenizer(cfg, workdir)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
+
+  pipeline = train_pipeline(cfg.data, tok, cfg.seed, jax.process_index(), jax.process_count())
+  train_iter = iter(pipeline.dataset)
+  state = initialise(init, state_sharding, init_rng)
+  log.info("Model: %s parameters; mesh %s", f"{count_params(state.params):,}",
+           dict(mesh.shape))
+  ckpt = Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep)
+  # The best checkpoint by validation BLEU, kept apart from the newest ones.
+  best_ckpt = Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu")
+  start_step, restored = ckpt.restore_latest(abstract_like(state), train_iter)
+  if restored is not None:
+    state = restored
+    log.info("Resuming from step %d", start_step)
+  if config_dict is not None:  # (only now: a config its checkpoints reject is not recorded)
+    layout.save_config(config_dict, workdir)
+  faults = Faults.from_env()
+  preemption = Preemption(ckpt.manager)
+
+  p_train_step = jax.jit(
+      functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
+                        num_micro_batches=cfg.num_micro_batches,
+                        nonfinite_at_step=faults.nonfinite_at),
+      in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), mesh_lib.replicated(mesh)),
+      out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
+      donate_argnums=(0,))
+  lr_fn = learning_rate_schedule(cfg.optimizer)
+  writer = MetricWriter(workdir)
+  evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
+                                      cfg.data.eval_dataset), model, tok, cfg.decode, mesh)
+  progress = Progress(cfg.num_train_steps, start_step)
+  acc, real_tokens, t_last = None, 0, time.time()
+  nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
+  skipped, preempted = 0, False
+  final: dict[str, float] = {}
+  stopper = EarlyStopping(cfg.early_stopping_patience, _logged_bleus(workdir, start_step))
+
+  for step in range(start_step + 1, cfg.num_train_steps + 1):
+    host_batch = next(train_iter)
+    real_tokens += int((host_batch["inputs"] > 0).sum() + (host_batch["targets"] > 0).sum())
+    state, step_metrics = p_train_step(state, mesh_lib.global_batch(host_batch, mesh),
+                                       dropout_rng)
+    acc = sum_metrics(acc, step_metrics)
+    faults.after_step(step)
+    preempted = preemption.requested(step)
+    last = step == cfg.num_train_steps or preempted
+    logging_now = step % cfg.log_every_steps == 0 or last
+    saving = step % cfg.checkpoint_every_steps == 0 or last
+
+    if logging_now or saving:
+      acc = jax.device_get(acc)
+      nonfinite.check(acc, step, ckpt)  # (before anything is saved)
+    if logging_now:
+      skipped += nonfinite.report(acc)
+      logged = _train_metrics(acc, time.time() - t_last, real_tokens, float(lr_fn(step - 1)),
+                              skipped, pipeline.filter)
+      writer.write(step, logged)
+      progress.update(step, logged)
+      acc, real_tokens, t_last = None, 0, time.time()
+
+    if (step % cfg.eval_every_steps == 0 or last) and not preempted:
+      bleu = _validate(evaluator, state.params, step, writer, cfg.decode.num_samples_to_log,
+                       final)
+      plots.plot_metrics(workdir)
+      best_ckpt.save(step, state, metrics={"bleu": bleu})
+      if stopper.update(bleu):
+        log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
+                 "evaluations", step, stopper.best, stopper.patience)
+        last = True
+      t_last = time.time()  # evaluation time does not count against training speed
+
+    if saving or last:  # (`last` again: early stopping may have set it)
+      ckpt.save(step, state, train_iter)
+      t_last = time.time()
+    if last:
+      break
+
+  progress.close()
+  preemption.close()
+  log.info("Data: %s", pipeline.filter.summary())
+  if preempted:
+    log.warning("Preempted: checkpoint saved at step %d in %s; rerun the same command to "
+                "resume", step, ckpt.directory)
+    final["preempted_at_step"] = step
+  elif cfg.data.test_split:
+    final.update(_test(cfg, workdir, model, state.params, tok, mesh, writer,
+                       int(jax.device_get(state.step))))
+  plots.plot_metrics(workdir)
+  writer.close()
+  ckpt.close()
+  best_ckpt.close()
+  return final
+
+
+def _train_metrics(acc, elapsed: float, real_tokens: int, learning_rate: float, skipped: int,
+                   data_filter) -> dict[str, float]:
+  """What is logged for the steps summed in `acc` (which took `elapsed` seconds)."""
+  n = max(acc["num_tokens"], 1.0)
+  return {"train/loss": acc["loss_sum"] / n, "train/nll": acc["nll_sum"] / n,
+          "train/grad_norm": acc["grad_norm"] / max(acc["steps"] - acc["nonfinite_steps"], 1.0),
+          "train/learning_rate": learning_rate,
+          "train/skipped_steps": skipped,
+          "perf/tokens_per_sec": real_tokens * jax.process_count() / elapsed,
+          "perf/steps_per_sec": acc["steps"] / elapsed,
+          "data/filtered_examples": data_filter.filtered,
+          "data/filtered_empty": data_filter.empty,
+          "data/filtered_too_long": data_filter.too_long}
+
+
+def _validate(evaluator: Evaluator, params, step: int, writer: MetricWriter, samples: int,
+              final: dict) -> float:
+  """Validation BLEU, chrF and loss, logged and written; returns the BLEU."""
+  t_eval = time.time()
+  score, hyps = evaluator.bleu(params)
+  eval_metrics = {"eval/loss": evaluator.loss(params), "eval/bleu": score.bleu,
+                  "eval/chrf": score.chrf}
+  writer.write(step, eval_metrics)
+  text = sample_translations(evaluator.eval_set, hyps, samples)
+  if text:
+    log.info("eval sample translations:\n%s", text)
+  writer.write_text(step, "eval/samples", text)
+  log.info("step %d: eval loss %.4f, %s [%.1fs]", step, eval_metrics["eval/loss"], score,
+           time.time() - t_eval)
+  final.update(eval_metrics)
+  return score.bleu
+
+
+def _logged_bleus(workdir: Path, up_to_step: int) -> list[float]:
+  return [r["eval/bleu"] for r in read_metrics(workdir / METRICS_FILE)
+          if "eval/bleu" in r and r["step"] <= up_to_step]
+
+
+def _test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, float]:
+  """BLEU on the test split; the translations and results.json go to eval/<test split>/ as
+  `evaluate` writes them."""
+  eval_set = load_eval_set(cfg.data, cfg.data.test_split, tok, dataset=cfg.data.test_dataset)
+  t0 = time.time()
+  score, hyps = Evaluator(eval_set, model, tok, cfg.decode, mesh).bleu(params)
+  seconds = time.time() - t0
+  label, out_dir = f"step_{step}", layout.eval_dir(workdir, cfg.data.test_split)
+  layout.write_lines(out_dir / f"{label}.hyp", hyps)
+  layout.write_results(out_dir, [layout.result_record(
+      label, [step], cfg.data.test_split, score, len(hyps), seconds, cfg.decode)])
+  result = {"test/bleu": score.bleu, "test/chrf": score.chrf,
+            "perf/test_decode_sentences_per_sec": len(hyps) / seconds}
+  writer.write(step, result)
+  samples = sample_translations(eval_set, hyps, cfg.decode.num_samples_to_log)
+  if samples:
+    log.info("test sample translations:\n%s", samples)
+  if jax.process_index() == 0:
+    print(f"\n{cfg.data.test_split} ({len(hyps)} sentences, beam {cfg.decode.beam_size}, "
+          f"{len(hyps) / seconds:.1f} sent/s):\n  {score}\n{samples}", flush=True)
+  return result

@@ -1,0 +1,65 @@
+"""The train state (step, parameters, optimizer state), initialised or described on the mesh
+with each array sharded by the logical-axis rules."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax.training import train_state
+
+from transformer_jax.config.sections import TrainConfig
+from transformer_jax.errors import ConfigError
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import mesh as mesh_lib
+from transformer_jax.training.optimizer import make_optimizer
+
+
+class TrainState(train_state.TrainState):
+  """Step, parameters and optimizer state (apply_fn and tx are static)."""
+
+
+def state_init(cfg: TrainConfig, model: Transformer, mesh):
+  """(init(rng) -> boxed TrainState, the state's shardings on `mesh`); a ConfigError when the
+  mesh cannot split the parameters evenly (checked before anything is compiled)."""
+  tx = make_optimizer(cfg.optimizer)
+  dummy = jnp.ones((1, 8), jnp.int32)
+
+  def init(rng):
+    variables = model.init(rng, dummy, dummy)
+    return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
+
+  boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+  state_sharding = mesh_lib.logical_to_mesh(boxed, mesh, cfg.parallelism.axis_rules)
+  problems = mesh_lib.indivisible(nn.meta.unbox(boxed), state_sharding)
+  if problems:
+    raise ConfigError(f"config.parallelism: mesh {dict(mesh.shape)} and its axis rules cannot "
+                      "split the model's parameters evenly: " + "; ".join(problems)
+                      + ". Change config.parallelism.mesh_shape, the axis rules or the sizes.")
+  return init, state_sharding
+
+
+def create_state(cfg: TrainConfig, model: Transformer, mesh, rng):
+  """Initialised TrainState, laid out on the mesh by the logical-axis rules, and its
+  shardings."""
+  init, state_sharding = state_init(cfg, model, mesh)
+  return initialise(init, state_sharding, rng), state_sharding
+
+
+def initialise(init, state_sharding, rng):
+  """The state `init` makes, computed directly in its shardings."""
+  return jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=state_sharding)(rng)
+
+
+def abstract_state(cfg: TrainConfig, model: Transformer, mesh):
+  """Shapes, dtypes and shardings of the TrainState, without computing it (restore target)."""
+  init, state_sharding = state_init(cfg, model, mesh)
+  shapes = jax.eval_shape(lambda r: nn.meta.unbox(init(r)), jax.random.PRNGKey(0))
+  return jax.tree_util.tree_map(
+      lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, state_sharding)
+
+
+def count_params(params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params)))
+

@@ -1,0 +1,92 @@
+"""The pure training step: loss, gradients (accumulated over micro-batches if configured), and
+an optimizer update that is applied only when the loss and gradients are finite."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer_jax.model.embeddings import compute_dtype
+from transformer_jax.model.transformer import apply_to_batch
+from transformer_jax.ops.interleave import split_interleaved
+from transformer_jax.ops.losses import cross_entropy, output_loss
+from transformer_jax.training.state import TrainState
+
+
+def training_loss_sums(model, params, batch, rngs, label_smoothing: float):
+  """(smoothed loss sum, NLL sum, token count) of a training batch. With a tied softmax the
+  output layer and loss run fused, in chunks of tokens (`ops.losses.output_loss`); otherwise
+  through the model's logits."""
+  targets_BT = batch["targets"]
+  if not model.config.tie_output_embedding:
+    logits = apply_to_batch(model, params, batch, True, rngs)
+    return cross_entropy(logits, targets_BT, targets_BT > 0, label_smoothing)
+  hidden_BTD, table_VD = apply_to_batch(model, params, batch, True, rngs, return_hidden=True)
+  return output_loss(hidden_BTD.reshape(-1, hidden_BTD.shape[-1]), table_VD,
+                     targets_BT.reshape(-1), (targets_BT > 0).reshape(-1).astype(jnp.float32),
+                     label_smoothing, compute_dtype(model.config))
+
+
+def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float,
+               num_micro_batches: int = 1, nonfinite_at_step: int = 0):
+  """One optimizer step; returns the new state and metric sums with their denominators.
+
+  With `num_micro_batches` k > 1 the batch is processed as k micro-batches (gradient
+  accumulation): the summed gradients over all of them, divided by the batch's token count,
+  are the full batch's gradient, at 1/k of the activation memory.
+
+  A non-finite loss or gradient is never applied: the step counter advances, parameters and
+  optimizer state stay as they were, and the metrics count it (`nonfinite_steps`, and the
+  step in `first_nonfinite_step`); the loop then stops or goes on (config.nonfinite_updates).
+  `nonfinite_at_step` injects NaN gradients at that step (preemption.Faults, for tests).
+  """
+  dropout_rng = jax.random.fold_in(rng, state.step)
+
+  def loss_fn(params, batch, rngs):
+    loss_sum, nll_sum, num_tokens = training_loss_sums(model, params, batch, rngs,
+                                                       label_smoothing)
+    return loss_sum / jnp.maximum(num_tokens, 1.0), (loss_sum, nll_sum, num_tokens)
+
+  if num_micro_batches == 1:
+    grads, (loss_sum, nll_sum, num_tokens) = jax.grad(loss_fn, has_aux=True)(
+        state.params, batch, {"dropout": dropout_rng})
+  else:
+    grads, (loss_sum, nll_sum, num_tokens) = _accumulated_grads(
+        loss_fn, state.params, batch, dropout_rng, num_micro_batches)
+  step = state.step + 1
+  if nonfinite_at_step:
+    grads = jax.tree_util.tree_map(
+        lambda g: jnp.where(step == nonfinite_at_step, jnp.nan, g), grads)
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
+  updated = state.apply_gradients(grads=grads)
+  new_state = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old),
+                                     updated, state.replace(step=step))
+  return new_state, {"loss_sum": jnp.where(finite, loss_sum, 0.0),
+                     "nll_sum": jnp.where(finite, nll_sum, 0.0),
+                     "num_tokens": jnp.where(finite, num_tokens, 0.0),
+                     "grad_norm": jnp.where(finite, grad_norm, 0.0),
+                     "steps": jnp.float32(1.0),
+                     "nonfinite_steps": 1.0 - finite.astype(jnp.float32),
+                     "first_nonfinite_step": jnp.where(finite, jnp.inf, step.astype(jnp.float32))}
+
+
+def _accumulated_grads(loss_fn, params, batch, dropout_rng, k: int):
+  """Gradients of the token-mean loss over the whole batch, summed over k micro-batches."""
+  def sum_loss_fn(params, micro, rngs):  # the summed (not averaged) loss of a micro-batch
+    _, sums = loss_fn(params, micro, rngs)
+    return sums[0], sums
+
+  def body(acc, xs):
+    index, micro = xs
+    rngs = {"dropout": jax.random.fold_in(dropout_rng, index)}
+    grads, sums = jax.grad(sum_loss_fn, has_aux=True)(params, micro, rngs)
+    return jax.tree_util.tree_map(jnp.add, acc, (grads, sums)), None
+
+  zeros = (jax.tree_util.tree_map(jnp.zeros_like, params), (jnp.float32(0),) * 3)
+  micro_batches = jax.tree_util.tree_map(lambda x: split_interleaved(x, k), batch)
+  (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(k), micro_batches))
+  grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(sums[2], 1.0), grads)
+  return grads, sums
+

@@ -1,0 +1,54 @@
+"""When a run stops before its last step: a non-finite update under 'stop', or a validation BLEU
+that has stopped improving."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from transformer_jax.errors import NonFiniteError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class NonFiniteGuard:
+  """Acts on the non-finite steps counted in the metrics (their updates were not applied):
+  'stop' raises naming the first such step, 'skip' logs them and goes on."""
+  policy: str
+
+  def check(self, acc, step: int, ckpt):
+    """Under 'stop', raises if `acc` (metric sums up to `step`) counts a non-finite step."""
+    if self.policy != "stop" or not acc["nonfinite_steps"]:
+      return
+    latest = ckpt.latest_step()
+    raise NonFiniteError(
+        f"non-finite loss or gradient at step {int(acc['first_nonfinite_step'])}; its update "
+        f"was not applied. Stopped at step {step}; the last checkpoint "
+        f"({f'step {latest}' if latest else 'none'} in {ckpt.directory}) is intact. Lower the "
+        "learning rate, or set config.nonfinite_updates='skip' to skip such steps")
+
+  def report(self, acc) -> int:
+    """Logs the skipped steps counted in `acc`; returns their number."""
+    count = int(acc["nonfinite_steps"])
+    if count:
+      log.warning("skipped %d update(s) with a non-finite loss or gradient (first at step %d)",
+                  count, int(acc["first_nonfinite_step"]))
+    return count
+
+
+class EarlyStopping:
+  """Stops when validation BLEU has not improved for `patience` evaluations (0: never)."""
+
+  def __init__(self, patience: int, history: list[float]):
+    self.patience, self.best, self.bad = patience, float("-inf"), 0
+    for bleu in history:  # a resumed run continues the count where it stopped
+      self.update(bleu)
+
+  def update(self, bleu: float) -> bool:
+    if bleu > self.best:
+      self.best, self.bad = bleu, 0
+    else:
+      self.bad += 1
+    return self.patience > 0 and self.bad >= self.patience
+

@@ -1,0 +1,202 @@
+"""Orbax checkpoints of {train state, data-iterator position} in <workdir>/checkpoints, and
+which of them a selection string (`latest`, `average:5`, ...) names.
+
+Saving is atomic (Orbax writes to a temporary folder and renames it), so an interrupted save
+never replaces the last good checkpoint; only the oldest beyond `max_to_keep` are deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from transformer_jax.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+  """Saves and restores the train state together with the grain iterator's position.
+
+  With `best_metric`, it keeps only the `max_to_keep` checkpoints with the highest value of
+  that metric (passed to `save`), instead of the newest ones.
+  """
+
+  def __init__(self, directory: str | Path, max_to_keep: int = 3, best_metric: str = ""):
+    self.directory = Path(directory).absolute()
+    best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
+                keep_checkpoints_without_metrics=False) if best_metric else {}
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=False, **best)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options, item_names=("state", "data"),
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "data": grain.checkpoint.CheckpointHandler()})
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self.manager.all_steps())
+
+  def best_step(self) -> int | None:
+    return self.manager.best_step()
+
+  def save(self, step: int, state, data_iterator=None, metrics: dict | None = None):
+    if step in self.all_steps():  # a resumed run redoing saved steps: the same state again
+      log.info("Checkpoint at step %d already in %s", step, self.directory)
+      return
+    items = {"state": ocp.args.StandardSave(state)}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    self.manager.save(step, args=ocp.args.Composite(**items), force=True, metrics=metrics)
+    self.manager.wait_until_finished()
+    log.info("Saved checkpoint at step %d in %s", step, self.directory)
+
+  def restore(self, step: int, abstract_state, data_iterator=None):
+    """Restores the state (shaped and sharded like `abstract_state`) and, when given, moves
+    `data_iterator` to the saved position. Returns the state."""
+    if step not in self.all_steps():
+      raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; available "
+                            f"steps: {self.all_steps() or 'none'}")
+    items = {"state": ocp.args.StandardRestore(abstract_state)}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    log.info("Restored checkpoint at step %d from %s", step, self.directory)
+    return restored["state"]
+
+  def restore_latest(self, abstract_state, data_iterator=None):
+    """(step, state) of the newest checkpoint that restores, or (0, None) when there is none.
+
+    Newer checkpoints that fail to restore while an older one restores are damaged (files
+    missing, truncated or corrupt): each is moved out of the way, to <checkpoints>_damaged/
+    <step>, with a warning naming it; nothing is deleted, and a later save of that step
+    cannot collide with it. When none restores, the cause is not damage to one checkpoint:
+    that is an error, and nothing is moved. A checkpoint of another shape (another model
+    config) is an error too.
+    """
+    failed = []
+    for step in reversed(self.all_steps()):
+      self._check_shapes(step, abstract_state)
+      try:
+        state = self.restore(step, abstract_state, data_iterator)
+      except Exception as e:  # noqa: BLE001 (what a damaged file raises depends on the file)
+        failed.append((step, _one_line(e)))
+        continue
+      for bad, reason in failed:
+        log.warning("checkpoint at step %d in %s is damaged (%s); moved to %s; resuming from "
+                    "step %d", bad, self.directory, reason, self._set_aside(bad), step)
+      return step, state
+    if failed:
+      raise CheckpointError(
+          f"no checkpoint in {self.directory} can be restored (nothing was moved or deleted): "
+          + "; ".join(f"step {step}: {reason}" for step, reason in failed))
+    return 0, None
+
+  def _check_shapes(self, step: int, abstract_state):
+    """Raises CheckpointError when the saved arrays' shapes differ from the state's."""
+    try:
+      saved = self.manager.item_metadata(step)["state"]
+    except Exception:  # noqa: BLE001 (unreadable metadata: damage, found by the restore)
+      return
+    if saved is None:
+      return
+    expected = _shapes_by_path(abstract_state)
+    found = _shapes_by_path(saved)
+    problems = [f"{'/'.join(k)}: saved {found[k]}, config {shape}"
+                for k, shape in expected.items() if k in found and found[k] != shape]
+    if problems:
+      raise CheckpointError(
+          f"checkpoint at step {step} in {self.directory} does not match the config's model "
+          f"({len(problems)} array(s) differ, e.g. {'; '.join(problems[:3])}); use the config "
+          "it was trained with, or another --workdir")
+
+  def _set_aside(self, step: int) -> Path:
+    damaged = self.directory.with_name(self.directory.name + "_damaged")
+    target = damaged / str(step)
+    if jax.process_index() == 0:
+      damaged.mkdir(exist_ok=True)
+      n = 1
+      while target.exists():
+        target, n = damaged / f"{step}.{n}", n + 1
+      (self.directory / str(step)).rename(target)
+    if jax.process_count() > 1:  # the others wait for process 0's rename (shared storage)
+      multihost_utils.sync_global_devices(f"set_aside_{step}")
+    self.manager.reload()
+    return target
+
+  def close(self):
+    self.manager.close()
+
+
+def _one_line(e: Exception) -> str:
+  first = str(e).splitlines()[0][:300] if str(e) else ""
+  return f"{type(e).__name__}: {first}"
+
+
+def _shapes_by_path(tree) -> dict[tuple[str, ...], tuple[int, ...]]:
+  """{path as names: shape} of a tree's arrays, however the tree spells its keys (dataclass
+  fields and dicts alike), so that a state and a checkpoint's metadata can be compared."""
+  return {tuple(re.findall(r"\w+", jax.tree_util.keystr(path))): tuple(getattr(x, "shape", ()))
+          for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def abstract_like(tree):
+  """ShapeDtypeStructs (with shardings) of a tree of arrays: the restore target."""
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+      if isinstance(x, jax.Array) else x, tree)
+
+
+def average_states(states):
+  """The element-wise mean of the states' parameters (other fields from the last state)."""
+  if not states:
+    raise CheckpointError("nothing to average")
+  mean = jax.tree_util.tree_map(lambda *xs: sum(xs) / len(xs), *[s.params for s in states])
+  return states[-1].replace(params=mean)
+
+
+def parse_selection(selection: str, available: list[int]) -> list[tuple[str, list[int]]]:
+  """Which checkpoints to use: a list of (label, steps to average) from a selection string.
+
+  `latest`, `all`, a step number, `average:N` (the last N), or `steps:A,B,...` (the average
+  of those steps). (`best` lives in its own directory; see inference.trained_run.)
+  """
+  if not available:
+    raise CheckpointError("the workdir has no checkpoints yet")
+  if selection == "latest":
+    return [(f"step_{available[-1]}", [available[-1]])]
+  if selection == "all":
+    return [(f"step_{s}", [s]) for s in available]
+  if selection.startswith("average:"):
+    if not selection.split(":", 1)[1].isdigit():
+      raise CheckpointError(f"checkpoint selection {selection!r}: average:N needs a count N")
+    n = int(selection.split(":", 1)[1])
+    if n < 1 or n > len(available):
+      raise CheckpointError(f"average:{n} needs 1..{len(available)} checkpoints; available "
+                            f"steps: {available}")
+    steps = available[-n:]
+    return [(f"average_last_{n}_to_{steps[-1]}", steps)]
+  if selection.startswith("steps:"):
+    items = [x for x in selection.split(":", 1)[1].split(",") if x]
+    if not items or not all(x.isdigit() for x in items):
+      raise CheckpointError(f"checkpoint selection {selection!r}: steps: needs step numbers")
+    steps = [int(x) for x in items]
+    missing = sorted(set(steps) - set(available))
+    if missing:
+      raise CheckpointError(f"no checkpoint for step(s) {missing}; available: {available}")
+    return [(f"average_{'_'.join(map(str, steps))}", steps)]
+  if selection.isdigit():
+    step = int(selection)
+    if step not in available:
+      raise CheckpointError(f"no checkpoint for step {step}; available steps: {available}")
+    return [(f"step_{step}", [step])]
+  raise CheckpointError(f"unknown checkpoint selection {selection!r}: expected latest, best, "
+                        "all, a step, average:N or steps:A,B,...")

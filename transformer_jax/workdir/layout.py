@@ -1,0 +1,113 @@
+"""What a run folder (the workdir) holds, by name, and the small files in it:
+
+  config.json           the resolved config (written once the run's checkpoints accept it)
+  spm.model             the joint SentencePiece model (unless config.data.tokenizer_path)
+  tokenizer.json        path and fingerprint of the tokenizer the run was trained with
+  checkpoints/          Orbax checkpoints: train state + data-iterator position (checkpoints.py)
+  checkpoints_best/     the best checkpoint by validation BLEU
+  checkpoints_damaged/  checkpoints that failed to restore, set aside
+  metrics.jsonl, tensorboard/, metrics.png   the run's metrics and curves (reporting/)
+  eval/<set>/           translations (<label>.hyp) and results.json of each evaluated set:
+                        the test split at the end of training, and every `evaluate` run
+
+Only process 0 writes these files; every process may read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+
+from transformer_jax.config.sections import DecodeConfig, TrainConfig
+from transformer_jax.errors import CheckpointError
+
+CONFIG = "config.json"
+TOKENIZER = "spm.model"
+TOKENIZER_RECORD = "tokenizer.json"
+CHECKPOINTS = "checkpoints"
+BEST_CHECKPOINTS = "checkpoints_best"
+RESULTS = "results.json"
+
+
+def tokenizer_path(cfg: TrainConfig, workdir: str | Path) -> Path:
+  """The run's tokenizer: config.data.tokenizer_path, or <workdir>/spm.model."""
+  return Path(cfg.data.tokenizer_path) if cfg.data.tokenizer_path else Path(workdir) / TOKENIZER
+
+
+def eval_dir(workdir: str | Path, name: str) -> Path:
+  """Where the translations and results of evaluation set `name` go."""
+  return Path(workdir) / "eval" / name
+
+
+def save_config(config_dict: dict, workdir: str | Path):
+  if jax.process_index() == 0:
+    (Path(workdir) / CONFIG).write_text(json.dumps(config_dict, indent=2, sort_keys=True))
+
+
+def read_config(workdir: str | Path) -> dict:
+  """The config a run was trained with, as saved in its config.json."""
+  path = Path(workdir) / CONFIG
+  if not path.is_file():
+    raise CheckpointError(
+        f"{workdir} has no {CONFIG}: not a transformer_jax workdir (training writes it)")
+  return json.loads(path.read_text())
+
+
+def record_tokenizer(workdir: str | Path, tok):
+  """Writes tokenizer.json (path and fingerprint of `tok`) unless the run has one already."""
+  record = Path(workdir) / TOKENIZER_RECORD
+  if not record.is_file() and jax.process_index() == 0:
+    record.write_text(json.dumps({"path": str(tok.path), "fingerprint": tok.fingerprint,
+                                  "vocab_size": tok.vocab_size}))
+
+
+def tokenizer_mismatch(workdir: str | Path, tok) -> str | None:
+  """What is wrong when `tok` is not the tokenizer the run in `workdir` was trained with (as
+  recorded in its tokenizer.json); None when it is, or when nothing is recorded."""
+  record = Path(workdir) / TOKENIZER_RECORD
+  if not record.is_file():
+    return None
+  recorded = json.loads(record.read_text())
+  if recorded["fingerprint"] == tok.fingerprint:
+    return None
+  return (f"tokenizer {tok.path} is not the one {workdir} was trained with ({recorded['path']}, "
+          f"fingerprint {recorded['fingerprint']}, recorded in {record}; this file's is "
+          f"{tok.fingerprint})")
+
+
+def write_lines(path: Path, lines: list[str]):
+  """One line per entry, UTF-8 (translations, in input order)."""
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def result_record(label: str, steps: list[int], data: str, score, sentences: int,
+                  seconds: float, decode: DecodeConfig) -> dict:
+  """One entry of results.json: what was scored (checkpoint label and steps, data), the
+  sacreBLEU scores with their signatures, the decoding settings and the speed."""
+  return {"label": label, "steps": list(steps), "data": data, "sentences": sentences,
+          "bleu": score.bleu, "bleu_signature": score.bleu_signature, "chrf": score.chrf,
+          "chrf_signature": score.chrf_signature, "sentences_per_sec": sentences / seconds,
+          "decode": dataclasses.asdict(decode)}
+
+
+def read_results(out_dir: Path) -> list[dict]:
+  path = Path(out_dir) / RESULTS
+  return json.loads(path.read_text()) if path.is_file() else []
+
+
+def write_results(out_dir: Path, records: list[dict]) -> Path:
+  """Adds `records` to `out_dir`/results.json; a record of the same checkpoint label and
+  decoding settings replaces the earlier one, all others are kept."""
+  key = lambda r: (r["label"], json.dumps(r["decode"], sort_keys=True))  # noqa: E731
+  new = {key(r) for r in records}
+  kept = [r for r in read_results(out_dir) if key(r) not in new]
+  path = Path(out_dir) / RESULTS
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(kept + records, indent=2))
+  return path

@@ -1,0 +1,57 @@
+"""What a run needs before its first step: its datasets prepared and its tokenizer trained (or
+found) and recorded in the workdir."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import jax
+
+from transformer_jax.config.sections import TrainConfig
+from transformer_jax.data import corpus, tokenizer
+from transformer_jax.data.pipeline import training_sentences
+from transformer_jax.errors import ConfigError
+from transformer_jax.workdir import layout
+
+
+def load_tokenizer(cfg: TrainConfig, workdir: Path) -> tokenizer.Tokenizer:
+  """The run's tokenizer (`layout.tokenizer_path`), trained on the training split if absent;
+  an error if it cannot hold the model's vocabulary or is not the one the run was trained
+  with. Records it in the workdir's tokenizer.json."""
+  path = layout.tokenizer_path(cfg, workdir)
+  if jax.process_index() != 0 and not path.is_file():
+    _wait_for(path)  # process 0 trains it; the others read the same file (shared workdir)
+  tok = tokenizer.load_or_train(path, lambda: training_sentences(cfg.data),
+                                cfg.model.vocab_size, cfg.data.tokenizer_max_sentences,
+                                cfg.seed, cfg.data.tokenizer_max_chars)
+  if tok.vocab_size > cfg.model.vocab_size:
+    raise ConfigError(f"tokenizer {path} has {tok.vocab_size} pieces but "
+                      f"config.model.vocab_size={cfg.model.vocab_size}")
+  mismatch = layout.tokenizer_mismatch(workdir, tok)
+  if mismatch:
+    raise ConfigError(f"{mismatch}; its checkpoints need that tokenizer")
+  layout.record_tokenizer(workdir, tok)
+  return tok
+
+
+def _wait_for(path: Path, timeout_s: float = 600.0):
+  start = time.time()
+  while not path.is_file():
+    if time.time() - start > timeout_s:
+      raise TimeoutError(f"tokenizer {path} did not appear within {timeout_s:.0f}s")
+    time.sleep(1.0)
+
+
+def prepare(cfg: TrainConfig, workdir: str | Path) -> tuple[dict[str, int], tokenizer.Tokenizer]:
+  """Prepares every dataset the config reads, then its tokenizer; returns the pairs in each
+  `dataset:split` and the tokenizer."""
+  d = cfg.data
+  sizes = {}
+  for dataset in dict.fromkeys([d.dataset, d.eval_dataset or d.dataset,
+                                d.test_dataset or d.dataset]):
+    spec = corpus.corpus_spec(d, dataset)
+    builder = corpus.get_builder(spec)
+    for split in spec.splits:
+      sizes[f"{dataset}:{split}"] = len(builder.as_data_source(split=split))
+  return sizes, load_tokenizer(cfg, Path(workdir))

@@ -23,7 +23,8 @@ def tiny():
                         num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0, max_len=16)
   model = Transformer(cfg)
   inputs = jnp.array([[3, 4, 2, 1, 0], [4, 4, 3, 3, 1], [2, 1, 0, 0, 0]])
-  params = nn.meta.unbox(model.init(jax.random.PRNGKey(1), inputs, inputs[:, :3])["params"])
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(1), inputs,
+                                             inputs[:, :3])["params"])
   # Sharpen the output distribution so that the best sequence is not trivially short.
   params = jax.tree_util.tree_map(lambda x: x * 3.0, params)
   return model, params, inputs

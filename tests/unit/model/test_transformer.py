@@ -19,9 +19,11 @@ INPUTS = jnp.array([[5, 6, 7, 8, 1, 0, 0], [9, 10, 1, 0, 0, 0, 0]])
 TARGETS = jnp.array([[11, 12, 13, 1, 0], [14, 15, 16, 17, 1]])
 
 
+@functools.lru_cache(maxsize=None)
 def _init(cfg=CFG):
+  """The model and its initial parameters (initialised once per config, compiled)."""
   model = Transformer(cfg)
-  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), INPUTS, TARGETS)["params"])
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), INPUTS, TARGETS)["params"])
   return model, params
 
 
@@ -94,16 +96,20 @@ def test_packed_examples_do_not_attend_to_each_other():
 def test_cached_step_by_step_decoding_equals_full_forward(pre_ln, positions):
   cfg = dataclasses.replace(CFG, pre_layer_norm=pre_ln, positional_encoding=positions)
   model, params = _init(cfg)
-  full = model.apply({"params": params}, INPUTS, TARGETS)
+  full = _logits(model, params, INPUTS, TARGETS)
   encoded = model.apply({"params": params}, INPUTS, method=Transformer.encode)
   _, mutated = model.apply({"params": params}, encoded, INPUTS, TARGETS.shape[1],
                            method=Transformer.init_cache, mutable=["cache"])
   cache = mutated["cache"]
   decoder_inputs = shift_right(TARGETS)
+
+  @jax.jit
+  def decode_step(cache, tokens_B1):  # one cached step, compiled once for all steps
+    return model.apply({"params": params, "cache": cache}, encoded, INPUTS, tokens_B1,
+                       decode=True, method=Transformer.decode, mutable=["cache"])
+
   for t in range(TARGETS.shape[1]):
-    step_logits, mutated = model.apply(
-        {"params": params, "cache": cache}, encoded, INPUTS, decoder_inputs[:, t:t + 1],
-        decode=True, method=Transformer.decode, mutable=["cache"])
+    step_logits, mutated = decode_step(cache, decoder_inputs[:, t:t + 1])
     cache = mutated["cache"]
     real = np.asarray(TARGETS[:, t]) > 0
     np.testing.assert_allclose(np.asarray(step_logits[:, 0])[real],
@@ -113,8 +119,8 @@ def test_cached_step_by_step_decoding_equals_full_forward(pre_ln, positions):
 def test_bfloat16_path_is_close_to_float32_and_differentiable():
   model32, params = _init()
   model16 = Transformer(dataclasses.replace(CFG, dtype="bfloat16"))
-  l32 = model32.apply({"params": params}, INPUTS, TARGETS)
-  l16 = model16.apply({"params": params}, INPUTS, TARGETS)
+  l32 = _logits(model32, params, INPUTS, TARGETS)
+  l16 = _logits(model16, params, INPUTS, TARGETS)
   assert l16.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(l16), np.asarray(l32), atol=0.1)
 

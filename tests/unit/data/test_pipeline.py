@@ -9,6 +9,7 @@ from tests import helpers
 from tests.helpers import SRC, TGT
 from transformer_jax.data import pipeline as data
 
+
 @pytest.fixture()
 def setup(tmp_path):
   return helpers.small_corpus(tmp_path)

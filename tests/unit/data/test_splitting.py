@@ -6,9 +6,9 @@ import json
 import pytest
 
 from transformer_jax.data import corpus
+from transformer_jax.data.splitting import in_dev, split_corpus
 from transformer_jax.data.text import read_lines
 from transformer_jax.errors import DataError
-from transformer_jax.data.splitting import in_dev, split_corpus
 
 
 def _gz(path, lines):

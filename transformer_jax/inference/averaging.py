@@ -25,7 +25,9 @@ def average_to_workdir(workdir: str, selection: str, output: str) -> tuple[int, 
     raise CheckpointError(f"{out / layout.CHECKPOINTS} already exists; choose a new --output")
   state = run.state(selected)
   out.mkdir(parents=True, exist_ok=True)
-  shutil.copy(Path(workdir) / layout.CONFIG, out / layout.CONFIG)
+  for name in (layout.CONFIG, layout.TOKENIZER_RECORD):  # (the record: checked when loaded)
+    if (Path(workdir) / name).is_file():
+      shutil.copy(Path(workdir) / name, out / name)
   tok = Path(run.tokenizer.path)
   if tok.parent.resolve() == Path(workdir).resolve():
     shutil.copy(tok, out / tok.name)

@@ -25,6 +25,8 @@ def test_averaging_identical_and_different_checkpoints(tiny_run, tmp_path):
   # The averaged checkpoint is a workdir that evaluate can use.
   step, steps = average_to_workdir(str(tiny_run), "average:2", str(tmp_path / "avg"))
   assert (step, steps) == (20, [10, 20])
+  for name in ("config.json", "spm.model", "tokenizer.json"):
+    assert (tmp_path / "avg" / name).read_bytes() == (tiny_run / name).read_bytes()
   res, _ = evaluate_checkpoints(tmp_path / "avg", split="val", max_sentences=8)
   assert res[0]["steps"] == [20]
 

@@ -37,6 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------ configs
+# The tiny config with one layer per stack: for tests of what does not depend on depth
+# (resume, preemption, hosts, meshes, sweeps), half the tracing and compiling of every run.
+ONE_LAYER = {"model.num_encoder_layers": 1, "model.num_decoder_layers": 1}
+ONE_LAYER_FLAGS = [f"--config.{k}={v}" for k, v in ONE_LAYER.items()]
+
+
 def tiny_config(**overrides):
   """configs/tiny.py with `section.key=value` (or run-level `key=value`) overrides."""
   c = tiny.get_config()

@@ -30,6 +30,7 @@ from transformer_jax.workdir import checkpoints
 
 c = tiny.get_config()
 c.model.dropout_rate = 0.0
+c.model.num_encoder_layers = c.model.num_decoder_layers = 1  # (depth plays no part here)
 c.parallelism.mesh_shape = (2, 2, 1)   # data x fsdp over all 4 devices (both hosts)
 cfg = from_config_dict(c)
 model = Transformer(cfg.model)
@@ -106,7 +107,8 @@ def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_p
       env["TRANSFORMER_JAX_FAULTS"] = "sigterm@5"
     procs.append(subprocess.Popen(
         [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
-         f"--config.data.cache_dir={tfds_cache}", "--config.num_train_steps=1000",
+         f"--config.data.cache_dir={tfds_cache}", *helpers.ONE_LAYER_FLAGS,
+         "--config.num_train_steps=1000",
          "--config.eval_every_steps=1000", "--config.log_every_steps=1",
          f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

@@ -22,9 +22,10 @@ from tests import helpers
 from tests.helpers import ROOT
 from tests.helpers import checkpoint_steps as _steps
 
-STEPS = ["--config.num_train_steps=12", "--config.checkpoint_every_steps=4",
-         "--config.log_every_steps=2", "--config.eval_every_steps=1000",
-         "--config.eval_max_sentences=4", "--config.max_checkpoints_to_keep=3"]
+STEPS = [*helpers.ONE_LAYER_FLAGS, "--config.num_train_steps=12",
+         "--config.checkpoint_every_steps=4", "--config.log_every_steps=2",
+         "--config.eval_every_steps=1000", "--config.eval_max_sentences=4",
+         "--config.max_checkpoints_to_keep=3"]
 
 
 @pytest.fixture()

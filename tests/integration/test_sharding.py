@@ -13,16 +13,17 @@ SCRIPT = r"""
 import functools, json, sys
 import jax, numpy as np
 sys.path.insert(0, ".")
-from tests.helpers import fixed_batch, tiny_setup
+from tests.helpers import ONE_LAYER, fixed_batch, tiny_setup
 from transformer_jax.config.sections import MESH_AXES
 from transformer_jax.errors import ConfigError
 from transformer_jax.parallel import mesh as sharding
 from transformer_jax.training import state as state_lib, step as step_lib
 
 assert jax.device_count() == 8, jax.devices()
-# 8 heads, vocab 512: every mesh axis below divides the parameters it splits.
-# (no dropout: gradient accumulation draws other masks than one full-batch step)
-cfg, model, _ = tiny_setup(**{"model.num_heads": 8, "model.vocab_size": 512,
+# 8 heads, vocab 512: every mesh axis below divides the parameters it splits. One layer per
+# stack: each kind of parameter is there once. (No dropout: gradient accumulation draws other
+# masks than one full-batch step.)
+cfg, model, _ = tiny_setup(**{"model.num_heads": 8, "model.vocab_size": 512, **ONE_LAYER,
                               "model.dropout_rate": 0.0})
 results = {}
 for shape, k in [((1, 1, 1), 1)] + [(tuple(s), k) for s, k in json.loads(sys.argv[1])]:
@@ -46,8 +47,8 @@ for shape, k in [((1, 1, 1), 1)] + [(tuple(s), k) for s, k in json.loads(sys.arg
       "losses": losses,
       "embedding": shard(emb),
       "wi": shard(p["encoder_0"]["feed_forward"]["wi"]["kernel"]),
-      "query": shard(p["decoder_1"]["cross_attention"]["query"]["kernel"]),
-      "output": shard(p["encoder_1"]["self_attention"]["output"]["kernel"]),
+      "query": shard(p["decoder_0"]["cross_attention"]["query"]["kernel"]),
+      "output": shard(p["encoder_0"]["self_attention"]["output"]["kernel"]),
       "adam_embedding": sorted({str(shard(x)) for x in jax.tree_util.tree_leaves(state.opt_state)
                                 if x.shape == emb.shape}),
       "batch_devices": len(batch["inputs"].sharding.device_set)}

@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests import helpers
 from tests.helpers import ROOT
 from transformer_jax.reporting.metrics import read_metrics
 from transformer_jax.sweeps import spec as sweep_spec
@@ -50,7 +51,7 @@ def _sweep_cmd(tmp_path, cache_dir, lrs, *extra):
   return [sys.executable, "-m", "transformer_jax.cli.sweep", "--config=configs/tiny.py",
           f"--sweep={spec}", f"--workdir={tmp_path / 'sweep'}",
           f"--config.data.cache_dir={cache_dir}", "--heartbeat_interval=1",
-          "--heartbeat_grace=3", *extra]
+          "--heartbeat_grace=3", *helpers.ONE_LAYER_FLAGS, *extra]
 
 
 def _trials(workdir):

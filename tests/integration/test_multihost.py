@@ -16,7 +16,7 @@ SCRIPT = r"""
 import functools, json, sys
 import jax, numpy as np
 sys.path.insert(0, ".")
-port, process_id, num_processes, workdir, mode = sys.argv[1:]
+port, process_id, num_processes, workdir, restore_from = sys.argv[1:]
 if int(num_processes) > 1:
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                              num_processes=int(num_processes), process_id=int(process_id))
@@ -40,38 +40,38 @@ state, state_sharding = state_lib.create_state(cfg, model, mesh, jax.random.PRNG
 ckpt = checkpoints.Checkpointer(f"{workdir}/checkpoints", 3)
 digest = lambda s: [float(np.asarray(sharding.fetch(x), np.float64).sum())
                     for x in jax.tree_util.tree_leaves(s.params)]
-out = {}
-if mode == "train":
-  step = jax.jit(functools.partial(step_lib.train_step, model=model, label_smoothing=0.1),
-                 in_shardings=(state_sharding, sharding.batch_sharding(mesh),
-                               sharding.replicated(mesh)),
-                 out_shardings=(state_sharding, sharding.replicated(mesh)))
-  losses = []
-  for i in range(3):
-    full = fixed_batch(seed=i)   # 8 global rows; each host feeds its own 8 / processes
-    rows = 8 // jax.process_count()
-    local = {k: v[jax.process_index() * rows:(jax.process_index() + 1) * rows]
-             for k, v in full.items()}
-    state, m = step(state, sharding.global_batch(local, mesh), jax.random.PRNGKey(7))
-    losses.append(float(m["loss_sum"] / m["num_tokens"]))
-  ckpt.save(3, state)
-  out = {"losses": losses, "digest": digest(state)}
-else:  # restore what the other run wrote
-  restored = ckpt.restore(ckpt.latest_step(), checkpoints.abstract_like(state))
-  out = {"step": int(restored.step), "digest": digest(restored)}
+step = jax.jit(functools.partial(step_lib.train_step, model=model, label_smoothing=0.1),
+               in_shardings=(state_sharding, sharding.batch_sharding(mesh),
+                             sharding.replicated(mesh)),
+               out_shardings=(state_sharding, sharding.replicated(mesh)))
+losses = []
+for i in range(3):
+  full = fixed_batch(seed=i)   # 8 global rows; each host feeds its own 8 / processes
+  rows = 8 // jax.process_count()
+  local = {k: v[jax.process_index() * rows:(jax.process_index() + 1) * rows]
+           for k, v in full.items()}
+  state, m = step(state, sharding.global_batch(local, mesh), jax.random.PRNGKey(7))
+  losses.append(float(m["loss_sum"] / m["num_tokens"]))
+ckpt.save(3, state)
 ckpt.close()
+out = {"losses": losses, "digest": digest(state)}
+if restore_from:  # then restore what another run wrote
+  other = checkpoints.Checkpointer(f"{restore_from}/checkpoints", 3)
+  restored = other.restore(other.latest_step(), checkpoints.abstract_like(state))
+  out["restored"] = {"step": int(restored.step), "digest": digest(restored)}
+  other.close()
 if jax.process_index() == 0:
   print("RESULT " + json.dumps(out))
 """
 
 
-def _run(num_processes, devices_each, workdir, mode):
+def _run(num_processes, devices_each, workdir, restore_from=""):
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_each}")
   port = str(helpers.free_port())
   procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, port, str(i), str(num_processes),
-                             str(workdir), mode], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             str(workdir), str(restore_from)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(num_processes)]
   outputs = [p.communicate(timeout=600) for p in procs]
   for p, (_, err) in zip(procs, outputs):
@@ -81,14 +81,13 @@ def _run(num_processes, devices_each, workdir, mode):
 
 
 def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_path):
-  two = _run(2, 2, tmp_path / "two", "train")
-  one = _run(1, 4, tmp_path / "one", "train")
+  two = _run(2, 2, tmp_path / "two")
+  # One process with the same 4 devices trains, then restores what the two wrote together.
+  one = _run(1, 4, tmp_path / "one", restore_from=tmp_path / "two")
   assert two["losses"] == pytest.approx(one["losses"], rel=1e-5)
   assert one["losses"][2] < one["losses"][0]
-  # The checkpoint the two processes wrote together restores, bit for bit, in one process.
-  restored = _run(1, 4, tmp_path / "two", "restore")
-  assert restored["step"] == 3
-  assert restored["digest"] == two["digest"]
+  assert one["restored"]["step"] == 3
+  assert one["restored"]["digest"] == two["digest"]  # bit for bit
 
 
 def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_path, tfds_cache,

@@ -16,8 +16,8 @@ import pytest
 
 from tests import helpers
 from tests.helpers import ROOT
+from tests.sweep_claims import claim_all
 from transformer_jax.reporting.metrics import read_metrics
-from transformer_jax.sweeps import spec as sweep_spec
 from transformer_jax.sweeps import study as sweep
 
 SPEC = """
@@ -159,18 +159,6 @@ def test_two_workers_share_the_study_without_running_a_trial_twice(tmp_path, cac
   assert len({t.user_attrs["pid"] for t in trials}) == 2  # both workers took trials
 
 
-def _claim_all(url, name, queue):
-  spec = sweep_spec.SweepSpec(search_space={"x": sweep_spec.choice(0)}, fixed={},
-                              sampler="random", num_trials=1, direction="minimize")
-  storage = sweep.open_storage(url, 60, 120, 0)
-  study = optuna.load_study(study_name=name, storage=storage)
-  study_id = storage.get_study_id_from_name(name)
-  claimed = []
-  while (c := sweep.claim_next_trial(study, storage, study_id, spec)) is not None:
-    claimed.append(c[0].number)
-  queue.put(claimed)
-
-
 def test_claiming_a_waiting_trial_is_atomic_across_processes(tmp_path):
   url = f"sqlite:///{tmp_path / 'study.db'}"
   storage = sweep.open_storage(url, 60, 120, 0)
@@ -179,7 +167,7 @@ def test_claiming_a_waiting_trial_is_atomic_across_processes(tmp_path):
     study.enqueue_trial({})
   ctx = multiprocessing.get_context("spawn")
   queue = ctx.Queue()
-  procs = [ctx.Process(target=_claim_all, args=(url, "race", queue)) for _ in range(3)]
+  procs = [ctx.Process(target=claim_all, args=(url, "race", queue)) for _ in range(3)]
   for p in procs:
     p.start()
   claimed = [queue.get(timeout=300) for _ in procs]

@@ -26,7 +26,7 @@ def get_config():
   s = new_spec()
   s.sampler = "grid"
   s.search_space = {{"optimizer": {{"learning_rate": choice({lrs})}}}}
-  s.fixed = {{"num_train_steps": 6, "eval_every_steps": 3, "checkpoint_every_steps": 3,
+  s.fixed = {{"num_train_steps": 6, "eval_every_steps": 2, "checkpoint_every_steps": 2,
              "log_every_steps": 2, "eval_max_sentences": 8,
              "optimizer": {{"warmup_steps": 1}}}}
   s.objective = "eval/loss"
@@ -60,7 +60,7 @@ def _trials(workdir):
 
 
 def test_sweep_prunes_reports_and_best_command_reproduces(tmp_path, cache_dir):
-  # lr 1e-6 learns nothing in 3 steps: worse than both finished trials at step 3 -> pruned.
+  # lr 1e-6 learns nothing in 2 steps: worse than both finished trials at step 2 -> pruned.
   r = subprocess.run(_sweep_cmd(tmp_path, cache_dir, [1e-2, 3e-3, 1e-6]), cwd=ROOT,
                      capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]

@@ -34,11 +34,12 @@ def _die_with_parent():
 
 
 class TrialRunner:
-  """Runs trials as training subprocesses, reporting validation metrics for pruning."""
+  """Runs trials as training subprocesses, reporting validation metrics for pruning (read
+  every `poll_s` seconds: a pruned trial is stopped within that time of its report)."""
 
   def __init__(self, study, storage, spec: sweep_spec.SweepSpec, base_args: list[str],
                override_of, workdir: Path, devices: str, heartbeat_interval: float,
-               poll_s: float = 1.0):
+               poll_s: float = 0.25):
     self.study, self.storage, self.spec = study, storage, spec
     self.base_args, self.override_of = base_args, override_of
     self.workdir, self.devices = workdir, devices

@@ -233,7 +233,7 @@ class Transformer(nn.Module):
         y_BTD = layer(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS, not train, decode)
     if cfg.pre_layer_norm:
       y_BTD = self.decoder_norm(y_BTD)
-    if return_hidden:  # the softmax layer's input and matrix (fused_loss computes the rest)
+    if return_hidden:  # the softmax layer's input and matrix (ops.losses.output_loss does the rest)
       if not cfg.tie_output_embedding:
         raise ValueError("return_hidden needs tie_output_embedding")
       return y_BTD, self.target_embedding.table_VD

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from absl import app, flags
 
+from transformer_jax.parallel import hardware
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SHARED = ROOT.parent / "shared" / "data"
@@ -122,6 +124,9 @@ def main(argv):
     print(json.dumps(run_stage(FLAGS.stage, Path(FLAGS.folder))))
     return
   root = Path(FLAGS.workdir or tempfile.mkdtemp(prefix="data_bench_"))
+  model, flags_ = hardware.cpu_info()
+  print(f"machine: {model}, {os.cpu_count()} cores ({hardware.isa_summary(flags_)}); "
+        f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
   rows = []
   for copies in map(int, FLAGS.replicas):
     folder = root / f"x{copies}"

@@ -16,7 +16,6 @@ batch shape: there is no per-token Python dispatch.
 
 import dataclasses
 import json
-import platform
 import statistics
 import subprocess
 import time
@@ -35,6 +34,7 @@ from transformer_jax.decoding.search import beam_search
 from transformer_jax.evaluation.scoring import score
 from transformer_jax.inference import trained_run
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import hardware, numerics
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained workdir.")
@@ -43,6 +43,7 @@ flags.DEFINE_string("torch_python", "", "Python with torch + transformers: runs 
 flags.DEFINE_integer("rounds", 2, "Alternating rounds with the peer (--shape).")
 flags.DEFINE_string("split", "", "Split to decode (default: the config's test split).")
 flags.DEFINE_integer("beam_size", 4, "Beam size.")
+flags.DEFINE_string("dtype", "auto", "--shape: matmul dtype (auto, float32 or bfloat16).")
 flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
 
 
@@ -50,7 +51,7 @@ def peer_shape():
   """Ours vs Hugging Face generate on the peer's decode benchmark (see the module doc)."""
   cfg = dataclasses.replace(from_config_dict(default.get_config()).model, vocab_size=8000,
                             d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
-                            num_decoder_layers=3, dtype="bfloat16")
+                            num_decoder_layers=3, dtype=numerics.resolve(FLAGS.dtype).dtype)
   model = Transformer(cfg)
   src = np.random.default_rng(2).integers(3, 8000, (64, 32)).astype(np.int32)
   params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), src[:1], src[:1, :4])["params"])
@@ -77,7 +78,7 @@ def peer_shape():
     if FLAGS.torch_python:
       out = subprocess.run(peer_cmd, capture_output=True, text=True, check=True)
       peer.append(json.loads(out.stdout.strip().splitlines()[-1])["sentences_per_s"])
-  print(f"machine: {platform.machine()}; {time.strftime('%Y-%m-%d %H:%M')}; small shape, "
+  print(f"machine: {hardware.describe_machine()}; {time.strftime('%Y-%m-%d %H:%M')}; small shape, "
         f"64 x 32 source tokens, beam 4, 32 new tokens, bf16")
   print(f"ours (one compiled program): {statistics.median(ours):.1f} sentences/s warm "
         f"(rounds: {', '.join(f'{x:.1f}' for x in ours)}); first call with compilation "
@@ -104,7 +105,8 @@ def main(_):
     hyps = translate(run.model, params, eval_set, run.tokenizer, cfg, run.mesh)
     timings.append(time.perf_counter() - t)
   bleu = score(hyps, eval_set.references)
-  print(f"machine: {platform.machine()}, {run.mesh.devices.size} device(s)")
+  print(f"machine: {hardware.describe_machine()}, {run.mesh.devices.size} device(s); "
+        f"dtype {run.cfg.model.dtype}")
   print(f"{split}: {len(hyps)} sentences, beam {cfg.beam_size}, batch {cfg.batch_size}, "
         f"alpha {cfg.length_penalty}")
   print(f"cold (with compilation): {len(hyps) / timings[0]:.1f} sentences/s "

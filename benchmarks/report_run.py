@@ -6,9 +6,10 @@
 import argparse
 import datetime
 import json
-import platform
 import subprocess
 from pathlib import Path
+
+from transformer_jax.parallel import hardware
 
 
 def main():
@@ -29,12 +30,10 @@ def main():
   speeds = [r["perf/tokens_per_sec"] for r in records if "perf/tokens_per_sec" in r]
   decode = [r["perf/test_decode_sentences_per_sec"] for r in records
             if "perf/test_decode_sentences_per_sec" in r]
-  cpu = subprocess.run(["sh", "-c", "lscpu | grep 'Model name' | cut -d: -f2"],
-                       capture_output=True, text=True).stdout.strip() or platform.processor()
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
-  print(f"- date: {datetime.date.today()}; commit {commit}; machine: {cpu}, "
-        f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores")
+  print(f"- date: {datetime.date.today()}; commit {commit}; machine: "
+        f"{hardware.describe_machine()}; dtype {config['model']['dtype']}")
   print(f"- command: `{args.command}`; wall time {args.wall_seconds / 60:.1f} min "
         f"({args.wall_includes} included)")
   print(f"- test ({split}, step {test['steps'][-1]}, beam {test['decode']['beam_size']}, "

@@ -18,7 +18,6 @@ measurements (alternating, `--rounds` times) and the ratio of medians is printed
 import dataclasses
 import functools
 import json
-import platform
 import resource
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ from ml_collections import config_flags
 
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import hardware, numerics
 from transformer_jax.parallel import mesh as sharding
 from transformer_jax.training.state import create_state
 from transformer_jax.training.step import train_step
@@ -98,8 +98,8 @@ def configure(config, dtype: str):
     data_cfg = dataclasses.replace(config.data, batch_size=c["batch"],
                                    max_source_length=c["len"], max_target_length=c["len"])
     config = dataclasses.replace(config, model=model_cfg, data=data_cfg)
-  if dtype:
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
+  dtype = numerics.resolve(dtype or config.model.dtype).dtype  # ("auto": what training picks)
+  config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
   return config
 
 
@@ -188,7 +188,7 @@ def main(_):
         peer.append(run_peer()["tokens_per_s"])
   peak32, peak16 = matmul_peak(jnp.float32), matmul_peak(jnp.bfloat16)
   cfg = configure(FLAGS.config, dtypes[0])
-  print(f"machine: {platform.processor() or platform.machine()}, {jax.device_count()} "
+  print(f"machine: {hardware.describe_machine()}, {jax.device_count()} "
         f"{jax.devices()[0].platform} device(s) ({jax.devices()[0].device_kind}); "
         f"jax {jax.__version__}; {time.strftime('%Y-%m-%d %H:%M')}")
   print(f"shape: {FLAGS.shape or 'config'}: d_model {cfg.model.d_model}, layers "

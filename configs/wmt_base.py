@@ -24,6 +24,7 @@ from configs import default
 def get_config():
   config = default.get_config()
   config.num_train_steps = 100_000
+  config.time_budget_minutes = 0.0      # the step count is the recipe (no time limit)
   config.log_every_steps = 100
   config.eval_every_steps = 5000
   config.checkpoint_every_steps = 2500
@@ -40,7 +41,7 @@ def get_config():
   config.model.attention_dropout_rate = 0.0
   config.model.ffn_dropout_rate = 0.0
   config.model.pre_layer_norm = False   # the paper's post-LN (True: pre-LN, more forgiving)
-  config.model.dtype = "bfloat16"
+  config.model.dtype = "auto"           # bf16 on GPUs/TPUs and bf16-capable CPUs, else f32
 
   config.data.dataset = "wmt17_translate/de-en"  # TFDS name; features {'de', 'en'}
   config.data.source_lang = "en"

@@ -14,7 +14,7 @@ from transformer_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")     # the device mesh's axes, in mesh_shape's order
 REMAT_CHOICES = ("none", "full", "dots")   # see ModelConfig.remat
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16")  # what a run computes in ("auto" resolves to one of them)
 
 
 def _check_positive(section: str, obj, names):
@@ -51,7 +51,8 @@ class ModelConfig:
   max_len: int                  # longest source/target position supported
   share_embeddings: bool        # one embedding table for source and target
   tie_output_embedding: bool    # the output softmax uses the target embedding matrix
-  dtype: str                    # matmul inputs: "float32" (exact) or "bfloat16" (f32 accumulation)
+  dtype: str                    # matmul inputs: "float32" (exact), "bfloat16" (f32 accumulation)
+                                # or "auto" (what the hardware runs fastest; parallel.numerics)
   remat: str                    # recompute activations in the backward pass: "none", "full"
                                 # (keep only layer inputs) or "dots" (keep matmul outputs)
   scan_layers: bool             # one nn.scan-ned layer per stack (fast compiles for deep
@@ -64,7 +65,7 @@ class ModelConfig:
     _check_choice("config.model.positional_encoding", self.positional_encoding,
                   ("sinusoidal", "learned"))
     _check_choice("config.model.remat", self.remat, REMAT_CHOICES)
-    _check_choice("config.model.dtype", self.dtype, DTYPES)
+    _check_choice("config.model.dtype", self.dtype, ("auto", *DTYPES))
     _check_positive("model", self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"))
     _check_rate("model", self, ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"))
 
@@ -204,12 +205,18 @@ class TrainConfig:
   early_stopping_patience: int  # stop after this many evals without a better BLEU; 0 = off
   num_micro_batches: int        # gradient accumulation: the batch in this many pieces
   nonfinite_updates: str        # a NaN/Inf loss or gradient: "stop" the run, or "skip" it
+  time_budget_minutes: float    # wall clock of the training loop (steps, validation, saves),
+                                # summed over resumed runs, after which training ends as at its
+                                # last step (saved, validated, tested); 0 = no limit
 
   def __post_init__(self):
     for name in ("num_train_steps", "log_every_steps", "eval_every_steps",
                  "checkpoint_every_steps", "max_checkpoints_to_keep", "num_micro_batches"):
       if getattr(self, name) < 1:
         raise ConfigError(f"config.{name}={getattr(self, name)} must be >= 1")
+    if self.time_budget_minutes < 0:
+      raise ConfigError(f"config.time_budget_minutes={self.time_budget_minutes} must be >= 0 "
+                        "(0: no limit)")
     if self.nonfinite_updates not in ("stop", "skip"):
       raise ConfigError(f"config.nonfinite_updates={self.nonfinite_updates!r} must be 'stop' "
                         "or 'skip'")

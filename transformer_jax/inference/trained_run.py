@@ -16,6 +16,7 @@ from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
+from transformer_jax.parallel import numerics
 from transformer_jax.training.state import abstract_state
 from transformer_jax.workdir import layout
 from transformer_jax.workdir.checkpoints import Checkpointer, average_states, parse_selection
@@ -99,6 +100,9 @@ def load(workdir: str | Path) -> TrainedRun:
   """Reads `<workdir>/config.json` and the run's tokenizer; errors name what is missing."""
   workdir = Path(workdir)
   cfg = from_config_dict(ml_collections.ConfigDict(layout.read_config(workdir)))
+  if cfg.model.dtype == "auto":  # (training records the resolved dtype; a hand-made file may not)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+        cfg.model, dtype=numerics.resolve("auto").dtype))
   tok_path = layout.tokenizer_path(cfg, workdir)
   tokenizer = Tokenizer.load(tok_path)
   mismatch = layout.tokenizer_mismatch(workdir, tokenizer)

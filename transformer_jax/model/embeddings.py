@@ -15,7 +15,9 @@ from transformer_jax.ops.matmul import matmul
 
 
 def compute_dtype(cfg: ModelConfig) -> Any:
-  """The dtype matmul inputs are cast to (config.model.dtype)."""
+  """The dtype matmul inputs are cast to (config.model.dtype, once "auto" is resolved)."""
+  if cfg.dtype == "auto":
+    raise ValueError('config.model.dtype="auto" must be resolved first (parallel.numerics)')
   return jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
 
 

@@ -14,10 +14,11 @@ log = logging.getLogger(__name__)
 
 class Progress:
   """Live progress: a tqdm bar (step, loss, tokens/s, ETA) on a terminal, and a log line
-  every `log_every_steps` elsewhere (CI logs, nohup)."""
+  every `log_every_steps` elsewhere (CI logs, nohup). With `seconds_left` (a time budget), the
+  ETA is the budget's end when that comes first."""
 
-  def __init__(self, total_steps: int, start_step: int):
-    self.total, self.start = total_steps, start_step
+  def __init__(self, total_steps: int, start_step: int, seconds_left: float | None = None):
+    self.total, self.start, self.seconds_left = total_steps, start_step, seconds_left
     self.t0 = time.time()
     self.bar = None
     if sys.stderr.isatty() and jax.process_index() == 0:
@@ -39,13 +40,15 @@ class Progress:
       return
     done = step - self.start
     elapsed = time.time() - self.t0
-    eta = elapsed / max(done, 1) * (self.total - step)
+    eta, until = elapsed / max(done, 1) * (self.total - step), ""
+    if self.seconds_left is not None and self.seconds_left - elapsed < eta:
+      eta, until = max(self.seconds_left - elapsed, 0.0), " (end of the time budget)"
     parts = [f"step {step}/{self.total}", f"{100 * step / self.total:5.1f}%"]
     if "train/loss" in metrics:
       parts.append(f"loss {metrics['train/loss']:.3f}")
     if "perf/tokens_per_sec" in metrics:
       parts.append(f"{metrics['perf/tokens_per_sec']:,.0f} tok/s")
-    parts += [f"elapsed {_hms(elapsed)}", f"ETA {_hms(eta)}"]
+    parts += [f"elapsed {_hms(elapsed)}", f"ETA {_hms(eta)}{until}"]
     log.info("%s", " | ".join(parts))
 
   def close(self):

@@ -3,6 +3,7 @@ checkpoints, stop on preemption or early stopping, and score the test split at t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -17,6 +18,7 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.evaluation.evaluator import Evaluator, sample_translations
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
+from transformer_jax.parallel import numerics
 from transformer_jax.reporting import plots
 from transformer_jax.reporting.metrics import METRICS_FILE, MetricWriter, read_metrics, sum_metrics
 from transformer_jax.reporting.progress import Progress
@@ -24,7 +26,7 @@ from transformer_jax.training.optimizer import learning_rate_schedule
 from transformer_jax.training.preemption import Faults, Preemption
 from transformer_jax.training.state import count_params, initialise, state_init
 from transformer_jax.training.step import train_step
-from transformer_jax.training.stopping import EarlyStopping, NonFiniteGuard
+from transformer_jax.training.stopping import EarlyStopping, NonFiniteGuard, TimeBudget
 from transformer_jax.workdir import layout
 from transformer_jax.workdir.checkpoints import Checkpointer, abstract_like
 from transformer_jax.workdir.preparation import load_tokenizer
@@ -50,6 +52,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   saved as the workdir's config.json once its checkpoints have accepted the config."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  cfg, config_dict = resolve_dtype(cfg, config_dict, workdir)
   mesh = make_mesh(cfg)
   model = Transformer(cfg.model)
   init, state_sharding = state_init(cfg, model, mesh)  # fails fast on an uneven split
@@ -84,14 +87,20 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   writer = MetricWriter(workdir)
   evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
                                       cfg.data.eval_dataset), model, tok, cfg.decode, mesh)
-  progress = Progress(cfg.num_train_steps, start_step)
+  budget = TimeBudget(cfg.time_budget_minutes, _logged_train_minutes(workdir, start_step))
+  progress = Progress(cfg.num_train_steps, start_step, budget.seconds_left())
   acc, real_tokens, t_last = None, 0, time.time()
   nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
   skipped, preempted = 0, False
   final: dict[str, float] = {}
   stopper = EarlyStopping(cfg.early_stopping_patience, _logged_bleus(workdir, start_step))
 
-  for step in range(start_step + 1, cfg.num_train_steps + 1):
+  first_step, out_of_time = start_step + 1, False
+  if budget.spent() and start_step < cfg.num_train_steps:
+    log.warning("The time budget (config.time_budget_minutes=%g) was spent at step %d: no "
+                "more training; raise it to train on", cfg.time_budget_minutes, start_step)
+    first_step = cfg.num_train_steps + 1
+  for step in range(first_step, cfg.num_train_steps + 1):
     host_batch = next(train_iter)
     real_tokens += int((host_batch["inputs"] > 0).sum() + (host_batch["targets"] > 0).sum())
     state, step_metrics = p_train_step(state, mesh_lib.global_batch(host_batch, mesh),
@@ -99,7 +108,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
     acc = sum_metrics(acc, step_metrics)
     faults.after_step(step)
     preempted = preemption.requested(step)
-    last = step == cfg.num_train_steps or preempted
+    out_of_time = budget.spent() and step < cfg.num_train_steps
+    last = step == cfg.num_train_steps or preempted or out_of_time
     logging_now = step % cfg.log_every_steps == 0 or last
     saving = step % cfg.checkpoint_every_steps == 0 or last
 
@@ -110,6 +120,9 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
       skipped += nonfinite.report(acc)
       logged = _train_metrics(acc, time.time() - t_last, real_tokens, float(lr_fn(step - 1)),
                               skipped, pipeline.filter)
+      logged["time/train_minutes"] = budget.minutes()
+      if out_of_time:
+        logged["train/time_budget_stop"] = 1.0
       writer.write(step, logged)
       progress.update(step, logged)
       acc, real_tokens, t_last = None, 0, time.time()
@@ -133,6 +146,11 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
 
   progress.close()
   preemption.close()
+  if out_of_time and not preempted:
+    log.warning("Time budget of %g minutes spent: training ended at step %d of %d (saved, "
+                "validated; rerun with a larger config.time_budget_minutes to go on)",
+                cfg.time_budget_minutes, step, cfg.num_train_steps)
+    final["time_budget_stop_at_step"] = step
   log.info("Data: %s", pipeline.filter.summary())
   if preempted:
     log.warning("Preempted: checkpoint saved at step %d in %s; rerun the same command to "
@@ -146,6 +164,30 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   ckpt.close()
   best_ckpt.close()
   return final
+
+
+def resolve_dtype(cfg: TrainConfig, config_dict: dict | None, workdir: Path
+                  ) -> tuple[TrainConfig, dict | None]:
+  """`cfg` and `config_dict` with config.model.dtype="auto" resolved (parallel.numerics): to
+  the dtype recorded in the workdir's config.json when the run resumes, else to what this
+  hardware runs fastest. The resolved value is what config.json records."""
+  recorded = None
+  if cfg.model.dtype == "auto" and (workdir / layout.CONFIG).is_file():
+    recorded = layout.read_config(workdir).get("model", {}).get("dtype")
+  choice = numerics.resolve(cfg.model.dtype, recorded)
+  if cfg.model.dtype == "auto":
+    log.info("config.model.dtype=auto: %s (%s)", choice.dtype, choice.reason)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=choice.dtype))
+    if config_dict is not None:
+      config_dict = {**config_dict, "model": {**config_dict["model"], "dtype": choice.dtype}}
+  return cfg, config_dict
+
+
+def _logged_train_minutes(workdir: Path, up_to_step: int) -> float:
+  """The training-loop minutes that metrics.jsonl records up to `up_to_step` (0 if none)."""
+  minutes = [r["time/train_minutes"] for r in read_metrics(workdir / METRICS_FILE)
+             if "time/train_minutes" in r and r["step"] <= up_to_step]
+  return minutes[-1] if minutes else 0.0
 
 
 def _train_metrics(acc, elapsed: float, real_tokens: int, learning_rate: float, skipped: int,

@@ -1,10 +1,11 @@
-"""When a run stops before its last step: a non-finite update under 'stop', or a validation BLEU
-that has stopped improving."""
+"""When a run stops before its last step: a non-finite update under 'stop', a validation BLEU
+that has stopped improving, or a spent time budget."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from transformer_jax.errors import NonFiniteError
 
@@ -52,3 +53,21 @@ class EarlyStopping:
       self.bad += 1
     return self.patience > 0 and self.bad >= self.patience
 
+
+
+class TimeBudget:
+  """The wall clock of the training loop against config.time_budget_minutes (0: no limit),
+  counted from this object's creation on top of the `prior_minutes` of earlier runs."""
+
+  def __init__(self, budget_minutes: float, prior_minutes: float):
+    self.budget, self.prior, self.t0 = budget_minutes, prior_minutes, time.time()
+
+  def minutes(self) -> float:
+    """Training-loop minutes so far, earlier runs of the workdir included."""
+    return self.prior + (time.time() - self.t0) / 60
+
+  def spent(self) -> bool:
+    return self.budget > 0 and self.minutes() >= self.budget
+
+  def seconds_left(self) -> float | None:
+    return max(self.budget - self.minutes(), 0.0) * 60 if self.budget > 0 else None

@@ -5,6 +5,8 @@ import json
 import logging
 
 from tests import helpers
+from transformer_jax.inference import trained_run
+from transformer_jax.parallel import numerics
 
 
 def test_a_run_writes_its_outputs(tiny_run):
@@ -34,3 +36,55 @@ def test_a_finished_run_rerun_trains_no_further_step(tiny_run, tfds_cache, tmp_p
   assert final == {}  # nothing trained, nothing evaluated
   assert helpers.read_metrics(run) == helpers.read_metrics(tiny_run)
   assert helpers.checkpoint_steps(run) == [10, 20]
+
+
+def _machine_choosing(monkeypatch, dtype: str):
+  """Simulates a machine on which dtype "auto" resolves to `dtype`."""
+  monkeypatch.setattr(numerics, "choose",
+                      lambda *a, **k: numerics.Choice(dtype, f"simulated: {dtype} is faster"))
+
+
+def test_a_spent_time_budget_ends_training_like_its_last_step_and_a_larger_one_resumes(
+    tfds_cache, tiny_tokenizer, tmp_path, monkeypatch, caplog):
+  run = tmp_path / "run"
+  over = {**helpers.ONE_LAYER, "model.dtype": "auto", "data.test_split": "val",
+          "time_budget_minutes": 1e-4}  # 6 ms: spent by the first step
+  _machine_choosing(monkeypatch, "float32")  # a machine where bf16 is slow
+  with caplog.at_level(logging.INFO, logger="transformer_jax"):
+    final = helpers.train_in_process(run, tfds_cache, tiny_tokenizer, **over)
+  assert "config.model.dtype=auto: float32 (simulated" in caplog.text
+  assert json.loads((run / "config.json").read_text())["model"]["dtype"] == "float32"
+  # ended as at a last step: saved, validated, tested, and the stop recorded
+  assert final["time_budget_stop_at_step"] == 1
+  assert helpers.checkpoint_steps(run) == [1]
+  assert helpers.logged(run, "train/time_budget_stop", 1) == 1.0
+  assert [r["step"] for r in helpers.read_metrics(run) if "eval/bleu" in r] == [1]
+  test = json.loads((run / "eval" / "val" / "results.json").read_text())
+  assert [r["steps"] for r in test] == [[1]] and final["test/bleu"] == test[0]["bleu"]
+  first_minutes = helpers.logged(run, "time/train_minutes", 1)
+  assert first_minutes >= 1e-4
+
+  # the same budget again: nothing more to train
+  caplog.clear()
+  _machine_choosing(monkeypatch, "bfloat16")  # another machine: the run keeps its dtype
+  with caplog.at_level(logging.INFO, logger="transformer_jax"):
+    final = helpers.train_in_process(run, tfds_cache, tiny_tokenizer,
+                                     **{**over, "data.test_split": ""})
+  assert "was spent at step 1" in caplog.text and helpers.checkpoint_steps(run) == [1]
+  assert "config.model.dtype=auto: float32 (recorded in the workdir's config.json" in caplog.text
+
+  # a larger budget resumes from the budget stop and trains to the last step
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="transformer_jax"):
+    final = helpers.train_in_process(run, tfds_cache, tiny_tokenizer,
+                                     **{**over, "time_budget_minutes": 60.0})
+  assert "Resuming from step 1" in caplog.text and "time_budget_stop_at_step" not in final
+  assert helpers.checkpoint_steps(run) == [1, 10, 20]
+  assert json.loads((run / "config.json").read_text())["model"]["dtype"] == "float32"
+  assert [r["steps"] for r in json.loads((run / "eval" / "val" / "results.json").read_text())
+          ] == [[1], [20]]
+  minutes = [r["time/train_minutes"] for r in helpers.read_metrics(run)
+             if "time/train_minutes" in r]
+  assert minutes == sorted(minutes) and minutes[0] == first_minutes  # summed over both runs
+  # and evaluation uses the recorded dtype on this "bf16" machine
+  assert trained_run.load(run).cfg.model.dtype == "float32"

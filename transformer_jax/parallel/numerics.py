@@ -1,0 +1,131 @@
+"""The matmul input dtype the hardware runs fastest: `config.model.dtype="auto"` resolved.
+
+bf16 inputs with f32 accumulation where the backend multiplies bf16 natively and faster than
+f32 (GPUs, TPUs, CPUs with AVX-512 BF16 or AMX), exact f32 elsewhere. On a CPU:
+
+- flags without a native bf16 dot product (no `avx512_bf16`, no `amx_bf16`, e.g. AVX2-only
+  machines): f32 at once; there bf16 is emulated and slower than f32;
+- flags with one, or no flags to read (not Linux): a short measured probe (one bf16 and one f32
+  matmul, well under a second) decides, since a library or an `XLA_FLAGS` setting may still
+  run bf16 slowly. Its figures are cached per machine (CPU model, flags, jax version and
+  XLA_FLAGS) in `~/.cache/transformer_jax/numerics.json`, so later runs start without it.
+
+Training records the resolved dtype in the workdir's config.json, so a run resumes, evaluates
+and translates with the dtype it trained with, on any machine. On several processes, process
+0's choice holds for all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from transformer_jax.config.sections import DTYPES
+from transformer_jax.parallel.hardware import cpu_info, isa_summary
+
+log = logging.getLogger(__name__)
+
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo names of native bf16 dot products
+MIN_SPEEDUP = 1.25  # bf16 must beat f32 by this factor in the probe to be chosen
+CACHE_FILE = Path(os.path.expanduser("~")) / ".cache" / "transformer_jax" / "numerics.json"
+ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  dtype: str   # "float32" or "bfloat16"
+  reason: str  # why, for the log
+
+
+def probe_bf16_speedup(n: int = 1024, reps: int = 4) -> float:
+  """How many times faster an n³ matmul runs with bf16 inputs (f32 accumulation) than in f32
+  on the default device: the best of `reps` timings of each."""
+  def best_seconds(dtype) -> float:
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+    f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    f(a, a).block_until_ready()
+    times = []
+    for _ in range(reps):
+      t = time.perf_counter()
+      f(a, a).block_until_ready()
+      times.append(time.perf_counter() - t)
+    return min(times)
+  return best_seconds(jnp.float32) / best_seconds(jnp.bfloat16)
+
+
+def machine_key(cpu_model: str, flags: Iterable[str]) -> str:
+  """What the probe's result depends on: the CPU, its flags, jax and the XLA flags."""
+  text = "|".join([cpu_model, " ".join(sorted(flags)), jax.__version__,
+                   os.environ.get("XLA_FLAGS", "")])
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def choose(backend: str, cpu_model: str, flags: frozenset[str],
+           probe: Callable[[], float] = probe_bf16_speedup, cache: Path = CACHE_FILE) -> Choice:
+  """The dtype `auto` means for this backend and CPU (see the module docstring)."""
+  if backend in ACCELERATORS:
+    return Choice("bfloat16", f"{backend} multiplies bf16 natively")
+  if backend != "cpu":
+    return Choice("float32", f"unknown backend {backend!r}")
+  native = sorted(set(flags) & set(BF16_CPU_FLAGS))
+  if flags and not native:
+    return Choice("float32", f"the CPU has no native bf16 dot product ({isa_summary(flags)}): "
+                  "bf16 would be emulated, slower than f32")
+  key = machine_key(cpu_model, flags)
+  cached = _read_cache(cache)
+  entry = cached.get(key)
+  if isinstance(entry, dict) and isinstance(entry.get("bf16_speedup"), (int, float)):
+    speedup, how = float(entry["bf16_speedup"]), f"cached in {cache}"
+  else:
+    speedup, how = probe(), "measured now"
+    _write_cache(cache, {**cached, key: {"bf16_speedup": speedup, "cpu": cpu_model,
+                                         "xla_flags": os.environ.get("XLA_FLAGS", "")}})
+  has = f"the CPU has {', '.join(native)}" if native else "the CPU flags are unknown"
+  verdict = "bfloat16" if speedup >= MIN_SPEEDUP else "float32"
+  return Choice(verdict, f"{has}; bf16 matmuls ran {speedup:.2f}x as fast as f32 ({how}; "
+                f"bf16 needs {MIN_SPEEDUP}x)")
+
+
+def resolve(requested: str, recorded: str | None = None) -> Choice:
+  """The dtype a run uses: an explicit `requested` dtype; for "auto", the one `recorded` in
+  the workdir (the run resumes as it trained), else the one this hardware runs fastest."""
+  if requested != "auto":
+    return Choice(requested, "set in the config")
+  if recorded in DTYPES:
+    return Choice(recorded, "recorded in the workdir's config.json: the dtype the run "
+                  "trained with")
+  choice = choose(jax.default_backend(), *cpu_info())
+  if jax.process_count() > 1:  # every process computes what process 0 chose
+    index = int(multihost_utils.broadcast_one_to_all(np.int32(DTYPES.index(choice.dtype))))
+    if DTYPES[index] != choice.dtype:
+      choice = Choice(DTYPES[index], f"process 0's choice (here: {choice.reason})")
+  return choice
+
+
+def _read_cache(path: Path) -> dict:
+  try:
+    data = json.loads(path.read_text())
+  except (OSError, ValueError):  # none yet, or damaged: measured again and rewritten
+    return {}
+  return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, data: dict):
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)  # atomic: a concurrent reader sees the old or the new file
+  except OSError as e:  # a read-only home: the probe runs again next time
+    log.warning("could not cache the numerics probe in %s: %s", path, e)

@@ -204,7 +204,8 @@ def main(_):
     tps = statistics.median(r["tokens_per_s"] for r in runs)
     r = runs[-1]
     achieved = statistics.median(x["achieved_flops"] for x in runs)
-    line = (f"{r['dtype']:>8}: {tps:,.0f} tokens/s (step {r['step_s'] * 1000:.0f} ms); "
+    label = f"{d} -> {r['dtype']}" if d == "auto" else r["dtype"]
+    line = (f"{label:>8}: {tps:,.0f} tokens/s (step {r['step_s'] * 1000:.0f} ms); "
             f"{r['flops_per_token'] / 1e6:.1f} model MFLOP/token (XLA counts "
             f"{r['xla_flops'] / r['flops_per_step'] * r['flops_per_token'] / 1e6:.1f}), "
             f"{achieved / 1e9:.0f} GFLOP/s = "

@@ -77,6 +77,8 @@ def get_config():
   config.optimizer.eps = 1e-9
   config.optimizer.weight_decay = 0.0
   config.optimizer.grad_clip_norm = 1.0
+  config.optimizer.cooldown_fraction = 0.2  # LR linear to 0 over the last 20% of the steps, or
+                                            # of the time budget when that ends training first
 
   config.decode = ml_collections.ConfigDict()
   config.decode.beam_size = 4

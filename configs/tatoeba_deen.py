@@ -20,6 +20,7 @@ def get_config():
   config = default.get_config()
   config.num_train_steps = 2700
   config.time_budget_minutes = 0.0       # the step count is the recipe (no time limit)
+  config.optimizer.cooldown_fraction = 0.0
   config.log_every_steps = 100
   config.eval_every_steps = 900
   config.checkpoint_every_steps = 500

@@ -13,6 +13,7 @@ def get_config():
   config = default.get_config()
   config.num_train_steps = 20
   config.time_budget_minutes = 0.0
+  config.optimizer.cooldown_fraction = 0.0
   config.log_every_steps = 5
   config.eval_every_steps = 10
   config.checkpoint_every_steps = 10

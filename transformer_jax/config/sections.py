@@ -114,9 +114,15 @@ class OptimizerConfig:
   eps: float
   weight_decay: float           # decoupled (AdamW), on matrices only
   grad_clip_norm: float         # global-norm clipping; 0 disables
+  cooldown_fraction: float      # the learning rate decays linearly to 0 over the last fraction
+                                # of training: of num_train_steps, or of time_budget_minutes
+                                # when that ends first (warmup-stable-decay); 0 = no cooldown
 
   def __post_init__(self):
     _check_positive("optimizer", self, ("learning_rate",))
+    if not 0.0 <= self.cooldown_fraction <= 1.0:
+      raise ConfigError(f"config.optimizer.cooldown_fraction={self.cooldown_fraction} must be "
+                        "in [0, 1] (0: no cooldown)")
     if self.warmup_steps < 0:
       raise ConfigError(f"config.optimizer.warmup_steps={self.warmup_steps} must be >= 0")
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.data.eval_sets import load_eval_set
@@ -22,7 +23,7 @@ from transformer_jax.parallel import numerics
 from transformer_jax.reporting import plots
 from transformer_jax.reporting.metrics import METRICS_FILE, MetricWriter, read_metrics, sum_metrics
 from transformer_jax.reporting.progress import Progress
-from transformer_jax.training.optimizer import learning_rate_schedule
+from transformer_jax.training.optimizer import cooldown_scale, learning_rate_schedule
 from transformer_jax.training.preemption import Faults, Preemption
 from transformer_jax.training.state import count_params, initialise, state_init
 from transformer_jax.training.step import train_step
@@ -80,7 +81,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
       functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
                         num_micro_batches=cfg.num_micro_batches,
                         nonfinite_at_step=faults.nonfinite_at),
-      in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), mesh_lib.replicated(mesh)),
+      in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), mesh_lib.replicated(mesh),
+                    mesh_lib.replicated(mesh)),
       out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
       donate_argnums=(0,))
   lr_fn = learning_rate_schedule(cfg.optimizer)
@@ -103,8 +105,10 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   for step in range(first_step, cfg.num_train_steps + 1):
     host_batch = next(train_iter)
     real_tokens += int((host_batch["inputs"] > 0).sum() + (host_batch["targets"] > 0).sum())
+    lr_scale = cooldown_scale(cfg.optimizer.cooldown_fraction, step, cfg.num_train_steps,
+                              budget.minutes(), cfg.time_budget_minutes)
     state, step_metrics = p_train_step(state, mesh_lib.global_batch(host_batch, mesh),
-                                       dropout_rng)
+                                       dropout_rng, np.float32(lr_scale))
     acc = sum_metrics(acc, step_metrics)
     faults.after_step(step)
     preempted = preemption.requested(step)
@@ -118,8 +122,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
       nonfinite.check(acc, step, ckpt)  # (before anything is saved)
     if logging_now:
       skipped += nonfinite.report(acc)
-      logged = _train_metrics(acc, time.time() - t_last, real_tokens, float(lr_fn(step - 1)),
-                              skipped, pipeline.filter)
+      logged = _train_metrics(acc, time.time() - t_last, real_tokens,
+                              float(lr_fn(step - 1)) * lr_scale, skipped, pipeline.filter)
       logged["time/train_minutes"] = budget.minutes()
       if out_of_time:
         logged["train/time_budget_stop"] = 1.0
@@ -176,7 +180,7 @@ def resolve_dtype(cfg: TrainConfig, config_dict: dict | None, workdir: Path
     recorded = layout.read_config(workdir).get("model", {}).get("dtype")
   choice = numerics.resolve(cfg.model.dtype, recorded)
   if cfg.model.dtype == "auto":
-    log.info("config.model.dtype=auto: %s (%s)", choice.dtype, choice.reason)
+    log.info("config.model.dtype=auto resolved to %s: %s", choice.dtype, choice.reason)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=choice.dtype))
     if config_dict is not None:
       config_dict = {**config_dict, "model": {**config_dict["model"], "dtype": choice.dtype}}

@@ -28,9 +28,12 @@ def training_loss_sums(model, params, batch, rngs, label_smoothing: float):
                      label_smoothing, compute_dtype(model.config))
 
 
-def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float,
+def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoothing: float,
                num_micro_batches: int = 1, nonfinite_at_step: int = 0):
   """One optimizer step; returns the new state and metric sums with their denominators.
+
+  `lr_scale` multiplies the update (for AdamW: the learning rate, weight decay included): the
+  cooldown factor of `optimizer.cooldown_scale`.
 
   With `num_micro_batches` k > 1 the batch is processed as k micro-batches (gradient
   accumulation): the summed gradients over all of them, divided by the batch's token count,
@@ -60,7 +63,10 @@ def train_step(state: TrainState, batch, rng, *, model, label_smoothing: float,
         lambda g: jnp.where(step == nonfinite_at_step, jnp.nan, g), grads)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
-  updated = state.apply_gradients(grads=grads)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
+  updated = state.replace(step=step, params=optax.apply_updates(state.params, updates),
+                          opt_state=opt_state)
   new_state = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old),
                                      updated, state.replace(step=step))
   return new_state, {"loss_sum": jnp.where(finite, loss_sum, 0.0),

@@ -52,7 +52,7 @@ def test_a_spent_time_budget_ends_training_like_its_last_step_and_a_larger_one_r
   _machine_choosing(monkeypatch, "float32")  # a machine where bf16 is slow
   with caplog.at_level(logging.INFO, logger="transformer_jax"):
     final = helpers.train_in_process(run, tfds_cache, tiny_tokenizer, **over)
-  assert "config.model.dtype=auto: float32 (simulated" in caplog.text
+  assert "config.model.dtype=auto resolved to float32: simulated" in caplog.text
   assert json.loads((run / "config.json").read_text())["model"]["dtype"] == "float32"
   # ended as at a last step: saved, validated, tested, and the stop recorded
   assert final["time_budget_stop_at_step"] == 1
@@ -71,7 +71,8 @@ def test_a_spent_time_budget_ends_training_like_its_last_step_and_a_larger_one_r
     final = helpers.train_in_process(run, tfds_cache, tiny_tokenizer,
                                      **{**over, "data.test_split": ""})
   assert "was spent at step 1" in caplog.text and helpers.checkpoint_steps(run) == [1]
-  assert "config.model.dtype=auto: float32 (recorded in the workdir's config.json" in caplog.text
+  assert ("config.model.dtype=auto resolved to float32: recorded in the workdir's config.json"
+          in caplog.text)
 
   # a larger budget resumes from the budget stop and trains to the last step
   caplog.clear()

@@ -1,9 +1,14 @@
-"""The learning-rate schedule: linear warmup, then inverse square root."""
+"""The learning-rate schedule: linear warmup, then inverse square root; the cooldown factor."""
 
+import functools
+
+import jax
+import numpy as np
 import pytest
 
 from tests import helpers
 from transformer_jax.training import optimizer
+from transformer_jax.training import step as train_lib
 
 
 def test_learning_rate_warms_up_linearly_then_decays_as_inverse_sqrt():
@@ -13,3 +18,34 @@ def test_learning_rate_warms_up_linearly_then_decays_as_inverse_sqrt():
   assert float(sched(49)) == pytest.approx(5e-4)
   assert float(sched(99)) == pytest.approx(1e-3)
   assert float(sched(399)) == pytest.approx(1e-3 * 0.5)
+
+
+def test_cooldown_decays_to_zero_at_the_last_step_or_at_the_end_of_the_time_budget():
+  scale = optimizer.cooldown_scale
+  assert scale(0.0, 100, 100) == 1.0  # no cooldown
+  assert scale(0.2, 80, 100) == 1.0 and scale(0.2, 81, 100) == pytest.approx(1.0)
+  assert scale(0.2, 91, 100) == pytest.approx(0.5)
+  assert scale(0.2, 100, 100) == pytest.approx(0.05)  # the last update is small, not zero
+  # with a time budget that ends training first: the wall clock decides
+  assert scale(0.2, 10, 100, minutes=15.0, budget_minutes=20.0) == pytest.approx(1.0)
+  assert scale(0.2, 10, 100, minutes=18.0, budget_minutes=20.0) == pytest.approx(0.5)
+  assert scale(0.2, 10, 100, minutes=25.0, budget_minutes=20.0) == 0.0
+  # ... and the steps when they end first
+  assert scale(0.2, 91, 100, minutes=1.0, budget_minutes=20.0) == pytest.approx(0.5)
+
+
+def test_the_cooldown_factor_scales_the_update():
+  cfg, model, state = helpers.tiny_setup()
+  step = jax.jit(functools.partial(train_lib.train_step, model=model,
+                                   label_smoothing=cfg.label_smoothing))
+  batch, rng = helpers.fixed_batch(), jax.random.PRNGKey(0)
+  before = jax.device_get(state.params)
+  deltas = {}
+  for s in (1.0, 0.5, 0.0):
+    new, _ = step(state, batch, rng, np.float32(s))
+    deltas[s] = jax.tree_util.tree_map(lambda a, b: np.asarray(a) - b,
+                                       jax.device_get(new.params), before)
+    assert int(new.step) == 1
+  for full, half, none in zip(*(jax.tree_util.tree_leaves(deltas[s]) for s in (1.0, 0.5, 0.0))):
+    np.testing.assert_allclose(half, 0.5 * full, rtol=1e-4, atol=1e-7)
+    assert not none.any()

@@ -1,5 +1,5 @@
 """Compares the metrics.jsonl of two runs value by value, bit for bit, except timings
-(`perf/*_per_sec`): the check that a change left what training computes unchanged.
+(`perf/*_per_sec`, `time/*`): the check that a change left what training computes unchanged.
 
   python benchmarks/compare_metrics.py runs/before/metrics.jsonl runs/after/metrics.jsonl
 
@@ -13,7 +13,8 @@ import sys
 
 def records(path: str) -> list[dict]:
   with open(path, encoding="utf-8") as f:
-    return [{k: v for k, v in json.loads(line).items() if not k.endswith("_per_sec")}
+    return [{k: v for k, v in json.loads(line).items()
+             if not (k.endswith("_per_sec") or k.startswith("time/"))}
             for line in f if line.strip()]
 
 

@@ -31,7 +31,8 @@ def save(fig, path: Path, dpi: int = 100):
 
 
 def plot_metrics(workdir: str | Path) -> Path | None:
-  """Draws training/eval loss and BLEU against step into <workdir>/metrics.png."""
+  """Draws training/eval loss and BLEU against step into <workdir>/metrics.png (a dashed line
+  where a time budget ended training)."""
   records = read_metrics(Path(workdir) / METRICS_FILE)
   if not records or jax.process_index() != 0:
     return None
@@ -47,6 +48,9 @@ def plot_metrics(workdir: str | Path) -> Path | None:
     xs, ys = series(key)
     if xs:
       ax_loss.plot(xs, ys, label=label, marker="." if key.startswith("eval") else None)
+  for step in series("train/time_budget_stop")[0]:  # where a time budget ended training
+    for ax in (ax_loss, ax_bleu):
+      ax.axvline(step, color="grey", linestyle="--", label="time budget stop")
   ax_loss.set_xlabel("step")
   ax_loss.set_ylabel("negative log-likelihood (nats/token)")
   ax_loss.legend()

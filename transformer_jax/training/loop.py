@@ -77,12 +77,15 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   faults = Faults.from_env()
   preemption = Preemption(ckpt.manager)
 
+  # The cooldown factor is an argument only when there is a cooldown: without one the step
+  # compiles with the constant 1, the same program (and bits) as a step without the factor.
+  cooling = cfg.optimizer.cooldown_fraction > 0
   p_train_step = jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
                         num_micro_batches=cfg.num_micro_batches,
                         nonfinite_at_step=faults.nonfinite_at),
-      in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), mesh_lib.replicated(mesh),
-                    mesh_lib.replicated(mesh)),
+      in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), mesh_lib.replicated(mesh))
+      + (mesh_lib.replicated(mesh),) * cooling,
       out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
       donate_argnums=(0,))
   lr_fn = learning_rate_schedule(cfg.optimizer)
@@ -108,7 +111,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
     lr_scale = cooldown_scale(cfg.optimizer.cooldown_fraction, step, cfg.num_train_steps,
                               budget.minutes(), cfg.time_budget_minutes)
     state, step_metrics = p_train_step(state, mesh_lib.global_batch(host_batch, mesh),
-                                       dropout_rng, np.float32(lr_scale))
+                                       dropout_rng, *[np.float32(lr_scale)] * cooling)
     acc = sum_metrics(acc, step_metrics)
     faults.after_step(step)
     preempted = preemption.requested(step)

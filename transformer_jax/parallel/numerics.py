@@ -103,9 +103,10 @@ def resolve(requested: str, recorded: str | None = None) -> Choice:
   if requested != "auto":
     return Choice(requested, "set in the config")
   if recorded in DTYPES:
-    return Choice(recorded, "recorded in the workdir's config.json: the dtype the run "
-                  "trained with")
-  choice = choose(jax.default_backend(), *cpu_info())
+    choice = Choice(recorded, "recorded in the workdir's config.json: the dtype the run "
+                    "trained with")
+  else:
+    choice = choose(jax.default_backend(), *cpu_info())
   if jax.process_count() > 1:  # every process computes what process 0 chose
     index = int(multihost_utils.broadcast_one_to_all(np.int32(DTYPES.index(choice.dtype))))
     if DTYPES[index] != choice.dtype:

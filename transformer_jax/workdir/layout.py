@@ -47,13 +47,25 @@ def save_config(config_dict: dict, workdir: str | Path):
     (Path(workdir) / CONFIG).write_text(json.dumps(config_dict, indent=2, sort_keys=True))
 
 
+# Config keys added after workdirs were first written, with the value that means what a run
+# from before them did: an older config.json still loads.
+ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"): 0.0}
+
+
 def read_config(workdir: str | Path) -> dict:
-  """The config a run was trained with, as saved in its config.json."""
+  """The config a run was trained with, as saved in its config.json (keys added since it was
+  written filled in from ADDED_KEYS)."""
   path = Path(workdir) / CONFIG
   if not path.is_file():
     raise CheckpointError(
         f"{workdir} has no {CONFIG}: not a transformer_jax workdir (training writes it)")
-  return json.loads(path.read_text())
+  config = json.loads(path.read_text())
+  for (*sections, key), value in ADDED_KEYS.items():
+    node = config
+    for name in sections:
+      node = node.setdefault(name, {})
+    node.setdefault(key, value)
+  return config
 
 
 def record_tokenizer(workdir: str | Path, tok):

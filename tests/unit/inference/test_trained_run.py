@@ -1,5 +1,6 @@
 """Loading a trained run: what is missing or does not belong to it is named."""
 
+import json
 import shutil
 
 import pytest
@@ -47,3 +48,13 @@ def test_tokenizer_that_does_not_match_the_run_is_named(tiny_run, tmp_path):
     trained_run.load(other)
   status, _, err = helpers.run_tool(translate_cli.main, f"--workdir={other}", stdin=b"Ein Hund.\n")
   assert status == 1 and helpers.one_line_error(err).startswith("translate: tokenizer ")
+
+
+def test_a_config_json_from_before_later_keys_still_loads(tiny_run, tmp_path):
+  run = helpers.copy_run(tiny_run, tmp_path / "old")
+  config = json.loads((run / "config.json").read_text())
+  del config["time_budget_minutes"], config["optimizer"]["cooldown_fraction"]
+  (run / "config.json").write_text(json.dumps(config))
+  loaded = trained_run.load(run)
+  assert loaded.cfg.time_budget_minutes == 0.0 and loaded.cfg.optimizer.cooldown_fraction == 0.0
+  assert loaded.select_one("latest", "translate")  # and its checkpoints are there to use

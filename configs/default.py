@@ -46,6 +46,7 @@ def get_config():
   config.model.tie_output_embedding = True  # softmax weights = target embedding
   config.model.dtype = "auto"           # matmul inputs: "bfloat16" (f32 accumulation) where the
                                         # hardware multiplies bf16 faster, else "float32" (exact)
+  config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs
   config.model.remat = "none"           # "full" / "dots": recompute activations (less memory)
   config.model.scan_layers = False      # nn.scan over layers: faster compiles for deep models
 

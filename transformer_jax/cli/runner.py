@@ -22,6 +22,7 @@ from absl import flags
 
 from transformer_jax import errors
 from transformer_jax.config import files
+from transformer_jax.parallel.compilation import enable_compilation_cache
 from transformer_jax.reporting import logs
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -76,6 +77,7 @@ def run(tool: str, doc: str, define_flags: Callable[[flags.FlagValues], None],
     given = {name: [f"--{name}={flag_values[name].value}", *overrides[name]]
              for name in configs}
     logs.setup(flag_values.verbosity)
+    enable_compilation_cache()
     body(Args(flag_values, loaded, given))
     return 0
   except errors.ConfigError as e:

@@ -14,6 +14,7 @@ from transformer_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")     # the device mesh's axes, in mesh_shape's order
 REMAT_CHOICES = ("none", "full", "dots")   # see ModelConfig.remat
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")  # see ModelConfig.attention_impl
 DTYPES = ("float32", "bfloat16")  # what a run computes in ("auto" resolves to one of them)
 
 
@@ -53,6 +54,10 @@ class ModelConfig:
   tie_output_embedding: bool    # the output softmax uses the target embedding matrix
   dtype: str                    # matmul inputs: "float32" (exact), "bfloat16" (f32 accumulation)
                                 # or "auto" (what the hardware runs fastest; parallel.numerics)
+  attention_impl: str           # "einsum" (our products, tuned for XLA:CPU), "xla" or "cudnn"
+                                # (jax.nn.dot_product_attention), "auto": cudnn on GPUs where
+                                # its constraints hold (bf16, head_dim % 8 == 0 and <= 128),
+                                # else einsum. Attention maps and attention dropout use einsum
   remat: str                    # recompute activations in the backward pass: "none", "full"
                                 # (keep only layer inputs) or "dots" (keep matmul outputs)
   scan_layers: bool             # one nn.scan-ned layer per stack (fast compiles for deep
@@ -65,6 +70,7 @@ class ModelConfig:
     _check_choice("config.model.positional_encoding", self.positional_encoding,
                   ("sinusoidal", "learned"))
     _check_choice("config.model.remat", self.remat, REMAT_CHOICES)
+    _check_choice("config.model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     _check_choice("config.model.dtype", self.dtype, ("auto", *DTYPES))
     _check_positive("model", self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"))
     _check_rate("model", self, ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"))

@@ -4,6 +4,7 @@ attention (teacher-forced on a sentence pair), and their heatmaps."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -31,6 +32,8 @@ def attention_weights(model, params, source_ids, target_ids) -> dict[str, list[n
   inputs = np.asarray(source_ids, np.int32)[None]
   targets = np.asarray(target_ids, np.int32)[None]
   model, params = unscanned(model, params)
+  # The weights exist only on the einsum path (the fused kernels never materialise them).
+  model = model.clone(config=dataclasses.replace(model.config, attention_impl="einsum"))
   inter = _intermediates(model, params, inputs, targets)
   cfg = model.config
   out = {}

@@ -33,6 +33,29 @@ def causal_mask(length: int):
   return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
+def attention_implementation(cfg: ModelConfig) -> str:
+  """config.model.attention_impl with "auto" resolved for the default backend: cuDNN's fused
+  attention on GPUs where its constraints hold (bf16 inputs, head_dim a multiple of 8 up to
+  128), our einsum products elsewhere (tuned for XLA:CPU; on TPU XLA fuses them itself)."""
+  if cfg.attention_impl != "auto":
+    return cfg.attention_impl
+  if (jax.default_backend() == "gpu" and compute_dtype(cfg) == jnp.bfloat16
+      and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128):
+    return "cudnn"
+  return "einsum"
+
+
+def fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation: str):
+  """The same softmax(Q K^T / sqrt(d_k)) V through jax.nn.dot_product_attention (XLA's or
+  cuDNN's kernel), for (B, S, H, K) keys and values; returns the output in f32 (no weights:
+  the fused kernels never materialise them)."""
+  out_BTHK = jax.nn.dot_product_attention(
+      q_BTHK.astype(dtype), k_BSHK.astype(dtype), v_BSHK.astype(dtype),
+      mask=jnp.broadcast_to(mask_BHTS, (q_BTHK.shape[0], 1) + mask_BHTS.shape[2:]),
+      implementation=implementation)
+  return out_BTHK.astype(jnp.float32)
+
+
 def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
                                  dropout: nn.Module | None = None, kv_layout: str = "bshk"):
   """softmax(Q K^T / sqrt(d_k)) V over each head; returns (output_BTHK, weights_BHTS).
@@ -92,9 +115,13 @@ class MultiHeadAttention(nn.Module):
     dropout = None
     if cfg.attention_dropout_rate > 0 and not deterministic:
       dropout = functools.partial(Dropout(cfg.attention_dropout_rate), deterministic=False)
-    out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
-                                                          dtype, dropout, kv_layout)
-    self.sow("intermediates", "attention_weights", weights_BHTS)
+    implementation = attention_implementation(cfg)
+    if implementation == "einsum" or dropout is not None or decode:
+      out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
+                                                            dtype, dropout, kv_layout)
+      self.sow("intermediates", "attention_weights", weights_BHTS)
+    else:  # (decoding and attention dropout take the einsum path above, as attention maps do)
+      out_BTHK = fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation)
     out_BTHK = out_BTHK.reshape((rows, -1) + out_BTHK.shape[2:])
     merge_heads = Projection((H, K), (D,), ("heads", "kv", "embed"), dtype, name="output")
     return merge_heads(out_BTHK)

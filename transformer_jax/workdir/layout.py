@@ -49,7 +49,8 @@ def save_config(config_dict: dict, workdir: str | Path):
 
 # Config keys added after workdirs were first written, with the value that means what a run
 # from before them did: an older config.json still loads.
-ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"): 0.0}
+ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"): 0.0,
+              ("model", "attention_impl"): "einsum"}
 
 
 def read_config(workdir: str | Path) -> dict:

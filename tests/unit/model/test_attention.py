@@ -1,14 +1,27 @@
-"""Scaled dot-product attention and multi-head attention against plain-numpy references."""
+"""Scaled dot-product attention and multi-head attention against plain-numpy references; the
+fused path (jax.nn.dot_product_attention) against the einsum path."""
 
+import dataclasses
+import functools
 import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from tests import helpers
-from transformer_jax.model.attention import MultiHeadAttention, scaled_dot_product_attention
+from transformer_jax.model.attention import (
+  MultiHeadAttention,
+  attention_implementation,
+  causal_mask,
+  fused_attention,
+  padding_mask,
+  scaled_dot_product_attention,
+  segment_mask,
+)
+from transformer_jax.model.transformer import Transformer, apply_to_batch
 
 CFG = helpers.section("model", vocab_size=40, d_model=32, num_heads=4, d_ff=64,
                       num_encoder_layers=2, num_decoder_layers=2, dropout_rate=0.0, max_len=32)
@@ -59,3 +72,63 @@ def test_multi_head_attention_splits_projects_and_merges_heads():
   wo = np.asarray(params["output"]["kernel"]).reshape(D, D)
   expected = merged @ wo + np.asarray(params["output"]["bias"])
   np.testing.assert_allclose(np.asarray(out), expected, atol=1e-4)
+
+
+def _masks(rng, B, T, S):
+  """Padding, causal and packed-segment masks as the model builds them, (B, 1, T, S)."""
+  q_tokens = np.ones((B, T), np.int32)
+  q_tokens[0, T - 2:] = 0  # padded queries (their rows see nothing)
+  k_tokens = np.ones((B, S), np.int32)
+  k_tokens[1, S - 3:] = 0
+  segments = np.repeat(np.array([[1, 1, 1, 2, 2, 2, 3, 3]]), B, axis=0)[:, :T]
+  return {"padding": padding_mask(q_tokens, k_tokens),
+          "causal": padding_mask(q_tokens, q_tokens[:, :T]) & causal_mask(T),
+          "packed": padding_mask(q_tokens, q_tokens) & causal_mask(T)
+          & segment_mask(segments, segments)}
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+@pytest.mark.parametrize("mask_kind", ["padding", "causal", "packed"])
+def test_fused_attention_equals_the_einsum_path_in_values_and_gradients(mask_kind, dtype, tol):
+  """jax.nn.dot_product_attention (XLA's implementation here, cuDNN's on GPUs) computes what
+  our einsum products do, with every mask the model uses, gradients included."""
+  rng = np.random.default_rng(1)
+  B, T, H, K = 2, 8, 2, 8
+  S = T if mask_kind != "padding" else 6
+  mask = jnp.asarray(_masks(rng, B, T, S)[mask_kind])
+  q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32)
+             for s in [(B, T, H, K), (B, S, H, K), (B, S, H, K)])
+  cot = jnp.asarray(rng.normal(size=(B, T, H, K)), jnp.float32)
+
+  def einsum_path(q, k, v):
+    return jnp.sum(scaled_dot_product_attention(q, k, v, mask, dtype)[0] * cot)
+
+  def fused_path(q, k, v):
+    return jnp.sum(fused_attention(q, k, v, mask, dtype, "xla") * cot)
+  value_e, grads_e = jax.value_and_grad(einsum_path, argnums=(0, 1, 2))(q, k, v)
+  value_f, grads_f = jax.value_and_grad(fused_path, argnums=(0, 1, 2))(q, k, v)
+  scale = float(jnp.abs(value_e)) + 1.0
+  assert abs(float(value_e) - float(value_f)) <= tol * scale
+  for ge, gf in zip(grads_e, grads_f):
+    assert np.all(np.isfinite(np.asarray(gf)))
+    np.testing.assert_allclose(np.asarray(gf), np.asarray(ge), atol=tol * 2, rtol=tol)
+
+
+def test_the_model_with_fused_attention_equals_the_einsum_model_and_auto_is_einsum_on_cpu():
+  cfg = dataclasses.replace(CFG, dropout_rate=0.0)
+  batch = helpers.fixed_batch(rows=4, length=12, vocab=40)
+  models = {impl: Transformer(dataclasses.replace(cfg, attention_impl=impl))
+            for impl in ("einsum", "xla")}
+  params = models["einsum"].init(jax.random.PRNGKey(0), batch["inputs"][:1],
+                                 batch["targets"][:1])["params"]
+
+  def loss(model, params):
+    logits = apply_to_batch(model, params, batch, False, {})
+    return jnp.mean(jax.nn.log_softmax(logits) * (batch["targets"] > 0)[..., None])
+  (l_e, g_e), (l_x, g_x) = (jax.value_and_grad(functools.partial(loss, models[i]))(params)
+                            for i in ("einsum", "xla"))
+  np.testing.assert_allclose(float(l_x), float(l_e), rtol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(g_x), jax.tree_util.tree_leaves(g_e)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-4)
+  assert attention_implementation(dataclasses.replace(cfg, attention_impl="auto")) == "einsum"
+  assert attention_implementation(dataclasses.replace(cfg, attention_impl="xla")) == "xla"

@@ -1,0 +1,48 @@
+"""The persistent compilation cache: a process that compiles a program another process already
+compiled on this machine (a resumed run, each sweep trial, evaluate after train) loads it.
+
+JAX's own settings win (`JAX_COMPILATION_CACHE_DIR`, or `jax_compilation_cache_dir` set in
+code); otherwise the cache lives in `~/.cache/transformer_jax/jax_cache/<machine>`, one folder
+per CPU model, ISA flags, jax version and XLA_FLAGS, so that a home directory shared by
+machines of different kinds never hands one of them code compiled for another.
+`TRANSFORMER_JAX_COMPILATION_CACHE=0` turns it off. JAX caches only programs that took at least
+`jax_persistent_cache_min_compile_time_secs` (1 s by default) to compile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import jax
+
+from transformer_jax.parallel import numerics
+from transformer_jax.parallel.hardware import cpu_info
+
+log = logging.getLogger(__name__)
+
+SWITCH = "TRANSFORMER_JAX_COMPILATION_CACHE"
+DEFAULT_ROOT = Path(os.path.expanduser("~")) / ".cache" / "transformer_jax" / "jax_cache"
+
+
+def cache_dir(environ: Mapping[str, str], configured: str | None,
+              root: Path = DEFAULT_ROOT) -> Path | None:
+  """Where the cache should be, or None when JAX's own setting or the switch decides."""
+  if environ.get(SWITCH, "1") == "0" or environ.get("JAX_COMPILATION_CACHE_DIR") or configured:
+    return None
+  return root / numerics.machine_key(*cpu_info())
+
+
+def enable_compilation_cache():
+  """Points JAX's persistent compilation cache at this machine's folder (see the module doc)."""
+  folder = cache_dir(os.environ, jax.config.jax_compilation_cache_dir)
+  if folder is None:
+    return
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+  except OSError as e:  # e.g. a read-only home: compile as before
+    log.warning("no persistent compilation cache (%s: %s)", folder, e)
+    return
+  jax.config.update("jax_compilation_cache_dir", str(folder))

@@ -1,0 +1,215 @@
+"""The accelerator check: one command that tells what a device does with this code, as JSON lines.
+
+  python benchmarks/gpu_check.py --out=/tmp/gpu_check            # on a GPU: wmt_base's shape
+  python benchmarks/gpu_check.py --tiny --out=/tmp/gpu_check     # anywhere: the tiny config
+
+Prints one JSON object per line (and writes them to OUT/gpu_check.jsonl), each with a "check":
+- "machine": backend, device kind and count, jax version, CPU, XLA_FLAGS;
+- "matmul_peak": bf16-in/f32-accumulate and f32 matmul GFLOP/s (4096² on accelerators);
+- "train_step", once per attention implementation (`config.model.attention_impl`: our einsum
+  products, and jax.nn.dot_product_attention through XLA and, on GPUs, cuDNN): compile time,
+  step time, real tokens/s, analytic model FLOPs per token and MFU against the bf16 peak, peak
+  device memory;
+- "decode": beam-4 sentences/s of the same model (random weights, fixed-length outputs);
+- "determinism": whether two identical steps (same state, batch and key) give bit-identical
+  parameters, with the XLA_FLAGS in effect (on GPUs: pass `--deterministic` to set
+  `--xla_gpu_deterministic_ops=true` before JAX starts).
+Any check that fails prints {"check": ..., "error": ...} and the others still run.
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PARSER = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+PARSER.add_argument("--tiny", action="store_true", help="the tiny config's shape (CPU tests)")
+PARSER.add_argument("--out", default="", help="folder for gpu_check.jsonl")
+PARSER.add_argument("--steps", type=int, default=10, help="timed training steps per variant")
+PARSER.add_argument("--deterministic", action="store_true",
+                    help="set --xla_gpu_deterministic_ops=true (before JAX starts)")
+
+if __name__ == "__main__":  # (XLA_FLAGS must be set before JAX is imported)
+  ARGS = PARSER.parse_args()
+  if ARGS.deterministic:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_gpu_deterministic_ops=true").strip()
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from configs import tiny, wmt_base  # noqa: E402
+from transformer_jax.config.parse import from_config_dict  # noqa: E402
+from transformer_jax.decoding.search import beam_search  # noqa: E402
+from transformer_jax.model.attention import attention_implementation  # noqa: E402
+from transformer_jax.model.transformer import Transformer  # noqa: E402
+from transformer_jax.parallel import hardware, numerics  # noqa: E402
+from transformer_jax.parallel import mesh as mesh_lib  # noqa: E402
+from transformer_jax.training.state import create_state  # noqa: E402
+from transformer_jax.training.step import train_step  # noqa: E402
+
+
+def run_config(tiny_shape: bool):
+  """The config measured: wmt_base (the tiny config with --tiny), one device, auto numerics."""
+  config = tiny.get_config() if tiny_shape else wmt_base.get_config()
+  if tiny_shape:  # (one layer per stack: the test suite runs it, compiling 4 programs)
+    config.data.batch_size, config.data.max_source_length = 8, 16
+    config.data.max_target_length = 16
+    config.model.num_encoder_layers = config.model.num_decoder_layers = 1
+  config.model.dtype = "auto"
+  config.parallelism.mesh_shape = (1, 1, 1)
+  cfg = from_config_dict(config)
+  dtype = numerics.resolve("auto").dtype
+  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
+
+
+def matmul_gflops(dtype, n: int, reps: int = 10) -> float:
+  a = jnp.ones((n, n), dtype)
+  f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+  f(a, a).block_until_ready()
+  t = time.perf_counter()
+  for _ in range(reps):
+    out = f(a, a)
+  out.block_until_ready()
+  return 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def model_flops_per_step(cfg) -> float:
+  """Training FLOPs of one step: 3x the forward's matmuls over every position (projections,
+  feed-forward, attention scores and mixing, the output softmax)."""
+  m, rows = cfg.model, cfg.data.batch_size
+  S, T = cfg.data.max_source_length, cfg.data.max_target_length
+  D, F, V = m.d_model, m.d_ff, m.vocab_size
+  enc = S * m.num_encoder_layers * (4 * D * D + 2 * D * F + 2 * S * D + 2 * D * D)
+  dec = T * (m.num_decoder_layers * (6 * D * D + 2 * D * F + 2 * T * D + 2 * S * D) + D * V)
+  return 3 * 2 * rows * (enc + dec)
+
+
+def synthetic_batch(cfg, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  rows, S, T = cfg.data.batch_size, cfg.data.max_source_length, cfg.data.max_target_length
+  return {"inputs": rng.integers(3, cfg.model.vocab_size, (rows, S)).astype(np.int32),
+          "targets": rng.integers(3, cfg.model.vocab_size, (rows, T)).astype(np.int32)}
+
+
+def peak_memory_gb() -> float | None:
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats["peak_bytes_in_use"] / 2 ** 30 if "peak_bytes_in_use" in stats else None
+
+
+def compiled_step(cfg):
+  mesh = mesh_lib.make_mesh(cfg.parallelism, jax.devices()[:1])
+  model = Transformer(cfg.model)
+  state, state_sharding = create_state(cfg, model, mesh, jax.random.PRNGKey(0))
+  step = jax.jit(functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing),
+                 in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh),
+                               mesh_lib.replicated(mesh)),
+                 out_shardings=(state_sharding, mesh_lib.replicated(mesh)))
+  batch = mesh_lib.global_batch(synthetic_batch(cfg), mesh)
+  return model, state, step, batch
+
+
+def check_train_step(cfg, steps: int, peak_bf16: float) -> dict:
+  model, state, step, batch = compiled_step(cfg)
+  rng = jax.random.PRNGKey(1)
+  t = time.perf_counter()
+  compiled = step.lower(state, batch, rng).compile()
+  compile_s = time.perf_counter() - t
+  state, m = compiled(state, batch, rng)
+  jax.block_until_ready(m)
+  t = time.perf_counter()
+  for _ in range(steps):
+    state, m = compiled(state, batch, rng)
+  jax.block_until_ready(m)
+  step_s = (time.perf_counter() - t) / steps
+  tokens = cfg.data.batch_size * (cfg.data.max_source_length + cfg.data.max_target_length)
+  flops = model_flops_per_step(cfg)
+  return {"attention_impl": cfg.model.attention_impl,
+          "resolved_impl": attention_implementation(cfg.model), "dtype": cfg.model.dtype,
+          "compile_s": round(compile_s, 2), "step_ms": round(step_s * 1000, 2),
+          "tokens_per_s": round(tokens / step_s),
+          "model_mflops_per_token": round(flops / tokens / 1e6, 1),
+          "mfu_bf16_peak": round(flops / step_s / 1e9 / peak_bf16, 3),
+          "peak_memory_gb": peak_memory_gb(), "loss": float(m["loss_sum"] / m["num_tokens"])}
+
+
+def check_decode(cfg) -> dict:
+  model = Transformer(cfg.model)
+  rows, length = (8, 16) if cfg.model.d_model < 128 else (64, 32)
+  src = np.random.default_rng(2).integers(3, cfg.model.vocab_size, (rows, length)).astype(
+      np.int32)
+  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), src[:1], src[:1, :4])["params"])
+  search = functools.partial(beam_search, model, beam_size=4, alpha=0.6, max_len=length,
+                             min_len=length)  # (one compiled program per batch shape)
+  t = time.perf_counter()
+  jax.block_until_ready(search(params, src))
+  cold_s = time.perf_counter() - t
+  t = time.perf_counter()
+  jax.block_until_ready(search(params, src))
+  warm_s = time.perf_counter() - t
+  return {"beam": 4, "sentences": rows, "new_tokens": length, "first_call_s": round(cold_s, 2),
+          "sentences_per_s": round(rows / warm_s, 1)}
+
+
+def check_determinism(cfg) -> dict:
+  _, state, step, batch = compiled_step(cfg)
+  rng = jax.random.PRNGKey(1)
+  a, _ = step(state, batch, rng)
+  b, _ = step(state, batch, rng)
+  same = all(bool(jnp.array_equal(x, y)) for x, y in
+             zip(jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)))
+  return {"bit_identical": same, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
+def main(args):
+  out_file = None
+  if args.out:
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    out_file = open(Path(args.out) / "gpu_check.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+
+  def emit(check: str, fn):
+    try:
+      record = {"check": check, **fn()}
+    except Exception as e:  # noqa: BLE001 (a failed check is reported, the others run)
+      record = {"check": check, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+      traceback.print_exc(file=sys.stderr)
+    line = json.dumps(record)
+    print(line, flush=True)
+    if out_file:
+      out_file.write(line + "\n")
+      out_file.flush()
+    return record
+
+  device = jax.devices()[0]
+  emit("machine", lambda: {"backend": jax.default_backend(), "device_kind": device.device_kind,
+                           "device_count": jax.device_count(), "jax": jax.__version__,
+                           "cpu": hardware.describe_machine(),
+                           "xla_flags": os.environ.get("XLA_FLAGS", "")})
+  n = 512 if args.tiny else (4096 if jax.default_backend() != "cpu" else 2048)
+  peaks = emit("matmul_peak", lambda: {"n": n,
+                                       "bf16_gflops": round(matmul_gflops(jnp.bfloat16, n)),
+                                       "f32_gflops": round(matmul_gflops(jnp.float32, n))})
+  cfg = run_config(args.tiny)
+  impls = ["einsum", "xla"] + (["cudnn"] if jax.default_backend() == "gpu" else [])
+  for impl in impls:
+    variant = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention_impl=impl))
+    emit("train_step", lambda v=variant: check_train_step(v, args.steps,
+                                                          peaks.get("bf16_gflops", 1.0)))
+  emit("decode", lambda: check_decode(cfg))
+  emit("determinism", lambda: check_determinism(cfg))
+  if out_file:
+    out_file.close()
+
+
+if __name__ == "__main__":
+  main(ARGS)

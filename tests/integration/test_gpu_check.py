@@ -1,0 +1,29 @@
+"""benchmarks/gpu_check.py runs end to end on CPU with the tiny shape, so that it is known to
+work before a GPU sees it: every check reports, none fails, and the variants agree."""
+
+import json
+import subprocess
+import sys
+
+from tests import helpers
+
+
+def test_gpu_check_runs_on_cpu_with_the_tiny_shape(tmp_path):
+  r = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--tiny", "--steps=2",
+                      f"--out={tmp_path}"], cwd=helpers.ROOT, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  printed = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+  written = [json.loads(line) for line in (tmp_path / "gpu_check.jsonl").read_text().splitlines()]
+  assert printed == written
+  assert [x["check"] for x in written] == ["machine", "matmul_peak", "train_step", "train_step",
+                                           "decode", "determinism"]
+  assert not [x for x in written if "error" in x]
+  by_check = {x["check"]: x for x in written}
+  assert by_check["machine"]["backend"] == "cpu" and "cores" in by_check["machine"]["cpu"]
+  assert by_check["matmul_peak"]["bf16_gflops"] > 0 and by_check["matmul_peak"]["f32_gflops"] > 0
+  steps = {x["attention_impl"]: x for x in written if x["check"] == "train_step"}
+  assert set(steps) == {"einsum", "xla"} and all(s["tokens_per_s"] > 0 for s in steps.values())
+  assert abs(steps["einsum"]["loss"] - steps["xla"]["loss"]) < 1e-2 * steps["einsum"]["loss"]
+  assert by_check["decode"]["sentences_per_s"] > 0
+  assert by_check["determinism"]["bit_identical"] is True  # CPU steps are deterministic

@@ -93,7 +93,8 @@ def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_p
 def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_path, tfds_cache,
                                                                           tiny_tokenizer):
   """JAX's preemption service: SIGTERM reaches process 1 only; both processes agree on the
-  step, save one checkpoint there collectively, and exit cleanly."""
+  step, save one checkpoint there collectively, and exit cleanly. (With dtype "auto", which
+  both resolve to process 0's choice, as config.json records.)"""
   port = str(helpers.free_port())
   (tmp_path / "run").mkdir()
   shutil.copy(tiny_tokenizer, tmp_path / "run" / "spm.model")
@@ -107,7 +108,8 @@ def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_p
     procs.append(subprocess.Popen(
         [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
          f"--config.data.cache_dir={tfds_cache}", *helpers.ONE_LAYER_FLAGS,
-         "--config.num_train_steps=1000",
+         "--config.num_train_steps=1000", "--config.model.dtype=auto",
+         "--config.checkpoint_every_steps=1000",  # (only the preemption saves)
          "--config.eval_every_steps=1000", "--config.log_every_steps=1",
          f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -119,6 +121,10 @@ def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_p
     assert len(lines) == 1, err[-3000:]
     saved.append(int(lines[0].split("at step ")[1].split()[0]))
   assert saved[0] == saved[1] >= 5  # the same step on both hosts, not before the signal
+  resolved = [[x.split("resolved to ")[1].split(":")[0] for x in err.splitlines()
+               if "config.model.dtype=auto resolved to" in x] for _, err in outputs]
+  recorded = json.loads((tmp_path / "run" / "config.json").read_text())["model"]["dtype"]
+  assert resolved[0] == resolved[1] == [recorded] and recorded in ("float32", "bfloat16")
   steps = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
                  if p.name.isdigit())
   assert steps == [saved[0]]

@@ -2,9 +2,10 @@
 products are tuned to the backend.
 
 `matmul` is einsum with f32 accumulation: exact f32, or bf16 inputs (`dtype=jnp.bfloat16`) in
-both passes. Its backward pass orders each product for XLA:CPU's kernels: the weight gradient
-puts the side with fewer free elements first (`_weight_grad`), and bf16 products take the
-operand orders XLA:CPU has bf16 kernels for (`_einsum_bwd`).
+both passes. On CPU its backward pass orders each product for XLA:CPU's kernels: the weight
+gradient puts the side with fewer free elements first (`_weight_grad`), and bf16 products
+take the operand orders XLA:CPU has bf16 kernels for (`_einsum_bwd`). On other backends the
+products keep jax's plain order (the same values; their compilers choose layouts themselves).
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ def _einsum_bwd(spec, dtype, b_grad_input_first, residuals, g):
   inputs, out = spec.split("->")
   lhs, rhs = inputs.split(",")
   da = jnp.einsum(f"{out},{rhs}->{lhs}", g_c, b_c, preferred_element_type=jnp.float32)
-  if dtype == jnp.float32:
+  on_cpu = jax.default_backend() == "cpu"  # (the orders are XLA:CPU's; elsewhere: plain)
+  if dtype == jnp.float32 and on_cpu:
     db = _weight_grad(spec, a_c, g_c)
-  elif b_grad_input_first:
+  elif b_grad_input_first or not on_cpu:
     db = jnp.einsum(f"{lhs},{out}->{rhs}", a_c, g_c, preferred_element_type=jnp.float32)
   else:
     db = jnp.einsum(f"{out},{lhs}->{rhs}", g_c, a_c, preferred_element_type=jnp.float32)

@@ -124,9 +124,8 @@ def main(argv):
     print(json.dumps(run_stage(FLAGS.stage, Path(FLAGS.folder))))
     return
   root = Path(FLAGS.workdir or tempfile.mkdtemp(prefix="data_bench_"))
-  model, flags_ = hardware.cpu_info()
-  print(f"machine: {model}, {os.cpu_count()} cores ({hardware.isa_summary(flags_)}); "
-        f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+  print(f"machine: {hardware.describe_machine()}; {time.strftime('%Y-%m-%d %H:%M')}",
+        flush=True)
   rows = []
   for copies in map(int, FLAGS.replicas):
     folder = root / f"x{copies}"

@@ -79,7 +79,7 @@ def peer_shape():
       out = subprocess.run(peer_cmd, capture_output=True, text=True, check=True)
       peer.append(json.loads(out.stdout.strip().splitlines()[-1])["sentences_per_s"])
   print(f"machine: {hardware.describe_machine()}; {time.strftime('%Y-%m-%d %H:%M')}; small shape, "
-        f"64 x 32 source tokens, beam 4, 32 new tokens, bf16")
+        f"64 x 32 source tokens, beam 4, 32 new tokens, {cfg.dtype}")
   print(f"ours (one compiled program): {statistics.median(ours):.1f} sentences/s warm "
         f"(rounds: {', '.join(f'{x:.1f}' for x in ours)}); first call with compilation "
         f"{cold:.1f} s")

@@ -9,7 +9,7 @@ Prints one JSON object per line (and writes them to OUT/gpu_check.jsonl), each w
 - "train_step", once per attention implementation (`config.model.attention_impl`: our einsum
   products, and jax.nn.dot_product_attention through XLA and, on GPUs, cuDNN): compile time,
   step time, real tokens/s, analytic model FLOPs per token and MFU against the bf16 peak, peak
-  device memory;
+  device memory (host RSS on CPU);
 - "decode": beam-4 sentences/s of the same model (random weights, fixed-length outputs);
 - "determinism": whether two identical steps (same state, batch and key) give bit-identical
   parameters, with the XLA_FLAGS in effect (on GPUs: pass `--deterministic` to set
@@ -47,6 +47,7 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from measure import matmul_peak, model_flops_per_step, peak_memory_gb  # noqa: E402
 
 from configs import tiny, wmt_base  # noqa: E402
 from transformer_jax.config.parse import from_config_dict  # noqa: E402
@@ -57,6 +58,8 @@ from transformer_jax.parallel import hardware, numerics  # noqa: E402
 from transformer_jax.parallel import mesh as mesh_lib  # noqa: E402
 from transformer_jax.training.state import create_state  # noqa: E402
 from transformer_jax.training.step import train_step  # noqa: E402
+
+RNG = jax.random.PRNGKey(1)  # the dropout key of every measured step
 
 
 def run_config(tiny_shape: bool):
@@ -73,28 +76,6 @@ def run_config(tiny_shape: bool):
   return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
 
 
-def matmul_gflops(dtype, n: int, reps: int = 10) -> float:
-  a = jnp.ones((n, n), dtype)
-  f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
-  f(a, a).block_until_ready()
-  t = time.perf_counter()
-  for _ in range(reps):
-    out = f(a, a)
-  out.block_until_ready()
-  return 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9
-
-
-def model_flops_per_step(cfg) -> float:
-  """Training FLOPs of one step: 3x the forward's matmuls over every position (projections,
-  feed-forward, attention scores and mixing, the output softmax)."""
-  m, rows = cfg.model, cfg.data.batch_size
-  S, T = cfg.data.max_source_length, cfg.data.max_target_length
-  D, F, V = m.d_model, m.d_ff, m.vocab_size
-  enc = S * m.num_encoder_layers * (4 * D * D + 2 * D * F + 2 * S * D + 2 * D * D)
-  dec = T * (m.num_decoder_layers * (6 * D * D + 2 * D * F + 2 * T * D + 2 * S * D) + D * V)
-  return 3 * 2 * rows * (enc + dec)
-
-
 def synthetic_batch(cfg, seed: int = 0) -> dict:
   rng = np.random.default_rng(seed)
   rows, S, T = cfg.data.batch_size, cfg.data.max_source_length, cfg.data.max_target_length
@@ -102,12 +83,10 @@ def synthetic_batch(cfg, seed: int = 0) -> dict:
           "targets": rng.integers(3, cfg.model.vocab_size, (rows, T)).astype(np.int32)}
 
 
-def peak_memory_gb() -> float | None:
-  stats = jax.devices()[0].memory_stats() or {}
-  return stats["peak_bytes_in_use"] / 2 ** 30 if "peak_bytes_in_use" in stats else None
-
-
+@functools.lru_cache(maxsize=None)
 def compiled_step(cfg):
+  """(initial state, compiled train step, batch, compile seconds) of `cfg`, compiled once: the
+  determinism check reuses the first variant's program."""
   mesh = mesh_lib.make_mesh(cfg.parallelism, jax.devices()[:1])
   model = Transformer(cfg.model)
   state, state_sharding = create_state(cfg, model, mesh, jax.random.PRNGKey(0))
@@ -116,24 +95,23 @@ def compiled_step(cfg):
                                mesh_lib.replicated(mesh)),
                  out_shardings=(state_sharding, mesh_lib.replicated(mesh)))
   batch = mesh_lib.global_batch(synthetic_batch(cfg), mesh)
-  return model, state, step, batch
+  t = time.perf_counter()
+  compiled = step.lower(state, batch, RNG).compile()
+  return state, compiled, batch, time.perf_counter() - t
 
 
 def check_train_step(cfg, steps: int, peak_bf16: float) -> dict:
-  model, state, step, batch = compiled_step(cfg)
-  rng = jax.random.PRNGKey(1)
-  t = time.perf_counter()
-  compiled = step.lower(state, batch, rng).compile()
-  compile_s = time.perf_counter() - t
-  state, m = compiled(state, batch, rng)
+  state, compiled, batch, compile_s = compiled_step(cfg)
+  state, m = compiled(state, batch, RNG)
   jax.block_until_ready(m)
   t = time.perf_counter()
   for _ in range(steps):
-    state, m = compiled(state, batch, rng)
+    state, m = compiled(state, batch, RNG)
   jax.block_until_ready(m)
   step_s = (time.perf_counter() - t) / steps
   tokens = cfg.data.batch_size * (cfg.data.max_source_length + cfg.data.max_target_length)
-  flops = model_flops_per_step(cfg)
+  flops = model_flops_per_step(cfg, cfg.data.batch_size, cfg.data.max_source_length,
+                               cfg.data.max_target_length)
   return {"attention_impl": cfg.model.attention_impl,
           "resolved_impl": attention_implementation(cfg.model), "dtype": cfg.model.dtype,
           "compile_s": round(compile_s, 2), "step_ms": round(step_s * 1000, 2),
@@ -162,10 +140,9 @@ def check_decode(cfg) -> dict:
 
 
 def check_determinism(cfg) -> dict:
-  _, state, step, batch = compiled_step(cfg)
-  rng = jax.random.PRNGKey(1)
-  a, _ = step(state, batch, rng)
-  b, _ = step(state, batch, rng)
+  state, compiled, batch, _ = compiled_step(cfg)
+  a, _ = compiled(state, batch, RNG)
+  b, _ = compiled(state, batch, RNG)
   same = all(bool(jnp.array_equal(x, y)) for x, y in
              zip(jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)))
   return {"bit_identical": same, "xla_flags": os.environ.get("XLA_FLAGS", "")}
@@ -197,16 +174,17 @@ def main(args):
                            "xla_flags": os.environ.get("XLA_FLAGS", "")})
   n = 512 if args.tiny else (4096 if jax.default_backend() != "cpu" else 2048)
   peaks = emit("matmul_peak", lambda: {"n": n,
-                                       "bf16_gflops": round(matmul_gflops(jnp.bfloat16, n)),
-                                       "f32_gflops": round(matmul_gflops(jnp.float32, n))})
+                                       "bf16_gflops": round(matmul_peak(jnp.bfloat16, n) / 1e9),
+                                       "f32_gflops": round(matmul_peak(jnp.float32, n) / 1e9)})
   cfg = run_config(args.tiny)
   impls = ["einsum", "xla"] + (["cudnn"] if jax.default_backend() == "gpu" else [])
-  for impl in impls:
-    variant = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention_impl=impl))
+  variants = [dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention_impl=impl))
+              for impl in impls]
+  for variant in variants:
     emit("train_step", lambda v=variant: check_train_step(v, args.steps,
                                                           peaks.get("bf16_gflops", 1.0)))
   emit("decode", lambda: check_decode(cfg))
-  emit("determinism", lambda: check_determinism(cfg))
+  emit("determinism", lambda: check_determinism(variants[0]))  # (the einsum step, compiled)
   if out_file:
     out_file.close()
 

@@ -18,7 +18,6 @@ measurements (alternating, `--rounds` times) and the ratio of medians is printed
 import dataclasses
 import functools
 import json
-import resource
 import statistics
 import subprocess
 import time
@@ -28,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
+from measure import matmul_peak, model_flops_per_step, peak_memory_gb
 from ml_collections import config_flags
 
 from transformer_jax.config.parse import from_config_dict
@@ -50,17 +50,6 @@ flags.DEFINE_integer("rounds", 1, "Alternating rounds (ours, peer) per measureme
 PEER = ROOT.parent / "shared" / "peers" / "torch_peer.py"
 SHAPES = {"small": dict(d_model=256, layers=3, heads=4, ffn=1024, vocab=8000, batch=64, len=32),
           "base": dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=32000, batch=32, len=64)}
-
-
-def matmul_peak(dtype, n=2048, reps=10) -> float:
-  a = jnp.ones((n, n), dtype)
-  f = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
-  f(a, a).block_until_ready()
-  t = time.perf_counter()
-  for _ in range(reps):
-    out = f(a, a)
-  out.block_until_ready()
-  return 2 * n ** 3 * reps / (time.perf_counter() - t)
 
 
 def packed_batch(rows, length, vocab, rng):
@@ -145,27 +134,6 @@ def measure(cfg) -> dict:
           "tokens_per_s": real_tokens / step_s, "flops_per_step": flops, "xla_flops": xla_flops,
           "flops_per_token": flops / real_tokens, "achieved_flops": flops / step_s,
           "peak_memory_gb": peak_memory_gb()}
-
-
-def model_flops_per_step(cfg, rows: int, src_len: int, tgt_len: int) -> float:
-  """Analytic training FLOPs of one step (3x the forward's: forward, and backward for
-  activations and weights), counting every position of the (rows, length) batch: the
-  projections, feed-forward blocks, attention scores and mixing, and the output softmax."""
-  m = cfg.model
-  D, F, V = m.d_model, m.d_ff, m.vocab_size
-  enc_layer = 4 * D * D + 2 * D * F + 2 * src_len * D             # per source position
-  dec_layer = 6 * D * D + 2 * D * F + 2 * tgt_len * D + 2 * src_len * D  # per target position
-  cross_kv = 2 * D * D                                             # per source position
-  macs = rows * (src_len * m.num_encoder_layers * (enc_layer + cross_kv)
-                 + tgt_len * (m.num_decoder_layers * dec_layer + D * V))
-  return 3 * 2 * macs
-
-
-def peak_memory_gb() -> float:
-  stats = jax.devices()[0].memory_stats() or {}
-  if "peak_bytes_in_use" in stats:  # accelerators
-    return stats["peak_bytes_in_use"] / 2 ** 30
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # host RSS (KiB -> GiB)
 
 
 def run_peer() -> dict:

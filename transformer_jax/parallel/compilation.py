@@ -37,7 +37,7 @@ def cache_dir(environ: Mapping[str, str], configured: str | None,
 
 def enable_compilation_cache():
   """Points JAX's persistent compilation cache at this machine's folder (see the module doc)."""
-  folder = cache_dir(os.environ, jax.config.jax_compilation_cache_dir)
+  folder = cache_dir(os.environ, jax.config.jax_compilation_cache_dir, DEFAULT_ROOT)
   if folder is None:
     return
   try:

@@ -92,13 +92,15 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   writer = MetricWriter(workdir)
   evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
                                       cfg.data.eval_dataset), model, tok, cfg.decode, mesh)
-  budget = TimeBudget(cfg.time_budget_minutes, _logged_train_minutes(workdir, start_step))
+  history = [r for r in read_metrics(workdir / METRICS_FILE) if r["step"] <= start_step]
+  budget = TimeBudget(cfg.time_budget_minutes, _last_logged(history, "time/train_minutes", 0.0))
   progress = Progress(cfg.num_train_steps, start_step, budget.seconds_left())
   acc, real_tokens, t_last = None, 0, time.time()
   nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
   skipped, preempted = 0, False
   final: dict[str, float] = {}
-  stopper = EarlyStopping(cfg.early_stopping_patience, _logged_bleus(workdir, start_step))
+  stopper = EarlyStopping(cfg.early_stopping_patience,
+                          [r["eval/bleu"] for r in history if "eval/bleu" in r])
 
   first_step, out_of_time = start_step + 1, False
   if budget.spent() and start_step < cfg.num_train_steps:
@@ -190,11 +192,10 @@ def resolve_dtype(cfg: TrainConfig, config_dict: dict | None, workdir: Path
   return cfg, config_dict
 
 
-def _logged_train_minutes(workdir: Path, up_to_step: int) -> float:
-  """The training-loop minutes that metrics.jsonl records up to `up_to_step` (0 if none)."""
-  minutes = [r["time/train_minutes"] for r in read_metrics(workdir / METRICS_FILE)
-             if "time/train_minutes" in r and r["step"] <= up_to_step]
-  return minutes[-1] if minutes else 0.0
+def _last_logged(records: list[dict], key: str, default: float) -> float:
+  """The newest value of `key` in metrics `records` (`default` if none has it)."""
+  values = [r[key] for r in records if key in r]
+  return values[-1] if values else default
 
 
 def _train_metrics(acc, elapsed: float, real_tokens: int, learning_rate: float, skipped: int,
@@ -228,11 +229,6 @@ def _validate(evaluator: Evaluator, params, step: int, writer: MetricWriter, sam
            time.time() - t_eval)
   final.update(eval_metrics)
   return score.bleu
-
-
-def _logged_bleus(workdir: Path, up_to_step: int) -> list[float]:
-  return [r["eval/bleu"] for r in read_metrics(workdir / METRICS_FILE)
-          if "eval/bleu" in r and r["step"] <= up_to_step]
 
 
 def _test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, float]:

@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 from tests import helpers
-from transformer_jax.cli import train
+from transformer_jax.cli import runner, train
 
 TOOLS = {"train": ["--config", "--workdir", "--coordinator_address", "--jax_platforms"],
          "evaluate": ["--workdir", "--checkpoint", "--source_file", "--decode", "--lowercase"],
@@ -86,3 +86,11 @@ def test_contradictory_settings_stop_before_anything_is_saved(tmp_path, tfds_cac
   status, line = _train(tmp_path, f"--config.data.cache_dir={tfds_cache}",
                         "--config.num_micro_batches=2", override)
   assert status == 2 and line.startswith("config error: ") and message in line, line
+
+
+def test_every_tool_enables_the_cache_before_its_body_runs(monkeypatch):
+  calls = []
+  monkeypatch.setattr(runner, "enable_compilation_cache", lambda: calls.append("cache"))
+  status = runner.run("tool", "A tool.", lambda fv: None, lambda args: calls.append("body"),
+                      ["tool"])
+  assert status == 0 and calls == ["cache", "body"]

@@ -1,6 +1,7 @@
 """Where the persistent compilation cache goes: one folder per machine kind, JAX's own settings
 first, and a switch to turn it off."""
 
+import types
 from pathlib import Path
 
 from transformer_jax.parallel import compilation
@@ -16,3 +17,19 @@ def test_the_cache_is_per_machine_unless_jax_settings_or_the_switch_decide(tmp_p
   assert compilation.cache_dir({}, "/already/set", root) is None
   assert compilation.cache_dir({compilation.SWITCH: "0"}, None, root) is None
   assert isinstance(compilation.DEFAULT_ROOT, Path)
+
+
+def test_enabling_points_jax_at_this_machines_folder(tmp_path, monkeypatch):
+  """With no JAX setting, enable_compilation_cache creates the machine's folder and sets
+  jax_compilation_cache_dir to it (JAX's config simulated, so this process keeps its own)."""
+  updates = {}
+  fake_config = types.SimpleNamespace(jax_compilation_cache_dir=None,
+                                      update=lambda key, value: updates.update({key: value}))
+  monkeypatch.setattr(compilation, "jax", types.SimpleNamespace(config=fake_config))
+  monkeypatch.setattr(compilation, "DEFAULT_ROOT", tmp_path / "root")
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  monkeypatch.delenv(compilation.SWITCH, raising=False)
+  compilation.enable_compilation_cache()
+  expected = compilation.cache_dir({}, None, tmp_path / "root")
+  assert updates == {"jax_compilation_cache_dir": str(expected)} and expected.is_dir()
+

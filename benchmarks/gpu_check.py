@@ -7,7 +7,9 @@ Prints one JSON object per line (and writes them to OUT/gpu_check.jsonl), each w
 - "machine": backend, device kind and count, jax version, CPU, XLA_FLAGS;
 - "matmul_peak": bf16-in/f32-accumulate and f32 matmul GFLOP/s (4096² on accelerators);
 - "train_step", once per attention implementation (`config.model.attention_impl`: our einsum
-  products, and jax.nn.dot_product_attention through XLA and, on GPUs, cuDNN): compile time,
+  products, and jax.nn.dot_product_attention through XLA and, on GPUs, cuDNN), then with the
+  last of them for two more output-loss tilings (`config.model.loss_tile_tokens`: 256 tokens
+  by default, 2048, and 0 = one tile of all the device's tokens): compile time,
   step time, real tokens/s, analytic model FLOPs per token and MFU against the bf16 peak, peak
   device memory (host RSS on CPU);
 - "decode": beam-4 sentences/s of the same model (random weights, fixed-length outputs);
@@ -90,7 +92,8 @@ def compiled_step(cfg):
   mesh = mesh_lib.make_mesh(cfg.parallelism, jax.devices()[:1])
   model = Transformer(cfg.model)
   state, state_sharding = create_state(cfg, model, mesh, jax.random.PRNGKey(0))
-  step = jax.jit(functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing),
+  step = jax.jit(functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
+                                   mesh=mesh),
                  in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh),
                                mesh_lib.replicated(mesh)),
                  out_shardings=(state_sharding, mesh_lib.replicated(mesh)))
@@ -113,6 +116,7 @@ def check_train_step(cfg, steps: int, peak_bf16: float) -> dict:
   flops = model_flops_per_step(cfg, cfg.data.batch_size, cfg.data.max_source_length,
                                cfg.data.max_target_length)
   return {"attention_impl": cfg.model.attention_impl,
+          "loss_tile_tokens": cfg.model.loss_tile_tokens,
           "resolved_impl": attention_implementation(cfg.model), "dtype": cfg.model.dtype,
           "compile_s": round(compile_s, 2), "step_ms": round(step_s * 1000, 2),
           "tokens_per_s": round(tokens / step_s),
@@ -180,6 +184,8 @@ def main(args):
   impls = ["einsum", "xla"] + (["cudnn"] if jax.default_backend() == "gpu" else [])
   variants = [dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention_impl=impl))
               for impl in impls]
+  variants += [dataclasses.replace(variants[-1], model=dataclasses.replace(
+      variants[-1].model, loss_tile_tokens=tile)) for tile in (2048, 0)]
   for variant in variants:
     emit("train_step", lambda v=variant: check_train_step(v, args.steps,
                                                           peaks.get("bf16_gflops", 1.0)))

@@ -108,7 +108,7 @@ def measure(cfg) -> dict:
   batch = sharding.global_batch(batch, mesh)
   step = jax.jit(functools.partial(train_step, model=model,
                                    label_smoothing=cfg.label_smoothing,
-                                   num_micro_batches=cfg.num_micro_batches),
+                                   num_micro_batches=cfg.num_micro_batches, mesh=mesh),
                  in_shardings=(state_sharding, sharding.batch_sharding(mesh),
                                sharding.replicated(mesh)),
                  out_shardings=(state_sharding, sharding.replicated(mesh)), donate_argnums=(0,))

@@ -47,6 +47,7 @@ def get_config():
   config.model.dtype = "auto"           # matmul inputs: "bfloat16" (f32 accumulation) where the
                                         # hardware multiplies bf16 faster, else "float32" (exact)
   config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs
+  config.model.loss_tile_tokens = 256   # output layer + loss in tiles of tokens; 0 = one tile
   config.model.remat = "none"           # "full" / "dots": recompute activations (less memory)
   config.model.scan_layers = False      # nn.scan over layers: faster compiles for deep models
 
@@ -69,6 +70,8 @@ def get_config():
   config.data.batch_size = 64           # packed rows of 64 tokens per side: ~7k real tokens
   config.data.num_threads = 2
   config.data.prefetch_buffer_size = 64
+  config.data.pretokenize = True        # ids tokenized once, cached by corpus + tokenizer
+  config.data.num_workers = 0           # grain worker processes packing batches; 0 = in-process
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.learning_rate = 2e-3  # peak

@@ -58,6 +58,8 @@ class ModelConfig:
                                 # (jax.nn.dot_product_attention), "auto": cudnn on GPUs where
                                 # its constraints hold (bf16, head_dim % 8 == 0 and <= 128),
                                 # else einsum. Attention maps and attention dropout use einsum
+  loss_tile_tokens: int         # tokens per tile of the fused output layer + loss, per device
+                                # (0 = all of a device's tokens in one tile)
   remat: str                    # recompute activations in the backward pass: "none", "full"
                                 # (keep only layer inputs) or "dots" (keep matmul outputs)
   scan_layers: bool             # one nn.scan-ned layer per stack (fast compiles for deep
@@ -71,6 +73,8 @@ class ModelConfig:
                   ("sinusoidal", "learned"))
     _check_choice("config.model.remat", self.remat, REMAT_CHOICES)
     _check_choice("config.model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    if self.loss_tile_tokens < 0:
+      raise ConfigError(f"config.model.loss_tile_tokens={self.loss_tile_tokens} must be >= 0")
     _check_choice("config.model.dtype", self.dtype, ("auto", *DTYPES))
     _check_positive("model", self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"))
     _check_rate("model", self, ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"))
@@ -100,7 +104,11 @@ class DataConfig:
   max_target_length: int        # (tokens, EOS included); also the packed row length per side
   batch_size: int               # packed rows per global batch
   num_threads: int              # grain reader threads
-  prefetch_buffer_size: int     # elements read ahead
+  prefetch_buffer_size: int     # pairs read ahead
+  pretokenize: bool             # read the training split as ids tokenized once (cached);
+                                # False: tokenize the text at every epoch (the older path)
+  num_workers: int              # grain worker processes packing batches (0 = in-process);
+                                # the batch order depends on it: keep it to resume exactly
 
   def __post_init__(self):
     if self.source_lang == self.target_lang:
@@ -108,6 +116,8 @@ class DataConfig:
                         f"{self.source_lang!r}")
     _check_positive("data", self, ("max_source_length", "max_target_length", "batch_size",
                                    "num_threads"))
+    if self.num_workers < 0:
+      raise ConfigError(f"config.data.num_workers={self.num_workers} must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -174,7 +174,7 @@ def corpus_spec(cfg: DataConfig, dataset: str = "") -> CorpusSpec:
 
 def get_builder(spec: CorpusSpec) -> tfds.core.DatasetBuilder:
   """Prepares (once, cached) and returns the TFDS builder for the corpus."""
-  with _preparation_lock(spec.cache_dir):
+  with preparation_lock(spec.cache_dir):
     if spec.dataset == "local":
       return tfds.builder_from_directory(os.fspath(prepare_local(
           spec.local_folder, spec.splits, (spec.source_lang, spec.target_lang), spec.cache_dir)))
@@ -183,19 +183,33 @@ def get_builder(spec: CorpusSpec) -> tfds.core.DatasetBuilder:
   return builder
 
 
+_locks_held: dict[str, int] = {}  # cache folder -> depth of this process's nested holds
+
+
 @contextlib.contextmanager
-def _preparation_lock(cache_dir: str):
+def preparation_lock(cache_dir: str):
   """One process at a time prepares datasets in a cache folder (parallel sweep trials, several
-  runs on one machine); the others wait, then find the dataset prepared."""
+  runs on one machine); the others wait, then find the dataset prepared. Re-entrant within a
+  process (preparing the tokenized split reads the prepared corpus)."""
   if not cache_dir:
     yield
+    return
+  key = os.path.abspath(cache_dir)
+  if _locks_held.get(key):
+    _locks_held[key] += 1
+    try:
+      yield
+    finally:
+      _locks_held[key] -= 1
     return
   Path(cache_dir).mkdir(parents=True, exist_ok=True)
   with open(Path(cache_dir) / ".prepare.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
+    _locks_held[key] = 1
     try:
       yield
     finally:
+      _locks_held[key] = 0
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 

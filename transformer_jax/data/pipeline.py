@@ -1,5 +1,14 @@
 """The training input pipeline: shuffled, tokenized, length-filtered, packed batches per host,
-with a checkpointable grain iterator."""
+with a checkpointable grain iterator.
+
+Two paths make the same pair stream (the same shuffle of the same shard, the same filter):
+- pre-tokenized (`config.data.pretokenize`, the default): the split's ids are read from the
+  store `data.tokenized` writes once; chunks of the shuffled stream are read and filtered with
+  numpy and packed by `data.packing`, optionally in grain worker processes
+  (`config.data.num_workers`);
+- text: each pair is tokenized in grain threads at every epoch and packed by grain's
+  FirstFitPackIterDataset (the path of runs started before the store existed).
+"""
 
 from __future__ import annotations
 
@@ -12,19 +21,21 @@ import numpy as np
 from grain.experimental import FirstFitPackIterDataset
 
 from transformer_jax.config.sections import DataConfig
-from transformer_jax.data import corpus
+from transformer_jax.data import corpus, packing, tokenized
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError, DataError
 
+# Pairs of the shuffled stream read (and filtered) together by the pre-tokenized path.
+CHUNK_PAIRS = 1024
 
-class _TokenizeAndFilter:
-  """Tokenizes a raw pair and drops it (counting) when a side is empty or over the length
-  limits; an epoch in which every pair is dropped is an error naming the counts."""
 
-  def __init__(self, cfg: DataConfig, tokenizer: Tokenizer, epoch_size: int = 0):
-    self.cfg, self.tokenizer, self.epoch_size = cfg, tokenizer, epoch_size
-    self.empty = self.too_long = self.kept = 0
-    self._lock = threading.Lock()
+@dataclasses.dataclass
+class FilterCounts:
+  """Pairs taken from the stream: kept, and filtered out (empty side, or too long)."""
+  cfg: DataConfig = dataclasses.field(repr=False)
+  kept: int = 0
+  empty: int = 0
+  too_long: int = 0
 
   @property
   def filtered(self) -> int:
@@ -34,6 +45,16 @@ class _TokenizeAndFilter:
     return (f"{self.filtered} training pairs filtered out: {self.empty} with an empty side, "
             f"{self.too_long} longer than max_source_length={self.cfg.max_source_length} or "
             f"max_target_length={self.cfg.max_target_length} tokens")
+
+
+class _TokenizeAndFilter(FilterCounts):
+  """Tokenizes a raw pair and drops it (counting) when a side is empty or over the length
+  limits; an epoch in which every pair is dropped is an error naming the counts."""
+
+  def __init__(self, cfg: DataConfig, tokenizer: Tokenizer, epoch_size: int = 0):
+    super().__init__(cfg)
+    self.tokenizer, self.epoch_size = tokenizer, epoch_size
+    self._lock = threading.Lock()
 
   def tokenize(self, example):
     src = self.tokenizer.encode(corpus.as_text(example[self.cfg.source_lang]))
@@ -59,10 +80,38 @@ class _TokenizeAndFilter:
 
 @dataclasses.dataclass
 class TrainPipeline:
-  """The training batches of this host and the counter of filtered pairs."""
+  """The training batches of this host and the counts of the pairs taken from the stream."""
   dataset: grain.IterDataset
-  filter: _TokenizeAndFilter
+  filter: FilterCounts
   num_examples: int  # pairs in this host's shard of the training split (one epoch)
+
+  def take_stats(self, batch: dict) -> dict:
+    """`batch` without the pre-tokenized path's per-batch counts, which go into `filter`."""
+    batch, stats = self.split_stats(batch)
+    self.count(stats)
+    return batch
+
+  @staticmethod
+  def split_stats(batch: dict) -> tuple[dict, tuple[int, int, int] | None]:
+    """(the model's batch, its (kept, empty, too long) counts or None on the text path)."""
+    if packing.STATS_KEYS[0] not in batch:
+      return batch, None  # (the text path counts as it filters)
+    batch = dict(batch)
+    return batch, tuple(int(batch.pop(key)) for key in packing.STATS_KEYS)
+
+  def count(self, stats: tuple[int, int, int] | None):
+    """Adds a batch's counts (from `split_stats`) when the batch is used."""
+    if stats is not None:
+      self.filter.kept += stats[0]
+      self.filter.empty += stats[1]
+      self.filter.too_long += stats[2]
+
+  @property
+  def epochs(self) -> float | None:
+    """Epochs of this host's shard taken so far (pre-tokenized path: exact), else None."""
+    if isinstance(self.filter, _TokenizeAndFilter):
+      return None  # (the text path's counts run ahead by what grain has read ahead)
+    return (self.filter.kept + self.filter.filtered) / max(self.num_examples, 1)
 
 
 def train_pipeline(cfg: DataConfig, tokenizer: Tokenizer, seed: int,
@@ -71,16 +120,31 @@ def train_pipeline(cfg: DataConfig, tokenizer: Tokenizer, seed: int,
 
   Each batch holds `batch_size // process_count` rows of `inputs`/`targets` with their
   `*_positions` and `*_segment_ids`; the iterator's state checkpoints through Orbax.
+  Pass batches through `TrainPipeline.take_stats` to count the filtered pairs.
   """
   if cfg.batch_size % process_count:
     raise ConfigError(f"config.data.batch_size={cfg.batch_size} is not divisible by the "
                       f"{process_count} processes")
+  if cfg.pretokenize:
+    return _pretokenized(cfg, tokenizer, seed, process_index, process_count)
+  return _text(cfg, tokenizer, seed, process_index, process_count)
+
+
+def _order(num_pairs: int, seed: int, process_index: int, process_count: int
+           ) -> grain.MapDataset:
+  """The pair indices of this host's shard, shuffled anew every epoch, repeated."""
+  return grain.MapDataset.range(num_pairs)[process_index::process_count].shuffle(
+      seed=seed).repeat()
+
+
+def _text(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: int,
+          process_count: int) -> TrainPipeline:
   source = corpus.get_source(corpus.corpus_spec(cfg), cfg.train_split)
   if len(source) == 0:
     raise DataError(f"training split {cfg.train_split!r} of {cfg.dataset} is empty")
   shard = grain.MapDataset.source(source)[process_index::process_count]
   step = _TokenizeAndFilter(cfg, tokenizer, len(shard))
-  ds = shard.shuffle(seed=seed).repeat().map(step.tokenize)
+  ds = shard.shuffle(seed=seed).repeat().map(step.tokenize)  # (the order `_order` gives)
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.num_threads,
                                             prefetch_buffer_size=cfg.prefetch_buffer_size))
   ds = ds.filter(step.keep)
@@ -89,7 +153,46 @@ def train_pipeline(cfg: DataConfig, tokenizer: Tokenizer, seed: int,
       ds, length_struct={"inputs": cfg.max_source_length, "targets": cfg.max_target_length},
       num_packing_bins=rows, seed=seed, shuffle_bins=True)
   ds = ds.batch(rows, drop_remainder=True)
-  return TrainPipeline(ds, step, len(shard))
+  return TrainPipeline(ds, step, step.epoch_size)
+
+
+class _ReadChunk:
+  """Reads and filters a chunk of pair indices from the tokenized store (picklable, for
+  grain's worker processes)."""
+
+  def __init__(self, store: tokenized.TokenizedSplit, cfg: DataConfig):
+    self.store, self.cfg = store, cfg
+
+  def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    lengths = [self.store.lengths_of(side, indices) for side in tokenized.SIDES]
+    codes = tokenized.filter_codes(*lengths, self.cfg)
+    kept = indices[codes == tokenized.KEEP]
+    return packing.chunk(codes, self.store.read("source", kept), self.store.read("target", kept))
+
+
+def _pretokenized(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: int,
+                  process_count: int) -> TrainPipeline:
+  store = tokenized.tokenized_split(cfg, tokenizer)
+  if store.num_pairs == 0:
+    raise DataError(f"training split {cfg.train_split!r} of {cfg.dataset} is empty")
+  shard = slice(process_index, None, process_count)
+  kept, empty, too_long = tokenized.count_codes(store, cfg, shard).tolist()
+  counts = FilterCounts(cfg)
+  if kept == 0:
+    raise DataError(
+        f"no usable training pair in split {cfg.train_split!r} of {cfg.dataset} "
+        f"({empty + too_long} in this host's shard): "
+        + dataclasses.replace(counts, empty=empty, too_long=too_long).summary())
+  chunk = min(CHUNK_PAIRS, kept + empty + too_long)
+  ds = _order(store.num_pairs, seed, process_index, process_count).batch(chunk)
+  ds = ds.map(_ReadChunk(store, cfg))
+  ds = ds.to_iter_dataset(grain.ReadOptions(  # (prefetch_buffer_size counts pairs, as above)
+      num_threads=cfg.num_threads, prefetch_buffer_size=-(-cfg.prefetch_buffer_size // chunk)))
+  ds = packing.PackedBatches(ds, cfg.batch_size // process_count,
+                             (cfg.max_source_length, cfg.max_target_length))
+  if cfg.num_workers:
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.num_workers))
+  return TrainPipeline(ds, counts, kept + empty + too_long)
 
 
 def training_sentences(cfg: DataConfig) -> Iterator[str]:

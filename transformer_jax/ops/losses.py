@@ -8,6 +8,11 @@ the loss, *and* its gradient with respect to the hidden states and the output ma
 chunk is still in cache; the backward pass only scales them. The numbers are the same as the
 plain path's (tested); only the order of the work changes. Evaluation and decoding use the
 model's logits and `cross_entropy`.
+
+`device_output_loss` runs it per device over a mesh's data axes (`shard_map`): each device walks
+over its own tokens' tiles and accumulates its own output-matrix gradient, and the one
+all-reduce of that gradient (shard_map's transpose of the replicated table) comes after the
+loop, not in every tile of a loop over the global batch.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from transformer_jax.ops.interleave import merge_interleaved, split_interleaved
 
-CHUNK_TOKENS = 256
+CHUNK_TOKENS = 256  # the default tile (config.model.loss_tile_tokens)
 
 
 def smoothing_constants(V: int, label_smoothing: float):
@@ -88,13 +95,15 @@ def _contract_tokens(d_CV, h_CD):
                     preferred_element_type=jnp.float32)
 
 
-def _num_chunks(n: int) -> int:
-  chunk = math.gcd(n, CHUNK_TOKENS)
+def _num_chunks(n: int, tile: int) -> int:
+  """Tiles of a loop over n tokens: of `tile` tokens (the largest divisor of n up to it, at
+  least 64), or one tile of all n when tile is 0 or no such divisor exists."""
+  chunk = math.gcd(n, tile) if tile else n
   return n // chunk if chunk >= 64 else 1
 
 
-def _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype):
-  k = _num_chunks(h_ND.shape[0])
+def _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile):
+  k = _num_chunks(h_ND.shape[0], tile)
 
   def body(dtable, xs):
     h, t, w = xs
@@ -109,23 +118,27 @@ def _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dty
           (merge_interleaved(dh), dtable))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing: float, dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing: float, dtype,
+                tile: int = CHUNK_TOKENS):
   """(sum of weighted label-smoothed losses, sum of weighted NLLs, sum of weights) of the
-  softmax layer `softmax(h @ table.T)` against `targets`. Only the first output is
-  differentiable (through `h` and `table`); NLL and the count are reported as they are."""
-  sums, _ = _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype)
+  softmax layer `softmax(h @ table.T)` against `targets`, in tiles of `tile` tokens. Only the
+  first output is differentiable (through `h` and `table`); NLL and the count are reported as
+  they are."""
+  sums, _ = _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype,
+                              tile)
   return sums
 
 
-def _output_loss_fwd(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype):
-  sums, grads = _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype)
+def _output_loss_fwd(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile):
+  sums, grads = _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype,
+                                  tile)
   # (zero-size arrays carry the input dtypes: residuals must be arrays)
   return sums, (grads, targets_N, weights_N, jnp.zeros((0,), h_ND.dtype),
                 jnp.zeros((0,), table_VD.dtype))
 
 
-def _output_loss_bwd(label_smoothing, dtype, residuals, cotangents):
+def _output_loss_bwd(label_smoothing, dtype, tile, residuals, cotangents):
   (dh_ND, dtable_VD), targets_N, weights_N, h_like, table_like = residuals
   g = cotangents[0]  # the loss sum's; the NLL sum and the count are not differentiated
   zeros_like_int = np.zeros(targets_N.shape, jax.dtypes.float0)
@@ -134,3 +147,24 @@ def _output_loss_bwd(label_smoothing, dtype, residuals, cotangents):
 
 
 output_loss.defvjp(_output_loss_fwd, _output_loss_bwd)
+
+
+def device_output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing: float, dtype,
+                       tile: int, mesh: Mesh | None, batch_axes: tuple[str, ...]):
+  """`output_loss` computed on each device for its own tokens (the leading axis split over
+  `batch_axes` of `mesh`, the table replicated), the sums added over devices after. Without a
+  mesh, with one device per batch, or with other mesh axes in use, it is `output_loss`."""
+  axes = tuple(a for a in batch_axes if mesh is not None and mesh.shape[a] > 1)
+  if not axes or any(mesh.shape[a] > 1 for a in mesh.axis_names if a not in batch_axes):
+    return output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile)
+
+  def local(h, table, targets, weights):
+    sums = output_loss(h, table, targets, weights, label_smoothing, dtype, tile)
+    return tuple(jax.lax.psum(x, axes) for x in sums)
+
+  # (check_vma=False: the scan's carry is the device's own table gradient; shard_map's
+  # transpose still adds the replicated table's cotangents over the devices, tested)
+  tokens = P(batch_axes)
+  return jax.shard_map(local, mesh=mesh, in_specs=(tokens, P(), tokens, tokens),
+                       out_specs=(P(), P(), P()), check_vma=False)(
+                           h_ND, table_VD, targets_N, weights_N)

@@ -25,6 +25,7 @@ from transformer_jax.reporting.metrics import METRICS_FILE, MetricWriter, read_m
 from transformer_jax.reporting.progress import Progress
 from transformer_jax.training.optimizer import cooldown_scale, learning_rate_schedule
 from transformer_jax.training.preemption import Faults, Preemption
+from transformer_jax.training.prefetch import DevicePrefetch
 from transformer_jax.training.state import count_params, initialise, state_init
 from transformer_jax.training.step import train_step
 from transformer_jax.training.stopping import EarlyStopping, NonFiniteGuard, TimeBudget
@@ -61,7 +62,13 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
 
   pipeline = train_pipeline(cfg.data, tok, cfg.seed, jax.process_index(), jax.process_count())
-  train_iter = iter(pipeline.dataset)
+
+  def to_devices(host_batch):  # (in the prefetch thread: the next batch while a step runs)
+    host_batch, stats = pipeline.split_stats(host_batch)
+    real = int((host_batch["inputs"] > 0).sum() + (host_batch["targets"] > 0).sum())
+    return mesh_lib.global_batch(host_batch, mesh), real, stats
+
+  train_iter = DevicePrefetch(iter(pipeline.dataset), to_devices)
   state = initialise(init, state_sharding, init_rng)
   log.info("Model: %s parameters; mesh %s", f"{count_params(state.params):,}",
            dict(mesh.shape))
@@ -83,7 +90,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   p_train_step = jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
                         num_micro_batches=cfg.num_micro_batches,
-                        nonfinite_at_step=faults.nonfinite_at),
+                        nonfinite_at_step=faults.nonfinite_at, mesh=mesh),
       in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), mesh_lib.replicated(mesh))
       + (mesh_lib.replicated(mesh),) * cooling,
       out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
@@ -93,6 +100,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
                                       cfg.data.eval_dataset), model, tok, cfg.decode, mesh)
   history = [r for r in read_metrics(workdir / METRICS_FILE) if r["step"] <= start_step]
+  _restore_counts(pipeline, history)
   budget = TimeBudget(cfg.time_budget_minutes, _last_logged(history, "time/train_minutes", 0.0))
   progress = Progress(cfg.num_train_steps, start_step, budget.seconds_left())
   acc, real_tokens, t_last = None, 0, time.time()
@@ -108,19 +116,21 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
                 "more training; raise it to train on", cfg.time_budget_minutes, start_step)
     first_step = cfg.num_train_steps + 1
   for step in range(first_step, cfg.num_train_steps + 1):
-    host_batch = next(train_iter)
-    real_tokens += int((host_batch["inputs"] > 0).sum() + (host_batch["targets"] > 0).sum())
+    batch, real, stats = next(train_iter)
+    real_tokens += real
+    pipeline.count(stats)
     lr_scale = cooldown_scale(cfg.optimizer.cooldown_fraction, step, cfg.num_train_steps,
                               budget.minutes(), cfg.time_budget_minutes)
-    state, step_metrics = p_train_step(state, mesh_lib.global_batch(host_batch, mesh),
-                                       dropout_rng, *[np.float32(lr_scale)] * cooling)
+    state, step_metrics = p_train_step(state, batch, dropout_rng,
+                                       *[np.float32(lr_scale)] * cooling)
     acc = sum_metrics(acc, step_metrics)
     faults.after_step(step)
     preempted = preemption.requested(step)
     out_of_time = budget.spent() and step < cfg.num_train_steps
     last = step == cfg.num_train_steps or preempted or out_of_time
-    logging_now = step % cfg.log_every_steps == 0 or last
     saving = step % cfg.checkpoint_every_steps == 0 or last
+    # (also at every save: a resumed run takes its data counts from the saved step's record)
+    logging_now = step % cfg.log_every_steps == 0 or saving
 
     if logging_now or saving:
       acc = jax.device_get(acc)
@@ -128,7 +138,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
     if logging_now:
       skipped += nonfinite.report(acc)
       logged = _train_metrics(acc, time.time() - t_last, real_tokens,
-                              float(lr_fn(step - 1)) * lr_scale, skipped, pipeline.filter)
+                              float(lr_fn(step - 1)) * lr_scale, skipped, pipeline)
       logged["time/train_minutes"] = budget.minutes()
       if out_of_time:
         logged["train/time_budget_stop"] = 1.0
@@ -149,12 +159,14 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
 
     if saving or last:  # (`last` again: early stopping may have set it)
       ckpt.save(step, state, train_iter)
+      faults.after_save(step)
       t_last = time.time()
     if last:
       break
 
   progress.close()
   preemption.close()
+  train_iter.close()
   if out_of_time and not preempted:
     log.warning("Time budget of %g minutes spent: training ended at step %d of %d (saved, "
                 "validated; rerun with a larger config.time_budget_minutes to go on)",
@@ -198,11 +210,24 @@ def _last_logged(records: list[dict], key: str, default: float) -> float:
   return values[-1] if values else default
 
 
+def _restore_counts(pipeline, history: list[dict]):
+  """The data counts of a resumed run: those logged at its checkpoint's step (pre-tokenized
+  path; the text path counts what grain reads, from 0 in each run)."""
+  if pipeline.epochs is None:
+    return
+  for key, field in (("data/filtered_empty", "empty"), ("data/filtered_too_long", "too_long"),
+                     ("data/pairs_kept", "kept")):
+    setattr(pipeline.filter, field, int(_last_logged(history, key, 0)))
+
+
 def _train_metrics(acc, elapsed: float, real_tokens: int, learning_rate: float, skipped: int,
-                   data_filter) -> dict[str, float]:
+                   pipeline) -> dict[str, float]:
   """What is logged for the steps summed in `acc` (which took `elapsed` seconds)."""
   n = max(acc["num_tokens"], 1.0)
-  return {"train/loss": acc["loss_sum"] / n, "train/nll": acc["nll_sum"] / n,
+  data_filter = pipeline.filter
+  epochs = {} if pipeline.epochs is None else {"data/epochs": pipeline.epochs,
+                                               "data/pairs_kept": data_filter.kept}
+  return {**epochs, "train/loss": acc["loss_sum"] / n, "train/nll": acc["nll_sum"] / n,
           "train/grad_norm": acc["grad_norm"] / max(acc["steps"] - acc["nonfinite_steps"], 1.0),
           "train/learning_rate": learning_rate,
           "train/skipped_steps": skipped,

@@ -9,6 +9,7 @@ cluster's preemption handling. Set TRANSFORMER_JAX_FAULTS to comma-separated `ki
   sigkill@N    the process kills itself with SIGKILL right after step N (no chance to save)
   sigterm@N    the process sends itself SIGTERM right after step N (preemption)
   nonfinite@N  step N's gradients are NaN (the update is never applied)
+  sigkill_saving@N  SIGKILL right after the save of step N started (its files half written)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Faults:
   sigkill_at: int = 0
   sigterm_at: int = 0
   nonfinite_at: int = 0
+  sigkill_saving_at: int = 0
 
   @classmethod
   def from_env(cls) -> "Faults":
@@ -40,11 +42,17 @@ class Faults:
       field = f"{kind}_at"
       if field not in {f.name for f in dataclasses.fields(cls)} or not step.isdigit():
         raise ValueError(f"{ENV}={spec!r}: {item!r} is not one of sigkill@N, sigterm@N, "
-                         "nonfinite@N")
+                         "nonfinite@N, sigkill_saving@N")
       values[field] = int(step)
     if values:
       log.warning("fault injection (%s=%s): %s", ENV, spec, values)
     return cls(**values)
+
+  def after_save(self, step: int):
+    """SIGKILL while the checkpoint of `step` is being written in the background."""
+    if step == self.sigkill_saving_at:
+      log.warning("fault injection: SIGKILL during the save of step %d", step)
+      os.kill(os.getpid(), signal.SIGKILL)
 
   def after_step(self, step: int):
     if step == self.sigkill_at:

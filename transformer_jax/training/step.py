@@ -10,26 +10,28 @@ import optax
 from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.transformer import apply_to_batch
 from transformer_jax.ops.interleave import split_interleaved
-from transformer_jax.ops.losses import cross_entropy, output_loss
+from transformer_jax.ops.losses import cross_entropy, device_output_loss
+from transformer_jax.parallel.mesh import BATCH_AXES
 from transformer_jax.training.state import TrainState
 
 
-def training_loss_sums(model, params, batch, rngs, label_smoothing: float):
+def training_loss_sums(model, params, batch, rngs, label_smoothing: float, mesh=None):
   """(smoothed loss sum, NLL sum, token count) of a training batch. With a tied softmax the
-  output layer and loss run fused, in chunks of tokens (`ops.losses.output_loss`); otherwise
-  through the model's logits."""
+  output layer and loss run fused, in tiles of tokens, on each device of `mesh` for its own
+  rows (`ops.losses.device_output_loss`); otherwise through the model's logits."""
   targets_BT = batch["targets"]
   if not model.config.tie_output_embedding:
     logits = apply_to_batch(model, params, batch, True, rngs)
     return cross_entropy(logits, targets_BT, targets_BT > 0, label_smoothing)
   hidden_BTD, table_VD = apply_to_batch(model, params, batch, True, rngs, return_hidden=True)
-  return output_loss(hidden_BTD.reshape(-1, hidden_BTD.shape[-1]), table_VD,
-                     targets_BT.reshape(-1), (targets_BT > 0).reshape(-1).astype(jnp.float32),
-                     label_smoothing, compute_dtype(model.config))
+  return device_output_loss(
+      hidden_BTD.reshape(-1, hidden_BTD.shape[-1]), table_VD, targets_BT.reshape(-1),
+      (targets_BT > 0).reshape(-1).astype(jnp.float32), label_smoothing,
+      compute_dtype(model.config), model.config.loss_tile_tokens, mesh, BATCH_AXES)
 
 
 def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoothing: float,
-               num_micro_batches: int = 1, nonfinite_at_step: int = 0):
+               num_micro_batches: int = 1, nonfinite_at_step: int = 0, mesh=None):
   """One optimizer step; returns the new state and metric sums with their denominators.
 
   `lr_scale` multiplies the update (for AdamW: the learning rate, weight decay included): the
@@ -43,12 +45,13 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   optimizer state stay as they were, and the metrics count it (`nonfinite_steps`, and the
   step in `first_nonfinite_step`); the loop then stops or goes on (config.nonfinite_updates).
   `nonfinite_at_step` injects NaN gradients at that step (preemption.Faults, for tests).
+  `mesh` (the one the step is jitted over) lets the output loss run per device.
   """
   dropout_rng = jax.random.fold_in(rng, state.step)
 
   def loss_fn(params, batch, rngs):
     loss_sum, nll_sum, num_tokens = training_loss_sums(model, params, batch, rngs,
-                                                       label_smoothing)
+                                                       label_smoothing, mesh)
     return loss_sum / jnp.maximum(num_tokens, 1.0), (loss_sum, nll_sum, num_tokens)
 
   if num_micro_batches == 1:

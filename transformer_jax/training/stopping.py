@@ -22,6 +22,7 @@ class NonFiniteGuard:
     """Under 'stop', raises if `acc` (metric sums up to `step`) counts a non-finite step."""
     if self.policy != "stop" or not acc["nonfinite_steps"]:
       return
+    ckpt.wait()  # (the save in flight, if any, completes: the message names what is on disk)
     latest = ckpt.latest_step()
     raise NonFiniteError(
         f"non-finite loss or gradient at step {int(acc['first_nonfinite_step'])}; its update "

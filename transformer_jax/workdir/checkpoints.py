@@ -1,14 +1,18 @@
 """Orbax checkpoints of {train state, data-iterator position} in <workdir>/checkpoints, and
 which of them a selection string (`latest`, `average:5`, ...) names.
 
-Saving is atomic (Orbax writes to a temporary folder and renames it), so an interrupted save
-never replaces the last good checkpoint; only the oldest beyond `max_to_keep` are deleted.
+Saving is asynchronous: `save` returns once the arrays are copied to host memory, and Orbax
+writes them in a background thread while training goes on (the next save, a restore and
+`close` wait for it). It is atomic (Orbax writes to a temporary folder and renames it when
+complete), so a save interrupted at any point never replaces the last good checkpoint; only
+the oldest beyond `max_to_keep` are deleted, after a newer one is complete.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import time
 from pathlib import Path
 
 import grain
@@ -33,7 +37,7 @@ class Checkpointer:
     best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
                 keep_checkpoints_without_metrics=False) if best_metric else {}
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=False, **best)
+                                           enable_async_checkpointing=True, **best)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data"),
         item_handlers={"state": ocp.StandardCheckpointHandler(),
@@ -55,13 +59,19 @@ class Checkpointer:
     items = {"state": ocp.args.StandardSave(state)}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    start = time.perf_counter()
     self.manager.save(step, args=ocp.args.Composite(**items), force=True, metrics=metrics)
+    log.info("Saving checkpoint at step %d in %s (blocked %.2f s; written in the background)",
+             step, self.directory, time.perf_counter() - start)
+
+  def wait(self):
+    """Returns once the save in flight (if any) is complete on disk."""
     self.manager.wait_until_finished()
-    log.info("Saved checkpoint at step %d in %s", step, self.directory)
 
   def restore(self, step: int, abstract_state, data_iterator=None):
     """Restores the state (shaped and sharded like `abstract_state`) and, when given, moves
     `data_iterator` to the saved position. Returns the state."""
+    self.wait()
     if step not in self.all_steps():
       raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; available "
                             f"steps: {self.all_steps() or 'none'}")
@@ -133,7 +143,7 @@ class Checkpointer:
     return target
 
   def close(self):
-    self.manager.close()
+    self.manager.close()  # (waits for the save in flight)
 
 
 def _one_line(e: Exception) -> str:

@@ -50,7 +50,9 @@ def save_config(config_dict: dict, workdir: str | Path):
 # Config keys added after workdirs were first written, with the value that means what a run
 # from before them did: an older config.json still loads.
 ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"): 0.0,
-              ("model", "attention_impl"): "einsum"}
+              ("model", "attention_impl"): "einsum", ("data", "pretokenize"): False,
+              ("model", "loss_tile_tokens"): 256,
+              ("data", "num_workers"): 0}
 
 
 def read_config(workdir: str | Path) -> dict:

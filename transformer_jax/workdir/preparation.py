@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 
 from transformer_jax.config.sections import TrainConfig
-from transformer_jax.data import corpus, tokenizer
+from transformer_jax.data import corpus, tokenized, tokenizer
 from transformer_jax.data.pipeline import training_sentences
 from transformer_jax.errors import ConfigError
 from transformer_jax.workdir import layout
@@ -44,8 +44,9 @@ def _wait_for(path: Path, timeout_s: float = 600.0):
 
 
 def prepare(cfg: TrainConfig, workdir: str | Path) -> tuple[dict[str, int], tokenizer.Tokenizer]:
-  """Prepares every dataset the config reads, then its tokenizer; returns the pairs in each
-  `dataset:split` and the tokenizer."""
+  """Prepares every dataset the config reads, then its tokenizer, then (with
+  config.data.pretokenize) the training split as token ids; returns the pairs in each
+  `dataset:split` (and in the tokenized split) and the tokenizer."""
   d = cfg.data
   sizes = {}
   for dataset in dict.fromkeys([d.dataset, d.eval_dataset or d.dataset,
@@ -54,4 +55,7 @@ def prepare(cfg: TrainConfig, workdir: str | Path) -> tuple[dict[str, int], toke
     builder = corpus.get_builder(spec)
     for split in spec.splits:
       sizes[f"{dataset}:{split}"] = len(builder.as_data_source(split=split))
-  return sizes, load_tokenizer(cfg, Path(workdir))
+  tok = load_tokenizer(cfg, Path(workdir))
+  if d.pretokenize:
+    sizes[f"{d.dataset}:{d.train_split} as token ids"] = tokenized.tokenized_split(d, tok).num_pairs
+  return sizes, tok

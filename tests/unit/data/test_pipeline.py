@@ -1,4 +1,5 @@
-"""The training pipeline: tokenize, filter (and count), pack, batch, resume."""
+"""The training pipeline, both paths (pre-tokenized and text): tokenize, filter (and count),
+pack, batch, resume; the two paths make batches of the same pairs."""
 
 import dataclasses
 
@@ -8,11 +9,17 @@ import pytest
 from tests import helpers
 from tests.helpers import SRC, TGT
 from transformer_jax.data import pipeline as data
+from transformer_jax.data.tokenizer import Tokenizer
 
 
-@pytest.fixture()
-def setup(tmp_path):
-  return helpers.small_corpus(tmp_path)
+@pytest.fixture(params=[True, False], ids=["pretokenized", "text"])
+def setup(tmp_path, request):
+  cfg, tok = helpers.small_corpus(tmp_path)
+  return dataclasses.replace(cfg, pretokenize=request.param), tok
+
+
+def _next(pipe, it):
+  return pipe.take_stats(next(it))
 
 
 def _unpack(batch):
@@ -41,7 +48,7 @@ def test_packing_round_trips_every_example_of_an_epoch(setup):
   assert pairs[5] not in kept and len(kept) >= 4  # the long sentence is filtered out
   seen = []
   while len(seen) < 3 * len(kept):
-    batch = next(it)
+    batch = _next(pipe, it)
     assert batch["inputs"].shape == (4, 16) and batch["targets"].shape == (4, 16)
     seen += _unpack(batch)
   # Three epochs' worth of packed examples: every kept example, unchanged, and nothing else.
@@ -91,7 +98,7 @@ def test_empty_and_overlong_pairs_are_filtered_and_counted(setup, tmp_path):
   pipeline = data.train_pipeline(cfg, tok, seed=0)
   it = iter(pipeline.dataset)
   while pipeline.filter.kept + pipeline.filter.filtered < 2 * len(pairs):  # two epochs
-    next(it)
+    _next(pipeline, it)
   f = pipeline.filter
   assert f.empty >= 4 and f.too_long >= 2  # 2 empty pairs and the long one, per epoch
   assert f.filtered == f.empty + f.too_long
@@ -102,7 +109,38 @@ def test_dataset_empty_after_filtering_is_a_clear_error(setup, tmp_path):
   cfg, tok = setup
   pairs = [("ein sehr langer satz " * 8, "a very long sentence " * 8), ("", "nothing")] * 3
   cfg = dataclasses.replace(cfg, data_dir=str(_corpus(tmp_path, pairs)), eval_split="")
-  pipeline = data.train_pipeline(cfg, tok, seed=0)
   with pytest.raises(Exception, match=r"no usable training pair .*6 in this host's shard.*"
                                       r"3 with an empty side, 3 longer than"):
-    next(iter(pipeline.dataset))
+    next(iter(data.train_pipeline(cfg, tok, seed=0).dataset))
+
+
+def test_pretokenized_batches_hold_the_pairs_of_the_text_pipeline(tfds_cache, tiny_tokenizer):
+  """Same seed, same shard (host 1 of 2): every batch of the pre-tokenized path holds exactly
+  the pairs (ids) of the text path's batch (first-fit packing of the same stream), into the
+  second epoch."""
+  host = (1, 2)
+  cfg = helpers.section("data", cache_dir=str(tfds_cache), max_source_length=20,
+                        max_target_length=20, batch_size=8)
+  tok = Tokenizer.load(tiny_tokenizer)
+  text = iter(data.train_pipeline(dataclasses.replace(cfg, pretokenize=False), tok, 5,
+                                  *host).dataset)
+  pipe = data.train_pipeline(cfg, tok, 5, *host)
+  it = iter(pipe.dataset)
+  while pipe.epochs < 1.1:
+    assert sorted(_unpack(next(text))) == sorted(_unpack(_next(pipe, it)))
+  assert pipe.filter.too_long > 0 and pipe.filter.kept > 0
+
+
+def test_pretokenized_counts_are_the_pairs_the_batches_took(tmp_path):
+  cfg, tok = helpers.small_corpus(tmp_path)
+  pipe = data.train_pipeline(cfg, tok, seed=1)
+  it = iter(pipe.dataset)
+  kept = sum(len(_unpack(_next(pipe, it))) for _ in range(7))
+  assert pipe.filter.kept == kept
+  # The stream's pairs up to the last one taken, as a count over the shuffled order.
+  taken = pipe.filter.kept + pipe.filter.filtered
+  order = data._order(8, 1, 0, 1)
+  too_long = sum(max(len(tok.encode(SRC[order[i]])), len(tok.encode(TGT[order[i]]))) > 16
+                 for i in range(taken))
+  assert pipe.filter.too_long == too_long > 0 and pipe.filter.empty == 0
+  assert pipe.epochs == taken / 8

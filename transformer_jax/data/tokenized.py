@@ -1,0 +1,182 @@
+"""The training split as token ids, tokenized once and cached by corpus + tokenizer fingerprint.
+
+Layout of a store folder (`<cache_dir>/tokenized/<fingerprint>/`): for each side (`source`,
+`target`) a flat file of every pair's ids in corpus order (`<side>.ids`: uint16 when the
+vocabulary fits, else int32; EOS included, as `Tokenizer.encode` gives them) and their offsets
+(`<side>.offsets`: int64, pairs + 1 of them), plus `meta.json`. Any pair is read in O(1) at any
+corpus size (two offsets, one slice); files are memory-mapped per read, so a reader's resident
+memory stays bounded by what one read touches. The store is written streamed (bounded memory),
+under its final name only when complete: an interrupted write is redone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from transformer_jax.config.sections import DataConfig
+from transformer_jax.data import corpus
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.errors import DataError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SIDES = ("source", "target")
+_BLOCK = 4096  # pairs tokenized per SentencePiece call (its threads work on one block)
+
+# Filter codes of a pair, as the text pipeline decides them (EOS counted in the lengths).
+KEEP, EMPTY, TOO_LONG = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedSplit:
+  """A tokenized split on disk."""
+  folder: Path
+  num_pairs: int
+  id_dtype: str
+
+  def offsets(self, side: str) -> np.memmap:
+    return np.memmap(self.folder / f"{side}.offsets", np.int64, "r", shape=(self.num_pairs + 1,))
+
+  def ids(self, side: str) -> np.memmap | np.ndarray:
+    count = int(self.offsets(side)[-1])
+    if count == 0:
+      return np.zeros(0, self.id_dtype)
+    return np.memmap(self.folder / f"{side}.ids", self.id_dtype, "r", shape=(count,))
+
+  def lengths(self, side: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Token counts (EOS included) of pairs start..stop."""
+    off = np.asarray(self.offsets(side)[start:(self.num_pairs if stop is None else stop) + 1])
+    return np.diff(off)
+
+  def lengths_of(self, side: str, indices: np.ndarray) -> np.ndarray:
+    """Token counts (EOS included) of the pairs `indices`."""
+    off = self.offsets(side)
+    return off[np.asarray(indices) + 1] - off[indices]
+
+  def read(self, side: str, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(flat int32 ids, lengths) of the pairs `indices`, in that order."""
+    off = self.offsets(side)
+    starts, ends = off[indices], off[np.asarray(indices) + 1]
+    lengths = (ends - starts).astype(np.int64)
+    flat = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+    return np.asarray(self.ids(side)[flat], np.int32), lengths
+
+
+def filter_codes(src_len: np.ndarray, tgt_len: np.ndarray, cfg: DataConfig) -> np.ndarray:
+  """KEEP, EMPTY (a side is EOS only) or TOO_LONG for each pair, as the text pipeline filters."""
+  codes = np.full(len(src_len), KEEP, np.int8)
+  codes[(src_len > cfg.max_source_length) | (tgt_len > cfg.max_target_length)] = TOO_LONG
+  codes[(src_len <= 1) | (tgt_len <= 1)] = EMPTY
+  return codes
+
+
+def count_codes(split: TokenizedSplit, cfg: DataConfig, shard: slice = slice(None),
+                block: int = 1 << 20) -> np.ndarray:
+  """How many pairs of `shard` each filter code has (read in blocks: bounded memory)."""
+  counts = np.zeros(3, np.int64)
+  step = shard.step or 1
+  for start in range(0, split.num_pairs, block):
+    stop = min(start + block, split.num_pairs)
+    codes = filter_codes(split.lengths("source", start, stop),
+                         split.lengths("target", start, stop), cfg)
+    first = ((shard.start or 0) - start) % step  # (the shard's first pair in this block)
+    counts += np.bincount(codes[first::step], minlength=3)
+  return counts
+
+
+def fingerprint(spec: corpus.CorpusSpec, split: str, tok: Tokenizer) -> str:
+  """What the ids depend on: the prepared corpus (its folder and size) and the tokenizer."""
+  builder = corpus.get_builder(spec)
+  num_pairs = len(builder.as_data_source(split=split))
+  key = (f"v{FORMAT_VERSION}|{Path(builder.data_dir).resolve()}|{split}|{num_pairs}|"
+         f"{spec.source_lang}>{spec.target_lang}|{tok.fingerprint}")
+  return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def tokenized_split(cfg: DataConfig, tok: Tokenizer, split: str | None = None) -> TokenizedSplit:
+  """The split (default: the training split) as token ids, written on first use."""
+  split = split or cfg.train_split
+  spec = corpus.corpus_spec(cfg)
+  fp = fingerprint(spec, split, tok)  # (prepares the corpus, under the lock, first)
+  folder = Path(spec.cache_dir) / "tokenized" / fp
+  with corpus.preparation_lock(spec.cache_dir):
+    if not (folder / "meta.json").is_file():
+      _write(folder, spec, split, tok, fp)
+  return _open(folder)
+
+
+def _open(folder: Path) -> TokenizedSplit:
+  try:
+    meta = json.loads((folder / "meta.json").read_text())
+    store = TokenizedSplit(folder, int(meta["num_pairs"]), str(meta["id_dtype"]))
+    for side in SIDES:
+      expected = (store.num_pairs + 1) * 8
+      if (folder / f"{side}.offsets").stat().st_size != expected:
+        raise ValueError(f"{side}.offsets is not {expected} bytes")
+  except (OSError, ValueError, KeyError) as e:
+    raise DataError(f"tokenized data in {folder} is damaged ({e}); delete the folder to "
+                    "tokenize again") from None
+  return store
+
+
+def _write(folder: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, fp: str):
+  """Tokenizes `split` into `folder`, streamed, with progress in the log (the caller holds the
+  preparation lock; the corpus is prepared already, so reading it takes no lock)."""
+  total = len(corpus.get_source(spec, split))
+  id_dtype = "uint16" if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else "int32"
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  for stale in folder.parent.glob(f".incomplete-{fp}-*"):  # (callers hold the lock)
+    shutil.rmtree(stale)
+  tmp = folder.with_name(f".incomplete-{fp}-{os.getpid()}")
+  tmp.mkdir()
+  files = {f"{side}.{kind}": open(tmp / f"{side}.{kind}", "wb")
+           for side in SIDES for kind in ("ids", "offsets")}
+  ends = dict.fromkeys(SIDES, 0)
+  for side in SIDES:
+    files[f"{side}.offsets"].write(np.zeros(1, np.int64).tobytes())
+  start, done, last_log = time.perf_counter(), 0, 0.0
+  block: list[tuple[str, str]] = []
+
+  def flush():
+    for side, texts in zip(SIDES, zip(*block)):
+      ids = tok.encode_batch(list(texts))
+      lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+      files[f"{side}.ids"].write(np.fromiter((i for seq in ids for i in seq), id_dtype,
+                                             int(lengths.sum())).tobytes())
+      files[f"{side}.offsets"].write((ends[side] + np.cumsum(lengths)).tobytes())
+      ends[side] += int(lengths.sum())
+    block.clear()
+
+  for pair in corpus.iterate_pairs(spec, split):
+    block.append(pair)
+    done += 1
+    if len(block) == _BLOCK:
+      flush()
+      if time.perf_counter() - last_log > 30:
+        last_log = time.perf_counter()
+        rate = done / max(last_log - start, 1e-9)
+        log.info("tokenizing %s: %d/%d pairs (%.0f pairs/s, ETA %.0f s)", split, done, total,
+                 rate, (total - done) / rate)
+  if block:
+    flush()
+  for f in files.values():
+    f.close()
+  (tmp / "meta.json").write_text(json.dumps(
+      {"format_version": FORMAT_VERSION, "num_pairs": done, "id_dtype": id_dtype,
+       "tokenizer": tok.fingerprint, "dataset": spec.dataset, "split": split,
+       "languages": [spec.source_lang, spec.target_lang],
+       "tokens": {side: ends[side] for side in SIDES}}, indent=1))
+  shutil.rmtree(folder, ignore_errors=True)
+  os.replace(tmp, folder)
+  log.info("tokenized %s once: %d pairs, %d + %d tokens in %.1f s, cached in %s", split, done,
+           ends["source"], ends["target"], time.perf_counter() - start, folder)

@@ -12,7 +12,7 @@ import math
 import flax.linen as nn
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
+from jax.experimental import mesh_utils, multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -35,7 +35,38 @@ def resolve_mesh_shape(mesh_shape, num_devices: int) -> tuple[int, ...]:
 def make_mesh(cfg: ParallelismConfig, devices=None) -> Mesh:
   devices = jax.devices() if devices is None else devices
   shape = resolve_mesh_shape(cfg.mesh_shape, len(devices))
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  return Mesh(device_grid(shape, devices), MESH_AXES)
+
+
+def host_split(shape: tuple[int, ...], num_hosts: int) -> tuple[int, ...] | None:
+  """How many hosts each mesh axis spans, outermost axes first (data, then fsdp, then tensor),
+  so that the inner axes' collectives stay within a host; None if the hosts do not divide."""
+  split, left = [], num_hosts
+  for size in shape:
+    take = math.gcd(size, left)
+    split.append(take)
+    left //= take
+  return tuple(split) if left == 1 else None
+
+
+def device_grid(shape: tuple[int, ...], devices) -> np.ndarray:
+  """The devices arranged for the interconnect. On accelerators: within a host by JAX's
+  topology-aware `create_device_mesh` (TPU torus, GPU order), and across hosts along the
+  outermost axes (`create_hybrid_device_mesh`: the slow links carry the data-parallel
+  all-reduce). On CPU, and where JAX cannot place the shape, the devices in their order."""
+  if devices[0].platform == "cpu":
+    return np.asarray(devices).reshape(shape)
+  num_hosts = len({d.process_index for d in devices})
+  hosts = host_split(shape, num_hosts) if num_hosts > 1 else None
+  try:
+    if hosts is not None:
+      within = tuple(size // h for size, h in zip(shape, hosts))
+      return mesh_utils.create_hybrid_device_mesh(within, hosts, devices,
+                                                  process_is_granule=True,
+                                                  allow_split_physical_axes=True)
+    return mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  except (ValueError, NotImplementedError, AssertionError):
+    return np.asarray(devices).reshape(shape)
 
 
 def data_parallel_size(mesh: Mesh) -> int:

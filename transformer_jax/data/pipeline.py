@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import grain
 import numpy as np
+from absl import flags
 from grain.experimental import FirstFitPackIterDataset
 
 from transformer_jax.config.sections import DataConfig
@@ -191,6 +192,8 @@ def _pretokenized(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_inde
   ds = packing.PackedBatches(ds, cfg.batch_size // process_count,
                              (cfg.max_source_length, cfg.max_target_length))
   if cfg.num_workers:
+    if not flags.FLAGS.is_parsed():  # (grain's workers read its absl flags: their defaults)
+      flags.FLAGS(["transformer_jax"], known_only=True)
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.num_workers))
   return TrainPipeline(ds, counts, kept + empty + too_long)
 

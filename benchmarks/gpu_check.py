@@ -9,7 +9,8 @@ Prints one JSON object per line (and writes them to OUT/gpu_check.jsonl), each w
 - "train_step", once per attention implementation (`config.model.attention_impl`: our einsum
   products, and jax.nn.dot_product_attention through XLA and, on GPUs, cuDNN), then with the
   last of them for two more output-loss tilings (`config.model.loss_tile_tokens`: 256 tokens
-  by default, 2048, and 0 = one tile of all the device's tokens): compile time,
+  by default, 2048, and 0 = one tile of all the device's tokens) and with bf16 activations
+  between matmuls (`config.model.activation_dtype`): compile time,
   step time, real tokens/s, analytic model FLOPs per token and MFU against the bf16 peak, peak
   device memory (host RSS on CPU);
 - "decode": beam-4 sentences/s of the same model (random weights, fixed-length outputs);
@@ -117,6 +118,7 @@ def check_train_step(cfg, steps: int, peak_bf16: float) -> dict:
                                cfg.data.max_target_length)
   return {"attention_impl": cfg.model.attention_impl,
           "loss_tile_tokens": cfg.model.loss_tile_tokens,
+          "activation_dtype": cfg.model.activation_dtype,
           "resolved_impl": attention_implementation(cfg.model), "dtype": cfg.model.dtype,
           "compile_s": round(compile_s, 2), "step_ms": round(step_s * 1000, 2),
           "tokens_per_s": round(tokens / step_s),
@@ -184,8 +186,10 @@ def main(args):
   impls = ["einsum", "xla"] + (["cudnn"] if jax.default_backend() == "gpu" else [])
   variants = [dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention_impl=impl))
               for impl in impls]
-  variants += [dataclasses.replace(variants[-1], model=dataclasses.replace(
-      variants[-1].model, loss_tile_tokens=tile)) for tile in (2048, 0)]
+  last = variants[-1].model
+  variants += [dataclasses.replace(cfg, model=dataclasses.replace(last, **change)) for change in
+               ({"loss_tile_tokens": 2048}, {"loss_tile_tokens": 0},
+                {"activation_dtype": "bfloat16"})]
   for variant in variants:
     emit("train_step", lambda v=variant: check_train_step(v, args.steps,
                                                           peaks.get("bf16_gflops", 1.0)))

@@ -18,6 +18,8 @@ def get_config():
   config.log_every_steps = 50           # train metrics and the progress line
   config.eval_every_steps = 250         # validation loss + BLEU (and at the last step)
   config.checkpoint_every_steps = 100   # Orbax checkpoint (and at the last step)
+  config.eval_every_minutes = 0.0       # also validate after this much wall clock; 0 = off
+  config.checkpoint_every_minutes = 0.0  # also checkpoint after this much wall clock; 0 = off
   config.max_checkpoints_to_keep = 5    # newest ones; the best by BLEU is kept apart
   config.label_smoothing = 0.1
   config.eval_max_sentences = 0         # validation sentences decoded for BLEU; 0 = all
@@ -47,6 +49,7 @@ def get_config():
   config.model.dtype = "auto"           # matmul inputs: "bfloat16" (f32 accumulation) where the
                                         # hardware multiplies bf16 faster, else "float32" (exact)
   config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs
+  config.model.activation_dtype = "float32"  # "bfloat16": between matmuls (accelerators)
   config.model.loss_tile_tokens = 256   # output layer + loss in tiles of tokens; 0 = one tile
   config.model.remat = "none"           # "full" / "dots": recompute activations (less memory)
   config.model.scan_layers = False      # nn.scan over layers: faster compiles for deep models

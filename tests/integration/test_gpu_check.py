@@ -16,17 +16,19 @@ def test_gpu_check_runs_on_cpu_with_the_tiny_shape(tmp_path):
   printed = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
   written = [json.loads(line) for line in (tmp_path / "gpu_check.jsonl").read_text().splitlines()]
   assert printed == written
-  assert [x["check"] for x in written] == ["machine", "matmul_peak"] + ["train_step"] * 4 + [
+  assert [x["check"] for x in written] == ["machine", "matmul_peak"] + ["train_step"] * 5 + [
       "decode", "determinism"]
   assert not [x for x in written if "error" in x]
   by_check = {x["check"]: x for x in written}
   assert by_check["machine"]["backend"] == "cpu" and "cores" in by_check["machine"]["cpu"]
   assert by_check["matmul_peak"]["bf16_gflops"] > 0 and by_check["matmul_peak"]["f32_gflops"] > 0
-  steps = {(x["attention_impl"], x["loss_tile_tokens"]): x for x in written
-           if x["check"] == "train_step"}
-  assert set(steps) == {("einsum", 256), ("xla", 256), ("xla", 2048), ("xla", 0)}
+  steps = {(x["attention_impl"], x["loss_tile_tokens"], x["activation_dtype"]): x
+           for x in written if x["check"] == "train_step"}
+  assert set(steps) == {("einsum", 256, "float32"), ("xla", 256, "float32"),
+                        ("xla", 2048, "float32"), ("xla", 0, "float32"),
+                        ("xla", 256, "bfloat16")}
   assert all(s["tokens_per_s"] > 0 for s in steps.values())
-  first = steps["einsum", 256]["loss"]
+  first = steps["einsum", 256, "float32"]["loss"]
   assert all(abs(s["loss"] - first) < 1e-2 * first for s in steps.values())
   assert by_check["decode"]["sentences_per_s"] > 0
   assert by_check["determinism"]["bit_identical"] is True  # CPU steps are deterministic

@@ -58,6 +58,9 @@ class ModelConfig:
                                 # (jax.nn.dot_product_attention), "auto": cudnn on GPUs where
                                 # its constraints hold (bf16, head_dim % 8 == 0 and <= 128),
                                 # else einsum. Attention maps and attention dropout use einsum
+  activation_dtype: str         # "float32" or "bfloat16": projection and LayerNorm outputs
+                                # between matmuls (with bf16 matmuls only; residual stream,
+                                # LayerNorm statistics, softmax and loss stay f32)
   loss_tile_tokens: int         # tokens per tile of the fused output layer + loss, per device
                                 # (0 = all of a device's tokens in one tile)
   remat: str                    # recompute activations in the backward pass: "none", "full"
@@ -73,6 +76,8 @@ class ModelConfig:
                   ("sinusoidal", "learned"))
     _check_choice("config.model.remat", self.remat, REMAT_CHOICES)
     _check_choice("config.model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    _check_choice("config.model.activation_dtype", self.activation_dtype,
+                  ("float32", "bfloat16"))
     if self.loss_tile_tokens < 0:
       raise ConfigError(f"config.model.loss_tile_tokens={self.loss_tile_tokens} must be >= 0")
     _check_choice("config.model.dtype", self.dtype, ("auto", *DTYPES))
@@ -221,6 +226,9 @@ class TrainConfig:
   log_every_steps: int          # train metrics and the progress line
   eval_every_steps: int         # validation loss + BLEU (and at the last step)
   checkpoint_every_steps: int   # (and at the last step)
+  eval_every_minutes: float     # also validate when this much wall clock has passed since the
+                                # last validation (checked at logging steps); 0 = off
+  checkpoint_every_minutes: float  # the same for checkpoints; 0 = off
   max_checkpoints_to_keep: int  # the newest ones; the best by BLEU is kept apart
   label_smoothing: float
   eval_max_sentences: int       # validation sentences decoded for BLEU; 0 = all
@@ -236,6 +244,9 @@ class TrainConfig:
                  "checkpoint_every_steps", "max_checkpoints_to_keep", "num_micro_batches"):
       if getattr(self, name) < 1:
         raise ConfigError(f"config.{name}={getattr(self, name)} must be >= 1")
+    for name in ("eval_every_minutes", "checkpoint_every_minutes"):
+      if getattr(self, name) < 0:
+        raise ConfigError(f"config.{name}={getattr(self, name)} must be >= 0 (0: off)")
     if self.time_budget_minutes < 0:
       raise ConfigError(f"config.time_budget_minutes={self.time_budget_minutes} must be >= 0 "
                         "(0: no limit)")

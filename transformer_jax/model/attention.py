@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.config.sections import ModelConfig
-from transformer_jax.model.embeddings import Projection, compute_dtype
+from transformer_jax.model.embeddings import Projection, activation_dtype, compute_dtype
 from transformer_jax.ops.dropout import Dropout
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.matmul import attention_matmul
@@ -123,7 +123,8 @@ class MultiHeadAttention(nn.Module):
     else:  # (decoding and attention dropout take the einsum path above, as attention maps do)
       out_BTHK = fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation)
     out_BTHK = out_BTHK.reshape((rows, -1) + out_BTHK.shape[2:])
-    merge_heads = Projection((H, K), (D,), ("heads", "kv", "embed"), dtype, name="output")
+    merge_heads = Projection((H, K), (D,), ("heads", "kv", "embed"), dtype, name="output",
+                             out_dtype=activation_dtype(cfg))
     return merge_heads(out_BTHK)
 
   def _update_self_attention_cache(self, k_B1HK, v_B1HK, mask_BHTS):

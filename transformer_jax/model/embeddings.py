@@ -21,6 +21,16 @@ def compute_dtype(cfg: ModelConfig) -> Any:
   return jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
 
 
+def activation_dtype(cfg: ModelConfig) -> Any:
+  """The dtype of what flows between matmuls inside a block (the projections' outputs and the
+  sublayers' LayerNorm outputs): bf16 with config.model.activation_dtype="bfloat16" and bf16
+  matmuls, else None (f32, as the matmuls accumulate). The residual stream, LayerNorm
+  statistics, softmax and the loss stay f32 either way."""
+  if cfg.activation_dtype == "bfloat16" and compute_dtype(cfg) == jnp.bfloat16:
+    return jnp.bfloat16
+  return None
+
+
 def _param(module, name, init, shape, axes):
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
 
@@ -32,6 +42,7 @@ class Projection(nn.Module):
   axes: tuple[str, ...]  # logical names of the kernel's axes (in..., out...)
   dtype: Any = jnp.float32
   use_bias: bool = True
+  out_dtype: Any = None  # the output's dtype (None: f32, as accumulated)
 
   @nn.compact
   def __call__(self, x):
@@ -48,9 +59,12 @@ class Projection(nn.Module):
     n_in, n_out = len(self.in_shape), len(self.out_shape)
     contract, out = letters[:n_in], letters[n_in:n_in + n_out]
     y = matmul(f"...{contract},{contract}{out}->...{out}", x, kernel, self.dtype)
+    if self.out_dtype is not None:
+      y = y.astype(self.out_dtype)
     if self.use_bias:
-      y = y + _param(self, "bias", nn.initializers.zeros, self.out_shape,
-                     self.axes[len(self.in_shape):])
+      bias = _param(self, "bias", nn.initializers.zeros, self.out_shape,
+                    self.axes[len(self.in_shape):])
+      y = y + bias.astype(y.dtype)
     return y
 
 

@@ -20,6 +20,7 @@ from transformer_jax.model.embeddings import (
   Embedding,
   PositionalEncoding,
   Projection,
+  activation_dtype,
   compute_dtype,
 )
 from transformer_jax.ops.dropout import Dropout
@@ -43,7 +44,7 @@ class FeedForward(nn.Module):
     h_BTF = nn.relu(h_BTF.astype(compute_dtype(cfg)))
     h_BTF = Dropout(cfg.ffn_dropout_rate)(h_BTF, deterministic=deterministic)
     return Projection((cfg.d_ff,), (cfg.d_model,), ("mlp", "embed"), compute_dtype(cfg),
-                      name="wo")(h_BTF)
+                      name="wo", out_dtype=activation_dtype(cfg))(h_BTF)
 
 
 class ResidualBlock(nn.Module):
@@ -53,7 +54,10 @@ class ResidualBlock(nn.Module):
   @nn.compact
   def __call__(self, x_BTD, sublayer, deterministic: bool):
     cfg = self.config
-    norm = nn.LayerNorm(name="layer_norm", param_dtype=jnp.float32)
+    # Pre-LN: the norm feeds the sublayer's matmuls (in the activation dtype; its statistics
+    # in f32). Post-LN: it is the residual stream, which stays f32.
+    norm = nn.LayerNorm(name="layer_norm", param_dtype=jnp.float32,
+                        dtype=activation_dtype(cfg) if cfg.pre_layer_norm else None)
     dropout = Dropout(cfg.dropout_rate)
     if cfg.pre_layer_norm:
       return x_BTD + dropout(sublayer(norm(x_BTD)), deterministic=deterministic)
@@ -173,8 +177,11 @@ class Transformer(nn.Module):
       self.decoder_layers = _layer_stack(cfg, DecoderLayer, cfg.num_decoder_layers, (5, 6),
                                          "decoder")
     if cfg.pre_layer_norm:  # pre-LN leaves the stack's output unnormalised: one final LN each
-      self.encoder_norm = nn.LayerNorm(name="encoder_norm", param_dtype=jnp.float32)
-      self.decoder_norm = nn.LayerNorm(name="decoder_norm", param_dtype=jnp.float32)
+      # (their outputs only feed matmuls: the cross-attention K/V, the output layer)
+      self.encoder_norm = nn.LayerNorm(name="encoder_norm", param_dtype=jnp.float32,
+                                       dtype=activation_dtype(cfg))
+      self.decoder_norm = nn.LayerNorm(name="decoder_norm", param_dtype=jnp.float32,
+                                       dtype=activation_dtype(cfg))
     if not cfg.tie_output_embedding:
       self.output_projection = Projection((cfg.d_model,), (cfg.vocab_size,), ("embed", "vocab"),
                                           compute_dtype(cfg), use_bias=False)

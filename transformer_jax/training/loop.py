@@ -28,7 +28,12 @@ from transformer_jax.training.preemption import Faults, Preemption
 from transformer_jax.training.prefetch import DevicePrefetch
 from transformer_jax.training.state import count_params, initialise, state_init
 from transformer_jax.training.step import train_step
-from transformer_jax.training.stopping import EarlyStopping, NonFiniteGuard, TimeBudget
+from transformer_jax.training.stopping import (
+    EarlyStopping,
+    NonFiniteGuard,
+    TimeBudget,
+    WallClockIntervals,
+)
 from transformer_jax.workdir import layout
 from transformer_jax.workdir.checkpoints import Checkpointer, abstract_like
 from transformer_jax.workdir.preparation import load_tokenizer
@@ -101,6 +106,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
                                       cfg.data.eval_dataset), model, tok, cfg.decode, mesh)
   history = [r for r in read_metrics(workdir / METRICS_FILE) if r["step"] <= start_step]
   _restore_counts(pipeline, history)
+  clock = WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes)
   budget = TimeBudget(cfg.time_budget_minutes, _last_logged(history, "time/train_minutes", 0.0))
   progress = Progress(cfg.num_train_steps, start_step, budget.seconds_left())
   acc, real_tokens, t_last = None, 0, time.time()
@@ -128,7 +134,9 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
     preempted = preemption.requested(step)
     out_of_time = budget.spent() and step < cfg.num_train_steps
     last = step == cfg.num_train_steps or preempted or out_of_time
-    saving = step % cfg.checkpoint_every_steps == 0 or last
+    due_eval, due_save = (clock.due() if clock.active and step % cfg.log_every_steps == 0
+                          else (False, False))
+    saving = step % cfg.checkpoint_every_steps == 0 or last or due_save
     # (also at every save: a resumed run takes its data counts from the saved step's record)
     logging_now = step % cfg.log_every_steps == 0 or saving
 
@@ -146,7 +154,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
       progress.update(step, logged)
       acc, real_tokens, t_last = None, 0, time.time()
 
-    if (step % cfg.eval_every_steps == 0 or last) and not preempted:
+    if (step % cfg.eval_every_steps == 0 or last or due_eval) and not preempted:
+      clock.done(0)
       bleu = _validate(evaluator, state.params, step, writer, cfg.decode.num_samples_to_log,
                        final)
       plots.plot_metrics(workdir)
@@ -159,6 +168,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
 
     if saving or last:  # (`last` again: early stopping may have set it)
       ckpt.save(step, state, train_iter)
+      clock.done(1)
       faults.after_save(step)
       t_last = time.time()
     if last:

@@ -7,6 +7,10 @@ import dataclasses
 import logging
 import time
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 from transformer_jax.errors import NonFiniteError
 
 log = logging.getLogger(__name__)
@@ -72,3 +76,29 @@ class TimeBudget:
 
   def seconds_left(self) -> float | None:
     return max(self.budget - self.minutes(), 0.0) * 60 if self.budget > 0 else None
+
+
+class WallClockIntervals:
+  """Which of (validation, checkpoint) is due by wall clock (config.eval_every_minutes,
+  config.checkpoint_every_minutes; 0 = never), asked at logging steps. With several processes
+  process 0's clock decides for all, so that every host validates and saves at the same step."""
+
+  def __init__(self, eval_minutes: float, checkpoint_minutes: float, clock=time.time):
+    self.minutes = (eval_minutes, checkpoint_minutes)
+    self.clock = clock
+    self.last = [clock(), clock()]
+
+  @property
+  def active(self) -> bool:
+    return any(m > 0 for m in self.minutes)
+
+  def due(self) -> tuple[bool, bool]:
+    now = self.clock()
+    due = np.array([m > 0 and now - last >= m * 60 for m, last in zip(self.minutes, self.last)])
+    if jax.process_count() > 1:
+      due = multihost_utils.broadcast_one_to_all(due)
+    return bool(due[0]), bool(due[1])
+
+  def done(self, which: int):
+    """Validation (0) or a checkpoint (1) has just happened, whatever made it due."""
+    self.last[which] = self.clock()

@@ -51,7 +51,8 @@ def save_config(config_dict: dict, workdir: str | Path):
 # from before them did: an older config.json still loads.
 ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"): 0.0,
               ("model", "attention_impl"): "einsum", ("data", "pretokenize"): False,
-              ("model", "loss_tile_tokens"): 256,
+              ("model", "loss_tile_tokens"): 256, ("model", "activation_dtype"): "float32",
+              ("eval_every_minutes",): 0.0, ("checkpoint_every_minutes",): 0.0,
               ("data", "num_workers"): 0}
 
 

@@ -60,7 +60,7 @@ def test_overrides_are_parsed_by_the_type_of_the_value_they_replace():
                                     r"'num_layerz' \(did you mean scan_layers, "
                                     r"num_encoder_layers or num_decoder_layers\?\)"),
     ("--config.model.zzz=2", r"config\.model has no key 'zzz'; known keys: "
-                             r"attention_dropout_rate, attention_impl, d_ff, "),
+                             r"activation_dtype, attention_dropout_rate, attention_impl, "),
     ("--config.model.num_head=2", r"config\.model has no key 'num_head' \(did you mean "
                                   r"num_heads\?\)"),
     ("--config.modle.d_model=2", r"config has no key 'modle' \(did you mean model\?\)"),

@@ -3,6 +3,7 @@ forward pass, the bf16 path, and the parameters' logical axis names."""
 
 import dataclasses
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -135,6 +136,34 @@ def test_bfloat16_path_is_close_to_float32_and_differentiable():
 
   err = float(jnp.linalg.norm(flat(g16) - flat(g32)) / jnp.linalg.norm(flat(g32)))
   assert err < 0.05, err  # bf16 rounding, not a wrong gradient (that would be ~1)
+
+
+@pytest.mark.parametrize("pre_layer_norm", [True, False])
+def test_bfloat16_activations_stay_close_and_keep_the_residual_stream_f32(pre_layer_norm):
+  """activation_dtype="bfloat16" (bf16 matmuls): sublayer outputs and the LayerNorms that feed
+  matmuls are bf16; the residual stream (each layer's output) and the logits stay f32; values
+  and gradients stay within bf16 rounding of the f32-activation model."""
+  cfg16 = dataclasses.replace(CFG, dtype="bfloat16", pre_layer_norm=pre_layer_norm)
+  base, params = _init(cfg16)
+  act = Transformer(dataclasses.replace(cfg16, activation_dtype="bfloat16"))
+  (logits, seen) = act.apply({"params": params}, INPUTS, TARGETS,
+                             capture_intermediates=True, mutable=["intermediates"])
+  found = jax.tree_util.tree_leaves_with_path(seen["intermediates"])
+  dtypes = {jax.tree_util.keystr(path): x.dtype for path, x in found}
+  wo = [d for k, d in dtypes.items() if "'wo'" in k]
+  layer = r"\['(en|de)coder_\d+'\]\['__call__'\]\[0\]"  # (a layer's output)
+  layer_out = [d for k, d in dtypes.items() if re.fullmatch(layer, k)]
+  assert wo and set(wo) == {np.dtype(jnp.bfloat16)}
+  assert layer_out and set(layer_out) == {np.dtype(np.float32)} and logits.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(_logits(base, params, INPUTS,
+                                                                     TARGETS)), atol=0.1)
+
+  def grads(model):
+    return jax.jit(jax.grad(lambda p: jnp.mean(model.apply({"params": p}, INPUTS, TARGETS) ** 2)))
+
+  g_base, g_act = (jnp.concatenate([x.ravel() for x in jax.tree_util.tree_leaves(
+      grads(m)(params))]) for m in (base, act))
+  assert float(jnp.linalg.norm(g_act - g_base) / jnp.linalg.norm(g_base)) < 0.05
 
 
 def test_parameters_carry_logical_axis_names():

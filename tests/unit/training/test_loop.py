@@ -7,6 +7,7 @@ import logging
 from tests import helpers
 from transformer_jax.inference import trained_run
 from transformer_jax.parallel import numerics
+from transformer_jax.training import stopping
 
 
 def test_a_run_writes_its_outputs(tiny_run):
@@ -89,3 +90,39 @@ def test_a_spent_time_budget_ends_training_like_its_last_step_and_a_larger_one_r
   assert minutes == sorted(minutes) and minutes[0] == first_minutes  # summed over both runs
   # and evaluation uses the recorded dtype on this "bf16" machine
   assert trained_run.load(run).cfg.model.dtype == "float32"
+
+
+def test_wall_clock_intervals_validate_and_save_at_logging_steps(tfds_cache, tiny_tokenizer,
+                                                                 tmp_path):
+  run = tmp_path / "run"
+  helpers.train_in_process(run, tfds_cache, tiny_tokenizer, **{
+      **helpers.ONE_LAYER, "num_train_steps": 15, "eval_every_steps": 1000,
+      "checkpoint_every_steps": 1000, "eval_every_minutes": 1e-6,
+      "checkpoint_every_minutes": 1e-6, "eval_max_sentences": 2})
+  # (due whenever asked: at every logging step, 5 and 10, and at the last step, 15)
+  assert helpers.checkpoint_steps(run) == [5, 10, 15]
+  assert [r["step"] for r in helpers.read_metrics(run) if "eval/bleu" in r] == [5, 10, 15]
+
+
+def test_wall_clock_intervals_count_from_the_last_event():
+  now = [100.0]
+  clock = stopping.WallClockIntervals(0.5, 0.0, clock=lambda: now[0])
+  assert clock.active and clock.due() == (False, False)
+  now[0] += 29
+  assert clock.due() == (False, False)
+  now[0] += 2
+  assert clock.due() == (True, False)  # 31 s >= 30 s; checkpoints by time are off
+  clock.done(0)
+  assert clock.due() == (False, False)
+  assert not stopping.WallClockIntervals(0.0, 0.0).active
+
+
+def test_a_resumed_run_carries_its_data_counts_on(tiny_run, tfds_cache, tmp_path):
+  """Stopped at step 10 and resumed: the pairs and epochs logged at step 20 are those of the
+  uninterrupted run (the counts of the batches before the checkpoint come from its record)."""
+  run = tmp_path / "run"
+  helpers.train_in_process(run, tfds_cache, tiny_run / "spm.model", num_train_steps=10)
+  helpers.train_in_process(run, tfds_cache, tiny_run / "spm.model")
+  for key in ("data/pairs_kept", "data/epochs", "data/filtered_too_long"):
+    assert helpers.logged(run, key, 20) == helpers.logged(tiny_run, key, 20)
+  assert helpers.logged(run, "data/pairs_kept", 20) > helpers.logged(run, "data/pairs_kept", 10)

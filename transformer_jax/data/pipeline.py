@@ -165,10 +165,14 @@ class _ReadChunk:
     self.store, self.cfg = store, cfg
 
   def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-    lengths = [self.store.lengths_of(side, indices) for side in tokenized.SIDES]
-    codes = tokenized.filter_codes(*lengths, self.cfg)
-    kept = indices[codes == tokenized.KEEP]
-    return packing.chunk(codes, self.store.read("source", kept), self.store.read("target", kept))
+    (src_start, src_end), (tgt_start, tgt_end) = (self.store.bounds(side, indices)
+                                                  for side in tokenized.SIDES)
+    codes = tokenized.filter_codes(src_end - src_start, tgt_end - tgt_start, self.cfg)
+    kept = codes == tokenized.KEEP
+    src = self.store.read_ids("source", src_start[kept], src_end[kept])
+    tgt = self.store.read_ids("target", tgt_start[kept], tgt_end[kept])
+    return packing.chunk(codes, (src, (src_end - src_start)[kept]),
+                         (tgt, (tgt_end - tgt_start)[kept]))
 
 
 def _pretokenized(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: int,

@@ -83,7 +83,7 @@ def filter_codes(src_len: np.ndarray, tgt_len: np.ndarray, cfg: DataConfig) -> n
 
 
 def count_codes(split: TokenizedSplit, cfg: DataConfig, shard: slice = slice(None),
-                block: int = 1 << 20) -> np.ndarray:
+                block: int = 1 << 16) -> np.ndarray:
   """How many pairs of `shard` each filter code has (read in blocks: bounded memory)."""
   counts = np.zeros(3, np.int64)
   step = shard.step or 1

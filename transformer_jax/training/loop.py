@@ -60,6 +60,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   cfg, config_dict = resolve_dtype(cfg, config_dict, workdir)
+  cfg, config_dict = keep_data_order(cfg, config_dict, workdir)
   mesh = make_mesh(cfg)
   model = Transformer(cfg.model)
   init, state_sharding = state_init(cfg, model, mesh)  # fails fast on an uneven split
@@ -211,6 +212,33 @@ def resolve_dtype(cfg: TrainConfig, config_dict: dict | None, workdir: Path
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=choice.dtype))
     if config_dict is not None:
       config_dict = {**config_dict, "model": {**config_dict["model"], "dtype": choice.dtype}}
+  return cfg, config_dict
+
+
+# What decides the order of the training batches besides the seed: a run resumes with the
+# values it was trained with, as its checkpoints hold a position in that order.
+DATA_ORDER_KEYS = ("pretokenize", "num_workers")
+
+
+def keep_data_order(cfg: TrainConfig, config_dict: dict | None, workdir: Path
+                    ) -> tuple[TrainConfig, dict | None]:
+  """`cfg` with config.data's DATA_ORDER_KEYS taken from the workdir's config.json when the
+  run resumes (a run from before a key existed gets what it then did: layout.ADDED_KEYS), with
+  a warning naming each value that the command line or config file set otherwise."""
+  if not (workdir / layout.CONFIG).is_file():
+    return cfg, config_dict
+  recorded = layout.read_config(workdir)["data"]
+  changed = {k: recorded[k] for k in DATA_ORDER_KEYS if recorded[k] != getattr(cfg.data, k)}
+  for key, value in changed.items():
+    log.warning("config.data.%s=%r differs from the %r this run was trained with (%s): "
+                "resuming with %r, which its checkpoints' data position belongs to; use "
+                "another --workdir for a run with the new value", key, getattr(cfg.data, key),
+                value, workdir / layout.CONFIG, value)
+  if not changed:
+    return cfg, config_dict
+  cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **changed))
+  if config_dict is not None:
+    config_dict = {**config_dict, "data": {**config_dict["data"], **changed}}
   return cfg, config_dict
 
 

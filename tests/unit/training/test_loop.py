@@ -126,3 +126,24 @@ def test_a_resumed_run_carries_its_data_counts_on(tiny_run, tfds_cache, tmp_path
   for key in ("data/pairs_kept", "data/epochs", "data/filtered_too_long"):
     assert helpers.logged(run, key, 20) == helpers.logged(tiny_run, key, 20)
   assert helpers.logged(run, "data/pairs_kept", 20) > helpers.logged(run, "data/pairs_kept", 10)
+
+
+def test_a_run_from_before_the_token_id_store_resumes_on_the_text_path(tfds_cache,
+                                                                       tiny_tokenizer,
+                                                                       tmp_path, caplog):
+  """A workdir whose config.json predates config.data.pretokenize (its checkpoints hold the
+  text pipeline's position) resumes with the text path, saying so, not with today's default."""
+  run = tmp_path / "run"
+  over = {**helpers.ONE_LAYER, "eval_max_sentences": 2}
+  helpers.train_in_process(run, tfds_cache, tiny_tokenizer, num_train_steps=10,
+                           **{**over, "data.pretokenize": False})
+  config = json.loads((run / "config.json").read_text())
+  del config["data"]["pretokenize"], config["data"]["num_workers"]  # (as an older run wrote)
+  (run / "config.json").write_text(json.dumps(config))
+  with caplog.at_level(logging.INFO, logger="transformer_jax"):
+    helpers.train_in_process(run, tfds_cache, tiny_tokenizer, **over)  # default: pretokenize
+  assert "Resuming from step 10" in caplog.text
+  assert "config.data.pretokenize=True differs from the False this run was trained with" in (
+      caplog.text)
+  assert helpers.checkpoint_steps(run) == [10, 20]
+  assert json.loads((run / "config.json").read_text())["data"]["pretokenize"] is False

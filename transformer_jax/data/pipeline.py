@@ -191,8 +191,9 @@ def _pretokenized(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_inde
   chunk = min(CHUNK_PAIRS, kept + empty + too_long)
   ds = _order(store.num_pairs, seed, process_index, process_count).batch(chunk)
   ds = ds.map(_ReadChunk(store, cfg))
-  ds = ds.to_iter_dataset(grain.ReadOptions(  # (prefetch_buffer_size counts pairs, as above)
-      num_threads=cfg.num_threads, prefetch_buffer_size=-(-cfg.prefetch_buffer_size // chunk)))
+  ahead = max(-(-cfg.prefetch_buffer_size // chunk), cfg.num_threads)  # (chunks; it counts pairs)
+  ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.num_threads,
+                                            prefetch_buffer_size=ahead))
   ds = packing.PackedBatches(ds, cfg.batch_size // process_count,
                              (cfg.max_source_length, cfg.max_target_length))
   if cfg.num_workers:

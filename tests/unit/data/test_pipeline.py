@@ -145,34 +145,3 @@ def test_pretokenized_counts_are_the_pairs_the_batches_took(tmp_path):
   assert pipe.filter.too_long == too_long > 0 and pipe.filter.empty == 0
   assert pipe.epochs == taken / 8
 
-
-def test_worker_processes_make_deterministic_batches_that_resume(tmp_path):
-  """num_workers=2: grain worker processes pack; the batches are the same in every run with
-  that worker count, hold only kept pairs, and a saved state resumes at the next batch."""
-  cfg, tok = helpers.small_corpus(tmp_path)
-  cfg = dataclasses.replace(cfg, num_workers=2)
-  pairs = {(tuple(tok.encode(s)), tuple(tok.encode(t))) for s, t in zip(SRC, TGT)}
-  kept = {p for p in pairs if len(p[0]) <= 16 and len(p[1]) <= 16}
-
-  def batches(state=None, n=6):
-    pipe = data.train_pipeline(cfg, tok, seed=2)
-    it = iter(pipe.dataset)
-    if state is not None:
-      it.set_state(state)
-    out = [pipe.take_stats(next(it)) for _ in range(n)]
-    state = it.get_state()
-    it.close()
-    return out, state, pipe
-
-  first, state, pipe = batches()
-  again, _, _ = batches()
-  for a, b in zip(first, again):
-    for k in a:
-      np.testing.assert_array_equal(a[k], b[k])
-  assert {p for b in first for p in _unpack(b)} <= kept
-  assert pipe.filter.kept == sum(len(_unpack(b)) for b in first) and pipe.filter.too_long > 0
-  following, _, _ = batches(n=9)
-  resumed, _, _ = batches(state, n=3)
-  for a, b in zip(following[6:], resumed):
-    for k in a:
-      np.testing.assert_array_equal(a[k], b[k])

@@ -4,6 +4,7 @@ step) and TensorBoard events, written by process 0."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import jax
@@ -62,6 +63,20 @@ def read_metrics(path: str | Path) -> list[dict]:
       if number < len(lines):  # (the last line may be being written right now)
         raise DataError(f"{path}:{number}: not a JSON record: {e}") from None
   return records
+
+
+def truncate_metrics(path: str | Path, last_step: int) -> list[dict]:
+  """The records of `path` up to `last_step`, and (process 0) the file cut to them, atomically:
+  a run resumed from the checkpoint of `last_step` redoes the steps after it, and each step
+  is then recorded once (plots and early stopping see one history)."""
+  records = read_metrics(path)
+  kept = [r for r in records if r["step"] <= last_step]
+  if len(kept) < len(records) and jax.process_index() == 0:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)
+  return kept
 
 
 def sum_metrics(acc, new):

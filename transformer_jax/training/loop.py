@@ -21,7 +21,12 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel import numerics
 from transformer_jax.reporting import plots
-from transformer_jax.reporting.metrics import METRICS_FILE, MetricWriter, read_metrics, sum_metrics
+from transformer_jax.reporting.metrics import (
+    METRICS_FILE,
+    MetricWriter,
+    sum_metrics,
+    truncate_metrics,
+)
 from transformer_jax.reporting.progress import Progress
 from transformer_jax.training.optimizer import cooldown_scale, learning_rate_schedule
 from transformer_jax.training.preemption import Faults, Preemption
@@ -102,10 +107,11 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
       out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
       donate_argnums=(0,))
   lr_fn = learning_rate_schedule(cfg.optimizer)
-  writer = MetricWriter(workdir)
   evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
                                       cfg.data.eval_dataset), model, tok, cfg.decode, mesh)
-  history = [r for r in read_metrics(workdir / METRICS_FILE) if r["step"] <= start_step]
+  # (before the writer appends: the records of steps this run redoes go)
+  history = truncate_metrics(workdir / METRICS_FILE, start_step)
+  writer = MetricWriter(workdir)
   _restore_counts(pipeline, history)
   clock = WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes)
   budget = TimeBudget(cfg.time_budget_minutes, _last_logged(history, "time/train_minutes", 0.0))

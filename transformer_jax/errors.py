@@ -28,3 +28,7 @@ class NonFiniteError(Error, FloatingPointError):
 
 class Interrupted(Error):
   """A run stopped by a signal (SIGTERM, Ctrl-C) before it finished; rerunning continues it."""
+
+
+class WorkdirBusy(Error):
+  """Another process is writing the workdir (it holds the workdir's lock)."""

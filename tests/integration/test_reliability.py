@@ -80,16 +80,48 @@ def test_sigterm_then_sigkill_then_rerun_end_bitwise_equal(reference, train, tmp
   r = train(run, fault="sigkill@10", check=False)
   assert r.returncode == -signal.SIGKILL
   assert "Resuming from step 6" in r.stderr
+  assert json.loads((run / ".lock").read_text())["pid"] > 0  # the killed run's lock, left
   assert _steps(run) in ([4, 6, 8], [4, 6])
   latest = _steps(run)[-1]
   # The same command again: the steps after it redone from its state, RNG and data position.
   r = train(run)
   assert f"Resuming from step {latest}" in r.stderr
+  assert "taken over (it is no longer running)" in r.stderr  # (flock died with its process)
   _assert_bitwise_equal(_state(run), _state(ref))
   # One record per logged step, though steps 9-10 (or 7-10) were logged twice: the records
   # past the restored checkpoint were dropped at each resume.
   logged = [rec["step"] for rec in helpers.read_metrics(run) if "train/loss" in rec]
   assert logged == [2, 4, 6, 8, 10, 12]
+
+
+def test_a_second_train_on_a_running_workdir_stops_at_once_naming_the_first(
+    reference, tfds_cache, tiny_tokenizer, tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  shutil.copy(tiny_tokenizer, run / "spm.model")
+  cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={run}",
+         f"--config.data.cache_dir={tfds_cache}", *STEPS]
+  first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+  deadline = time.time() + 120
+  while time.time() < deadline and f'"pid": {first.pid}' not in _lock_text(run):
+    time.sleep(0.2)
+  t0 = time.time()
+  second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert second.returncode != 0 and time.time() - t0 < 30
+  message = second.stderr.strip().splitlines()[-1]
+  assert f"is in use by pid {first.pid} on" in message and "(train, since" in message
+  _, err = first.communicate(timeout=300)
+  assert first.returncode == 0, err[-3000:]
+  _assert_bitwise_equal(_state(run), _state(reference))  # the first run, undisturbed
+  assert _lock_text(run) == ""  # released at its end
+
+
+def _lock_text(workdir) -> str:
+  try:
+    return (workdir / ".lock").read_text()
+  except FileNotFoundError:
+    return ""
 
 
 def test_sigkill_during_a_background_save_keeps_the_previous_checkpoint(reference, train,

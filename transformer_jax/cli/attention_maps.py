@@ -9,6 +9,7 @@ the attending (query) subwords, columns the attended (key) subwords. Without --t
 model's own translation is used.
 """
 
+import contextlib
 from pathlib import Path
 
 from absl import flags
@@ -17,6 +18,7 @@ from transformer_jax.cli import runner
 from transformer_jax.errors import UsageError
 from transformer_jax.evaluation.attention_maps import attention_weights, plot_attention
 from transformer_jax.inference.translator import Translator
+from transformer_jax.workdir import lock
 
 
 def define_flags(fv: flags.FlagValues):
@@ -39,7 +41,9 @@ def attention_maps(args: runner.Args):
   source_ids, target_ids = tok.encode(args.sentence), tok.encode(translation)
   weights = attention_weights(translator.run.model, translator.params, source_ids, target_ids)
   out_dir = Path(args.output_dir or Path(args.workdir) / "attention")
-  paths = plot_attention(weights, tok.pieces(source_ids), tok.pieces(target_ids), out_dir)
+  with lock.hold(args.workdir, "attention-maps") if not args.output_dir else (
+      contextlib.nullcontext()):
+    paths = plot_attention(weights, tok.pieces(source_ids), tok.pieces(target_ids), out_dir)
   print(f"source: {args.sentence}\ntranslation: {translation}")
   print("\n".join(str(p) for p in paths))
 

@@ -12,6 +12,7 @@ from absl import flags
 
 from transformer_jax.cli import runner
 from transformer_jax.inference.averaging import average_to_workdir
+from transformer_jax.workdir import lock
 
 
 def define_flags(fv: flags.FlagValues):
@@ -23,7 +24,8 @@ def define_flags(fv: flags.FlagValues):
 
 
 def average(args: runner.Args):
-  step, steps = average_to_workdir(args.workdir, args.checkpoint, args.output)
+  with lock.hold(args.output, "average"):
+    step, steps = average_to_workdir(args.workdir, args.checkpoint, args.output)
   print(f"averaged steps {steps} -> {args.output}/checkpoints/{step}")
 
 

@@ -9,10 +9,13 @@ Writes <workdir>/eval/<set>/<checkpoint>.hyp and adds to results.json there; wit
 --checkpoint=all also bleu_by_step.csv and bleu_by_step.png.
 """
 
+import contextlib
+
 from absl import flags
 
 from transformer_jax.cli import runner
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints, format_table
+from transformer_jax.workdir import lock
 
 
 def define_flags(fv: flags.FlagValues):
@@ -35,9 +38,11 @@ def define_flags(fv: flags.FlagValues):
 
 
 def evaluate(args: runner.Args):
-  results, out_dir = evaluate_checkpoints(
-      args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
-      args.max_sentences, args.decode, args.lowercase, args.output_dir)
+  # (writing into the workdir: one writer at a time; --output_dir elsewhere only reads it)
+  with lock.hold(args.workdir, "evaluate") if not args.output_dir else contextlib.nullcontext():
+    results, out_dir = evaluate_checkpoints(
+        args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
+        args.max_sentences, args.decode, args.lowercase, args.output_dir)
   print(format_table(results))
   print(f"wrote {out_dir}/results.json")
 

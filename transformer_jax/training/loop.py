@@ -39,7 +39,7 @@ from transformer_jax.training.stopping import (
     TimeBudget,
     WallClockIntervals,
 )
-from transformer_jax.workdir import layout
+from transformer_jax.workdir import layout, lock
 from transformer_jax.workdir.checkpoints import Checkpointer, abstract_like
 from transformer_jax.workdir.preparation import load_tokenizer
 
@@ -64,6 +64,12 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   saved as the workdir's config.json once its checkpoints have accepted the config."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
+  with lock.hold(workdir, "train"):  # (one writer per workdir: a second run stops here)
+    return _train_and_evaluate(cfg, workdir, config_dict)
+
+
+def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | None
+                        ) -> dict[str, float]:
   cfg, config_dict = resolve_dtype(cfg, config_dict, workdir)
   cfg, config_dict = keep_data_order(cfg, config_dict, workdir)
   mesh = make_mesh(cfg)

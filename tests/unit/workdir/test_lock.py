@@ -1,0 +1,34 @@
+"""One writer per workdir: a second holder is refused naming the first, a dead holder's lock
+is taken over, a clean end names no holder."""
+
+import json
+import logging
+import os
+
+import pytest
+
+from transformer_jax.errors import WorkdirBusy
+from transformer_jax.workdir import lock
+
+
+def test_a_second_writer_is_refused_naming_the_first(tmp_path):
+  with lock.hold(tmp_path / "run", "train"):
+    holder = json.loads((tmp_path / "run" / lock.LOCK_FILE).read_text())
+    assert holder["pid"] == os.getpid() and holder["command"] == "train"
+    # (flock belongs to an open file: a second open, even in this process, conflicts)
+    with pytest.raises(WorkdirBusy, match=rf"workdir .*run is in use by pid {os.getpid()} on "
+                                          r".* \(train, since .*\); wait for it"):
+      with lock.hold(tmp_path / "run", "evaluate", wait_seconds=0.6):
+        pass
+  assert (tmp_path / "run" / lock.LOCK_FILE).read_text() == ""  # released, no holder named
+  with lock.hold(tmp_path / "run", "evaluate"):  # and free again
+    pass
+
+
+def test_the_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
+  (tmp_path / lock.LOCK_FILE).write_text(json.dumps(  # as a SIGKILLed run leaves it
+      {"pid": 999999, "host": "elsewhere", "command": "train", "since": 0}))
+  with caplog.at_level(logging.INFO, logger="transformer_jax"):
+    with lock.hold(tmp_path, "train"):
+      assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["pid"] == os.getpid()
+  assert "lock of pid 999999 on elsewhere (train" in caplog.text and "taken over" in caplog.text

@@ -1,0 +1,81 @@
+"""One writer per workdir: an exclusive lock (`<workdir>/.lock`) that every command writing a
+workdir holds while it runs (train, evaluate into it, attention maps, average's output).
+
+The lock is `flock` on the file, which the kernel releases when its process ends in any way,
+SIGKILL included, so a lock left by a dead run is simply taken over (the file then names the
+dead holder, which the new one reports). Where it works: local filesystems; NFS (Linux maps
+`flock` to NFS byte-range locks: a crashed client's lock lapses with its lease, ~90 s on NFSv4);
+not across machines on FUSE object-store mounts (gcsfuse), whose locks are local to one machine.
+In a multi-host run process 0 holds it for the run (its processes are one writer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+import jax
+
+from transformer_jax.errors import WorkdirBusy
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+
+
+def _holder(path: Path) -> dict:
+  try:
+    return json.loads(path.read_text() or "{}")
+  except (OSError, ValueError):
+    return {}
+
+
+def _describe(holder: dict) -> str:
+  if not holder:
+    return "another process"
+  since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+  return (f"pid {holder.get('pid')} on {holder.get('host')} ({holder.get('command')}, "
+          f"since {since})")
+
+
+@contextlib.contextmanager
+def hold(workdir: str | Path, command: str, wait_seconds: float = 0.0):
+  """Holds the workdir's lock for the `with` block; WorkdirBusy (naming the holder) if another
+  process holds it for longer than `wait_seconds`. Processes other than process 0 take none."""
+  if jax.process_index() != 0:
+    yield
+    return
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  path = workdir / LOCK_FILE
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  held = False
+  try:
+    deadline = time.time() + wait_seconds
+    while True:
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held = True
+        break
+      except BlockingIOError:
+        if time.time() >= deadline:
+          raise WorkdirBusy(f"workdir {workdir} is in use by {_describe(_holder(path))}; wait "
+                            "for it to finish or use another workdir") from None
+        time.sleep(0.5)
+    previous = _holder(path)
+    if previous.get("pid") and previous.get("pid") != os.getpid():
+      log.info("Workdir lock of %s taken over (it is no longer running)", _describe(previous))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                              "command": command, "since": time.time()}).encode(), 0)
+    yield
+  finally:
+    if held:  # (a clean end leaves no holder named; a dead process's name stays)
+      os.ftruncate(fd, 0)
+    os.close(fd)  # (releases the lock)

@@ -19,6 +19,8 @@ from transformer_jax.training.loop import train_and_evaluate
 def define_flags(fv: flags.FlagValues):
   flags.DEFINE_string("workdir", None, "Folder for checkpoints, metrics, tokenizer and outputs.",
                       flag_values=fv, required=True)
+  flags.DEFINE_float("wait_for_workdir", 0.0, "Seconds to wait for another process writing "
+                     "the workdir to finish (0: stop at once with its pid).", flag_values=fv)
   flags.DEFINE_string("jax_platforms", None, "JAX backends to use (e.g. cpu).", flag_values=fv)
   flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0 "
                       "(jax.distributed.initialize).", flag_values=fv)
@@ -31,7 +33,7 @@ def train(args: runner.Args):
   if args.jax_platforms:
     jax.config.update("jax_platforms", args.jax_platforms)
   initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
-  train_and_evaluate(cfg, args.workdir, args.configs["config"].to_dict())
+  train_and_evaluate(cfg, args.workdir, args.configs["config"].to_dict(), args.wait_for_workdir)
 
 
 def main(argv=None):

@@ -33,6 +33,9 @@ def _die_with_parent():
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+RETRY_WAIT_S = 3600  # the longest a trial waits for an orphaned run in its workdir
+
+
 class TrialRunner:
   """Runs trials as training subprocesses, reporting validation metrics for pruning (read
   every `poll_s` seconds: a pruned trial is stopped within that time of its report)."""
@@ -80,7 +83,10 @@ class TrialRunner:
     reported: set[int] = set()
     pruned_at = None
     with (trial_dir / "train.log").open("a") as out:
-      proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+      # (a retried trial waits for its workdir while a dead worker's orphaned run finishes:
+      # never two writers in one trial workdir)
+      proc = subprocess.Popen([*cmd, f"--wait_for_workdir={RETRY_WAIT_S}"], stdout=out,
+                              stderr=subprocess.STDOUT, env=self.env(),
                               preexec_fn=_die_with_parent)
     try:
       last_beat = time.time()

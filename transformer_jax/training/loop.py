@@ -57,14 +57,15 @@ def make_mesh(cfg: TrainConfig):
   return mesh
 
 
-def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict | None = None
-                       ) -> dict[str, float]:
+def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict | None = None,
+                       wait_for_workdir: float = 0.0) -> dict[str, float]:
   """Trains (resuming from the latest checkpoint in `workdir`), evaluates, and returns the
   final metrics (including `test/bleu` when a test split is configured). `config_dict` is
-  saved as the workdir's config.json once its checkpoints have accepted the config."""
+  saved as the workdir's config.json once its checkpoints have accepted the config. Another
+  process writing `workdir` is an error, or is waited for up to `wait_for_workdir` seconds."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
-  with lock.hold(workdir, "train"):  # (one writer per workdir: a second run stops here)
+  with lock.hold(workdir, "train", wait_for_workdir):  # (one writer per workdir)
     return _train_and_evaluate(cfg, workdir, config_dict)
 
 

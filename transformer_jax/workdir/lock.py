@@ -57,7 +57,7 @@ def hold(workdir: str | Path, command: str, wait_seconds: float = 0.0):
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   held = False
   try:
-    deadline = time.time() + wait_seconds
+    deadline, said = time.time() + wait_seconds, False
     while True:
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -67,6 +67,10 @@ def hold(workdir: str | Path, command: str, wait_seconds: float = 0.0):
         if time.time() >= deadline:
           raise WorkdirBusy(f"workdir {workdir} is in use by {_describe(_holder(path))}; wait "
                             "for it to finish or use another workdir") from None
+        if not said:
+          log.warning("Waiting up to %.0f s for workdir %s, in use by %s", wait_seconds,
+                      workdir, _describe(_holder(path)))
+          said = True
         time.sleep(0.5)
     previous = _holder(path)
     if previous.get("pid") and previous.get("pid") != os.getpid():

@@ -14,6 +14,8 @@ import dataclasses
 import fcntl
 import hashlib
 import itertools
+import json
+import logging
 import os
 import shutil
 from collections.abc import Iterator
@@ -26,6 +28,8 @@ from tensorflow_datasets.core import example_serializer
 from transformer_jax.config.sections import DataConfig
 from transformer_jax.data.text import read_lines
 from transformer_jax.errors import DataError
+
+log = logging.getLogger(__name__)
 
 # The embedded default corpus (Multi30k Task 1, de/en, train/val/test2016).
 EMBEDDED_MULTI30K = Path(__file__).parents[1] / "corpora" / "multi30k"
@@ -104,7 +108,11 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   name = f"{'-'.join(langs)}_{_fingerprint(folder, tuple(splits), langs)}"
   out = Path(cache_dir) / _NAME / name / "1.0.0"
   if (out / "dataset_info.json").is_file():
-    return out
+    damage = _damage(out)
+    if not damage:
+      return out
+    log.warning("prepared corpus %s is damaged (%s): preparing it again from %s", out, damage,
+                folder)
   out.parent.mkdir(parents=True, exist_ok=True)
   for stale in out.parent.glob(".incomplete-*"):  # (callers hold the preparation lock)
     shutil.rmtree(stale)
@@ -119,6 +127,27 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   shutil.rmtree(out, ignore_errors=True)
   os.replace(tmp, out)
   return out
+
+
+def _damage(out: Path) -> str:
+  """What is wrong with a prepared dataset folder: a shard missing, or shards whose sizes do
+  not add up to the bytes its metadata records; "" when it is intact."""
+  try:
+    info = json.loads((out / "dataset_info.json").read_text())
+    for split in info["splits"]:
+      shards = [out / f"{_NAME}-{split['name']}.array_record-{i:05d}-of-"
+                       f"{len(split['shardLengths']):05d}"
+                for i in range(len(split["shardLengths"]))]
+      missing = [p.name for p in shards if not p.is_file()]
+      if missing:
+        return f"missing {missing[0]}"
+      size = sum(p.stat().st_size for p in shards)
+      if size != int(split["numBytes"]):
+        return (f"split {split['name']!r}: {size} bytes in its shards, "
+                f"{split['numBytes']} recorded")
+  except (OSError, ValueError, KeyError) as e:
+    return f"unreadable metadata: {e}"
+  return ""
 
 
 def _write_split(out: Path, split: str, pairs: Iterator[tuple[int, str, str]],

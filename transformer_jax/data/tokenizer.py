@@ -25,7 +25,14 @@ class Tokenizer:
   def __init__(self, model_proto: bytes, path: str = ""):
     self.path = path
     self.model_proto = model_proto
-    self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    try:
+      self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    except RuntimeError as e:  # (a truncated or foreign file: sentencepiece names no file)
+      raise DataError(
+          f"tokenizer {path or '<bytes>'} is damaged or not a SentencePiece model "
+          f"({str(e).splitlines()[0][:120]}); restore the file (its run's tokenizer.json "
+          "records the fingerprint it must have) or, for a new run, delete it to train another"
+      ) from None
     if (self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
       raise DataError(f"tokenizer {path or '<bytes>'} has pad/eos/unk ids "
                       f"{(self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id())}, "

@@ -1,6 +1,7 @@
 """Local parallel-text corpora: the TFDS array_record builder and its input checks."""
 
 import gzip
+import logging
 
 import pytest
 
@@ -96,3 +97,24 @@ def test_preparation_streams_into_shards_once(tmp_path, monkeypatch):
   before = {p: p.stat().st_mtime_ns for p in (tmp_path / "tfds").rglob("*.array_record-*")}
   assert len(corpus.get_source(spec, "train")) == 5
   assert before == {p: p.stat().st_mtime_ns for p in (tmp_path / "tfds").rglob("*array_record-*")}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_a_damaged_prepared_corpus_is_prepared_again(tmp_path, caplog, damage):
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  words = [f"satz {i}" for i in range(50)]
+  _write(folder, "train.de", words)
+  _write(folder, "train.en", [w.replace("satz", "sentence") for w in words])
+  spec = _spec(folder, tmp_path)
+  assert len(list(corpus.iterate_pairs(spec, "train"))) == 50
+  (shard,) = (tmp_path / "tfds").rglob("*train.array_record*")
+  if damage == "truncate":
+    shard.write_bytes(shard.read_bytes()[:1000])
+  else:
+    shard.unlink()
+  with caplog.at_level(logging.WARNING, logger="transformer_jax"):
+    pairs = list(corpus.iterate_pairs(spec, "train"))
+  assert pairs[7] == ("satz 7", "sentence 7") and len(pairs) == 50
+  assert f"prepared corpus {shard.parent} is damaged" in caplog.text
+  assert ("bytes in its shards" if damage == "truncate" else "missing") in caplog.text

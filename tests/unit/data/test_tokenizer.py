@@ -43,3 +43,13 @@ def test_training_sample_is_bounded_by_sentences_and_characters():
   late = sum(int(s.split()[-1]) >= 50_000 for s in sample) / len(sample)
   assert 0.4 < late < 0.6
   assert len(T.training_sample(iter(["", "a", "b"]), max_sentences=10)) == 2  # empties skipped
+
+
+def test_a_damaged_tokenizer_file_is_named(tmp_path):
+  good = tmp_path / "spm.model"
+  T.train_tokenizer(["ein kleiner test", "a small test"] * 20, 40, good)
+  bad = tmp_path / "truncated.model"
+  bad.write_bytes(good.read_bytes()[:100])
+  with pytest.raises(DataError, match=r"tokenizer .*truncated.model is damaged or not a "
+                                      r"SentencePiece model \(.*\); restore the file"):
+    T.Tokenizer.load(bad)

@@ -42,6 +42,10 @@ def corpus_file(folder: str | Path, split: str, lang: str) -> Path:
   for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
     if (folder / name).is_file():
       return folder / name
+  if folder.is_file():
+    raise DataError(f"data folder {folder} is a file, not a folder of {{split}}.{{lang}} files; "
+                    "for one file of tab-separated pairs, make the folder with "
+                    "transformer-jax-split-corpus")
   if not folder.is_dir():
     raise DataError(f"data folder {folder} does not exist")
   present = sorted(p.name for p in folder.iterdir())
@@ -69,11 +73,32 @@ def read_parallel(folder: str | Path, split: str, langs: tuple[str, str]
                   ) -> Iterator[tuple[int, str, str]]:
   """Streams (line_number, text_a, text_b) of a split; errors on unequal line counts."""
   path_a, path_b = (corpus_file(folder, split, lang) for lang in langs)
-  count = 0
+  count = tabs = same = 0
   for count, a, b in read_aligned(path_a, path_b):
+    if count <= _LAYOUT_CHECK_LINES:
+      tabs += "\t" in a and "\t" in b
+      same += a == b
+      if count == _LAYOUT_CHECK_LINES:
+        _check_layout(count, tabs, same, path_a, path_b)
     yield count, a, b
   if count == 0:
     raise DataError(f"split {split!r} is empty: {path_a} and {path_b} have no lines")
+
+
+_LAYOUT_CHECK_LINES = 100  # the first lines of each split looked at for a wrong layout
+
+
+def _check_layout(lines: int, tabs: int, same: int, path_a: Path, path_b: Path):
+  """Errors on the layouts that train on the wrong text: every one of a split's first lines
+  holding a tab on both sides (tab-separated pairs under {split}.{lang} names), or the two
+  sides identical (one file given for both languages)."""
+  if tabs == lines:
+    raise DataError(f"{path_a} and {path_b}: each of their first {lines} lines holds a tab: "
+                    "tab-separated pairs? make a folder of one sentence per line with "
+                    "transformer-jax-split-corpus")
+  if same == lines:
+    raise DataError(f"{path_a} and {path_b}: their first {lines} lines are identical: the "
+                    "same text on both sides (one file for both languages?)")
 
 
 def _fingerprint(folder: Path, splits: tuple[str, ...], langs: tuple[str, str]) -> str:
@@ -119,11 +144,15 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   tmp = out.with_name(f".incomplete-{os.getpid()}")
   tmp.mkdir()
   features = tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in langs})
-  split_infos = [_write_split(tmp, split, read_parallel(folder, split, langs), langs, features)
-                 for split in dict.fromkeys(splits)]
-  tfds.folder_dataset.write_metadata(
-      data_dir=tmp, features=features, split_infos=split_infos, check_data=False,
-      description=f"Parallel text from {folder.resolve()}", disable_shuffling=True)
+  try:
+    split_infos = [_write_split(tmp, split, read_parallel(folder, split, langs), langs,
+                                features) for split in dict.fromkeys(splits)]
+    tfds.folder_dataset.write_metadata(
+        data_dir=tmp, features=features, split_infos=split_infos, check_data=False,
+        description=f"Parallel text from {folder.resolve()}", disable_shuffling=True)
+  except BaseException:  # (a bad file, an interrupt: no half-written folder left behind)
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
   shutil.rmtree(out, ignore_errors=True)
   os.replace(tmp, out)
   return out

@@ -118,3 +118,24 @@ def test_a_damaged_prepared_corpus_is_prepared_again(tmp_path, caplog, damage):
   assert pairs[7] == ("satz 7", "sentence 7") and len(pairs) == 50
   assert f"prepared corpus {shard.parent} is damaged" in caplog.text
   assert ("bytes in its shards" if damage == "truncate" else "missing") in caplog.text
+
+
+def test_wrong_layouts_point_at_split_corpus(tmp_path):
+  file = _write(tmp_path, "pairs.tsv", ["a\tb"])
+  with pytest.raises(DataError, match=r"data folder .*pairs.tsv is a file, not a folder .*"
+                                      "transformer-jax-split-corpus"):
+    list(corpus.iterate_pairs(_spec(file, tmp_path), "train"))
+  tsv = tmp_path / "tsv"
+  tsv.mkdir()
+  for lang in ("de", "en"):  # (tab-separated pairs saved under both names)
+    _write(tsv, f"train.{lang}", [f"satz {i}\tsentence {i}" for i in range(120)])
+  with pytest.raises(DataError, match=r"first 100 lines holds a tab: tab-separated pairs\? "
+                                      ".*transformer-jax-split-corpus"):
+    list(corpus.iterate_pairs(_spec(tsv, tmp_path), "train"))
+  same = tmp_path / "same"
+  same.mkdir()
+  for lang in ("de", "en"):
+    _write(same, f"train.{lang}", [f"satz {i}" for i in range(120)])
+  with pytest.raises(DataError, match="first 100 lines are identical"):
+    list(corpus.iterate_pairs(_spec(same, tmp_path), "train"))
+  assert not list((tmp_path / "tfds").rglob(".incomplete-*"))  # (nothing half-written left)

@@ -32,3 +32,23 @@ class Interrupted(Error):
 
 class WorkdirBusy(Error):
   """Another process is writing the workdir (it holds the workdir's lock)."""
+
+
+class FilesystemError(Error):
+  """A file or folder cannot be written: read-only or full filesystem, missing permission."""
+
+
+# errno values that mean "this filesystem will not take the write", whoever asked for it.
+WRITE_ERRNOS = frozenset({13, 28, 30, 122})  # EACCES, ENOSPC, EROFS, EDQUOT
+
+
+def filesystem_cause(error: BaseException) -> OSError | None:
+  """The OSError of WRITE_ERRNOS behind `error` (itself, or what caused it, as libraries such
+  as Orbax wrap it), or None."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in WRITE_ERRNOS:
+      return error
+    error = error.__cause__ or error.__context__
+  return None

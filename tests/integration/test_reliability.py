@@ -117,6 +117,18 @@ def test_a_second_train_on_a_running_workdir_stops_at_once_naming_the_first(
   assert _lock_text(run) == ""  # released at its end
 
 
+def test_a_full_disk_at_a_save_is_one_line_and_keeps_the_earlier_checkpoint(reference, train,
+                                                                            tmp_path):
+  run = tmp_path / "run"
+  r = train(run, fault="enospc_saving@8", check=False)
+  assert r.returncode == 1
+  last = r.stderr.strip().splitlines()[-1]
+  assert last == (f"train: cannot write {run.absolute() / 'checkpoints' / '8'}: No space left "
+                  "on device (nothing saved before it was lost)"), last
+  assert _steps(run) == [4]
+  _assert_bitwise_equal(_state(run, 4), _state(reference, 4))
+
+
 def _lock_text(workdir) -> str:
   try:
     return (workdir / ".lock").read_text()

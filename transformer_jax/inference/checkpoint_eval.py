@@ -56,6 +56,7 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
   eval_set, name = _eval_set(run, split, source_file, reference_file, max_sentences)
   out_dir = Path(output_dir) if output_dir else layout.eval_dir(workdir, name)
+  layout.check_writable(out_dir)  # (before decoding: its results would have nowhere to go)
   selections = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
   chosen = [model for selection in selections for model in run.select(selection)]
   evaluator = Evaluator(eval_set, run.model, run.tokenizer, decode, run.mesh)

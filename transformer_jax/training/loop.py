@@ -64,7 +64,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
   saved as the workdir's config.json once its checkpoints have accepted the config. Another
   process writing `workdir` is an error, or is waited for up to `wait_for_workdir` seconds."""
   workdir = Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  layout.check_writable(workdir)  # (a read-only or full filesystem: one line, before any work)
   with lock.hold(workdir, "train", wait_for_workdir):  # (one writer per workdir)
     return _train_and_evaluate(cfg, workdir, config_dict)
 
@@ -93,122 +93,125 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
   ckpt = Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep)
   # The best checkpoint by validation BLEU, kept apart from the newest ones.
   best_ckpt = Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu")
-  start_step, restored = ckpt.restore_latest(abstract_like(state), train_iter)
-  if restored is not None:
-    state = restored
-    log.info("Resuming from step %d", start_step)
-  if config_dict is not None:  # (only now: a config its checkpoints reject is not recorded)
-    layout.save_config(config_dict, workdir)
-  faults = Faults.from_env()
-  preemption = Preemption(ckpt.manager)
+  try:
+    start_step, restored = ckpt.restore_latest(abstract_like(state), train_iter)
+    if restored is not None:
+      state = restored
+      log.info("Resuming from step %d", start_step)
+    if config_dict is not None:  # (only now: a config its checkpoints reject is not recorded)
+      layout.save_config(config_dict, workdir)
+    faults = Faults.from_env()
+    preemption = Preemption(ckpt.manager)
 
-  # The cooldown factor is an argument only when there is a cooldown: without one the step
-  # compiles with the constant 1, the same program (and bits) as a step without the factor.
-  cooling = cfg.optimizer.cooldown_fraction > 0
-  p_train_step = jax.jit(
-      functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
-                        num_micro_batches=cfg.num_micro_batches,
-                        nonfinite_at_step=faults.nonfinite_at, mesh=mesh),
-      in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), mesh_lib.replicated(mesh))
-      + (mesh_lib.replicated(mesh),) * cooling,
-      out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
-      donate_argnums=(0,))
-  lr_fn = learning_rate_schedule(cfg.optimizer)
-  evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
-                                      cfg.data.eval_dataset), model, tok, cfg.decode, mesh)
-  # (before the writer appends: the records of steps this run redoes go)
-  history = truncate_metrics(workdir / METRICS_FILE, start_step)
-  writer = MetricWriter(workdir)
-  _restore_counts(pipeline, history)
-  clock = WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes)
-  budget = TimeBudget(cfg.time_budget_minutes, _last_logged(history, "time/train_minutes", 0.0))
-  progress = Progress(cfg.num_train_steps, start_step, budget.seconds_left())
-  acc, real_tokens, t_last = None, 0, time.time()
-  nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
-  skipped, preempted = 0, False
-  final: dict[str, float] = {}
-  stopper = EarlyStopping(cfg.early_stopping_patience,
-                          [r["eval/bleu"] for r in history if "eval/bleu" in r])
+    # The cooldown factor is an argument only when there is a cooldown: without one the step
+    # compiles with the constant 1, the same program (and bits) as a step without the factor.
+    cooling = cfg.optimizer.cooldown_fraction > 0
+    p_train_step = jax.jit(
+        functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
+                          num_micro_batches=cfg.num_micro_batches,
+                          nonfinite_at_step=faults.nonfinite_at, mesh=mesh),
+        in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), mesh_lib.replicated(mesh))
+        + (mesh_lib.replicated(mesh),) * cooling,
+        out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
+        donate_argnums=(0,))
+    lr_fn = learning_rate_schedule(cfg.optimizer)
+    evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
+                                        cfg.data.eval_dataset), model, tok, cfg.decode, mesh)
+    # (before the writer appends: the records of steps this run redoes go)
+    history = truncate_metrics(workdir / METRICS_FILE, start_step)
+    writer = MetricWriter(workdir)
+    _restore_counts(pipeline, history)
+    clock = WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes)
+    budget = TimeBudget(cfg.time_budget_minutes, _last_logged(history, "time/train_minutes", 0.0))
+    progress = Progress(cfg.num_train_steps, start_step, budget.seconds_left())
+    acc, real_tokens, t_last = None, 0, time.time()
+    nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
+    skipped, preempted = 0, False
+    final: dict[str, float] = {}
+    stopper = EarlyStopping(cfg.early_stopping_patience,
+                            [r["eval/bleu"] for r in history if "eval/bleu" in r])
 
-  first_step, out_of_time = start_step + 1, False
-  if budget.spent() and start_step < cfg.num_train_steps:
-    log.warning("The time budget (config.time_budget_minutes=%g) was spent at step %d: no "
-                "more training; raise it to train on", cfg.time_budget_minutes, start_step)
-    first_step = cfg.num_train_steps + 1
-  for step in range(first_step, cfg.num_train_steps + 1):
-    batch, real, stats = next(train_iter)
-    real_tokens += real
-    pipeline.count(stats)
-    lr_scale = cooldown_scale(cfg.optimizer.cooldown_fraction, step, cfg.num_train_steps,
-                              budget.minutes(), cfg.time_budget_minutes)
-    state, step_metrics = p_train_step(state, batch, dropout_rng,
-                                       *[np.float32(lr_scale)] * cooling)
-    acc = sum_metrics(acc, step_metrics)
-    faults.after_step(step)
-    preempted = preemption.requested(step)
-    out_of_time = budget.spent() and step < cfg.num_train_steps
-    last = step == cfg.num_train_steps or preempted or out_of_time
-    due_eval, due_save = (clock.due() if clock.active and step % cfg.log_every_steps == 0
-                          else (False, False))
-    saving = step % cfg.checkpoint_every_steps == 0 or last or due_save
-    # (also at every save: a resumed run takes its data counts from the saved step's record)
-    logging_now = step % cfg.log_every_steps == 0 or saving
+    first_step, out_of_time = start_step + 1, False
+    if budget.spent() and start_step < cfg.num_train_steps:
+      log.warning("The time budget (config.time_budget_minutes=%g) was spent at step %d: no "
+                  "more training; raise it to train on", cfg.time_budget_minutes, start_step)
+      first_step = cfg.num_train_steps + 1
+    for step in range(first_step, cfg.num_train_steps + 1):
+      batch, real, stats = next(train_iter)
+      real_tokens += real
+      pipeline.count(stats)
+      lr_scale = cooldown_scale(cfg.optimizer.cooldown_fraction, step, cfg.num_train_steps,
+                                budget.minutes(), cfg.time_budget_minutes)
+      state, step_metrics = p_train_step(state, batch, dropout_rng,
+                                         *[np.float32(lr_scale)] * cooling)
+      acc = sum_metrics(acc, step_metrics)
+      faults.after_step(step)
+      preempted = preemption.requested(step)
+      out_of_time = budget.spent() and step < cfg.num_train_steps
+      last = step == cfg.num_train_steps or preempted or out_of_time
+      due_eval, due_save = (clock.due() if clock.active and step % cfg.log_every_steps == 0
+                            else (False, False))
+      saving = step % cfg.checkpoint_every_steps == 0 or last or due_save
+      # (also at every save: a resumed run takes its data counts from the saved step's record)
+      logging_now = step % cfg.log_every_steps == 0 or saving
 
-    if logging_now or saving:
-      acc = jax.device_get(acc)
-      nonfinite.check(acc, step, ckpt)  # (before anything is saved)
-    if logging_now:
-      skipped += nonfinite.report(acc)
-      logged = _train_metrics(acc, time.time() - t_last, real_tokens,
-                              float(lr_fn(step - 1)) * lr_scale, skipped, pipeline)
-      logged["time/train_minutes"] = budget.minutes()
-      if out_of_time:
-        logged["train/time_budget_stop"] = 1.0
-      writer.write(step, logged)
-      progress.update(step, logged)
-      acc, real_tokens, t_last = None, 0, time.time()
+      if logging_now or saving:
+        acc = jax.device_get(acc)
+        nonfinite.check(acc, step, ckpt)  # (before anything is saved)
+      if logging_now:
+        skipped += nonfinite.report(acc)
+        logged = _train_metrics(acc, time.time() - t_last, real_tokens,
+                                float(lr_fn(step - 1)) * lr_scale, skipped, pipeline)
+        logged["time/train_minutes"] = budget.minutes()
+        if out_of_time:
+          logged["train/time_budget_stop"] = 1.0
+        writer.write(step, logged)
+        progress.update(step, logged)
+        acc, real_tokens, t_last = None, 0, time.time()
 
-    if (step % cfg.eval_every_steps == 0 or last or due_eval) and not preempted:
-      clock.done(0)
-      bleu = _validate(evaluator, state.params, step, writer, cfg.decode.num_samples_to_log,
-                       final)
-      plots.plot_metrics(workdir)
-      best_ckpt.save(step, state, metrics={"bleu": bleu})
-      if stopper.update(bleu):
-        log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
-                 "evaluations", step, stopper.best, stopper.patience)
-        last = True
-      t_last = time.time()  # evaluation time does not count against training speed
+      if (step % cfg.eval_every_steps == 0 or last or due_eval) and not preempted:
+        clock.done(0)
+        bleu = _validate(evaluator, state.params, step, writer, cfg.decode.num_samples_to_log,
+                         final)
+        plots.plot_metrics(workdir)
+        best_ckpt.save(step, state, metrics={"bleu": bleu})
+        if stopper.update(bleu):
+          log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
+                   "evaluations", step, stopper.best, stopper.patience)
+          last = True
+        t_last = time.time()  # evaluation time does not count against training speed
 
-    if saving or last:  # (`last` again: early stopping may have set it)
-      ckpt.save(step, state, train_iter)
-      clock.done(1)
-      faults.after_save(step)
-      t_last = time.time()
-    if last:
-      break
+      if saving or last:  # (`last` again: early stopping may have set it)
+        faults.before_save(step, ckpt.directory)
+        ckpt.save(step, state, train_iter)
+        clock.done(1)
+        faults.after_save(step)
+        t_last = time.time()
+      if last:
+        break
 
-  progress.close()
-  preemption.close()
-  train_iter.close()
-  if out_of_time and not preempted:
-    log.warning("Time budget of %g minutes spent: training ended at step %d of %d (saved, "
-                "validated; rerun with a larger config.time_budget_minutes to go on)",
-                cfg.time_budget_minutes, step, cfg.num_train_steps)
-    final["time_budget_stop_at_step"] = step
-  log.info("Data: %s", pipeline.filter.summary())
-  if preempted:
-    log.warning("Preempted: checkpoint saved at step %d in %s; rerun the same command to "
-                "resume", step, ckpt.directory)
-    final["preempted_at_step"] = step
-  elif cfg.data.test_split:
-    final.update(_test(cfg, workdir, model, state.params, tok, mesh, writer,
-                       int(jax.device_get(state.step))))
-  plots.plot_metrics(workdir)
-  writer.close()
-  ckpt.close()
-  best_ckpt.close()
-  return final
+    progress.close()
+    preemption.close()
+    train_iter.close()
+    if out_of_time and not preempted:
+      log.warning("Time budget of %g minutes spent: training ended at step %d of %d (saved, "
+                  "validated; rerun with a larger config.time_budget_minutes to go on)",
+                  cfg.time_budget_minutes, step, cfg.num_train_steps)
+      final["time_budget_stop_at_step"] = step
+    log.info("Data: %s", pipeline.filter.summary())
+    if preempted:
+      log.warning("Preempted: checkpoint saved at step %d in %s; rerun the same command to "
+                  "resume", step, ckpt.directory)
+      final["preempted_at_step"] = step
+    elif cfg.data.test_split:
+      final.update(_test(cfg, workdir, model, state.params, tok, mesh, writer,
+                         int(jax.device_get(state.step))))
+    plots.plot_metrics(workdir)
+    writer.close()
+    return final
+  finally:  # (also on an error: a save in flight completes before the process ends)
+    ckpt.close()
+    best_ckpt.close()
 
 
 def resolve_dtype(cfg: TrainConfig, config_dict: dict | None, workdir: Path

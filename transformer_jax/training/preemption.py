@@ -10,11 +10,13 @@ cluster's preemption handling. Set TRANSFORMER_JAX_FAULTS to comma-separated `ki
   sigterm@N    the process sends itself SIGTERM right after step N (preemption)
   nonfinite@N  step N's gradients are NaN (the update is never applied)
   sigkill_saving@N  SIGKILL right after the save of step N started (its files half written)
+  enospc_saving@N   the save of step N fails as on a full disk (OSError ENOSPC)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import signal
@@ -32,6 +34,7 @@ class Faults:
   sigterm_at: int = 0
   nonfinite_at: int = 0
   sigkill_saving_at: int = 0
+  enospc_saving_at: int = 0
 
   @classmethod
   def from_env(cls) -> "Faults":
@@ -42,11 +45,17 @@ class Faults:
       field = f"{kind}_at"
       if field not in {f.name for f in dataclasses.fields(cls)} or not step.isdigit():
         raise ValueError(f"{ENV}={spec!r}: {item!r} is not one of sigkill@N, sigterm@N, "
-                         "nonfinite@N, sigkill_saving@N")
+                         "nonfinite@N, sigkill_saving@N, enospc_saving@N")
       values[field] = int(step)
     if values:
       log.warning("fault injection (%s=%s): %s", ENV, spec, values)
     return cls(**values)
+
+  def before_save(self, step: int, directory):
+    """A full disk at the save of `step`."""
+    if step == self.enospc_saving_at:
+      log.warning("fault injection: no space left for the save of step %d", step)
+      raise OSError(errno.ENOSPC, "No space left on device", str(directory / str(step)))
 
   def after_save(self, step: int):
     """SIGKILL while the checkpoint of `step` is being written in the background."""

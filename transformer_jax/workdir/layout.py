@@ -15,14 +15,16 @@ Only process 0 writes these files; every process may read them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import jax
 
 from transformer_jax.config.sections import DecodeConfig, TrainConfig
-from transformer_jax.errors import CheckpointError
+from transformer_jax.errors import CheckpointError, FilesystemError
 
 CONFIG = "config.json"
 TOKENIZER = "spm.model"
@@ -30,6 +32,24 @@ TOKENIZER_RECORD = "tokenizer.json"
 CHECKPOINTS = "checkpoints"
 BEST_CHECKPOINTS = "checkpoints_best"
 RESULTS = "results.json"
+
+
+def check_writable(folder: str | Path):
+  """Raises FilesystemError naming `folder` unless a file can be written there (read-only or
+  full filesystems, missing permissions), before long work whose results would be lost."""
+  folder = Path(folder)
+  probe = folder / f".write-check-{os.getpid()}"
+  try:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(probe, "wb") as f:
+      f.write(b"\0" * 65536)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    raise FilesystemError(f"cannot write {folder}: {e.strerror}") from None
+  finally:
+    with contextlib.suppress(OSError):
+      probe.unlink()
 
 
 def tokenizer_path(cfg: TrainConfig, workdir: str | Path) -> Path:

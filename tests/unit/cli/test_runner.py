@@ -1,6 +1,7 @@
 """Every tool, run in-process: `--help` lists its own flags, and each mistake in the command
 line or the config ends in one line and an exit status, with nothing saved."""
 
+import errno
 import importlib
 
 import pytest
@@ -94,3 +95,21 @@ def test_every_tool_enables_the_cache_before_its_body_runs(monkeypatch):
   status = runner.run("tool", "A tool.", lambda fv: None, lambda args: calls.append("body"),
                       ["tool"])
   assert status == 0 and calls == ["cache", "body"]
+
+
+def test_a_filesystem_refusing_a_write_is_one_line_whatever_wraps_it(capsys):
+  def body(args):  # (as Orbax reports a full disk: its own error, the OSError as the cause)
+    try:
+      raise OSError(errno.ENOSPC, "No space left on device", "/runs/x/checkpoints/8")
+    except OSError as e:
+      raise ValueError("commit failed") from e
+  assert runner.run("train", "A tool.", lambda fv: None, body, ["train"]) == runner.EXIT_ERROR
+  err = capsys.readouterr().err.strip()
+  assert err == ("train: cannot write /runs/x/checkpoints/8: No space left on device (nothing "
+                 "saved before it was lost)")
+
+  def other(args):
+    raise ValueError("a bug, not the filesystem")
+  with pytest.raises(ValueError, match="a bug"):  # (everything else keeps its traceback)
+    runner.run("train", "A tool.", lambda fv: None, other, ["train"])
+

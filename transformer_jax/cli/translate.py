@@ -7,7 +7,8 @@ r"""Translates text with a trained run: stdin or a file in, stdout or a file out
 One output line per input line, in order; an empty input line gives an empty output line.
 Input is batched by length, with a progress bar on long inputs; on a terminal (or with
 --interactive) each line is translated as soon as it is entered. With nbest > 1 each input
-gives `nbest` lines `INDEX ||| translation ||| score`.
+gives `nbest` lines `INDEX ||| translation ||| score` (an empty one: `INDEX |||  ||| 0.0000`).
+Input files may be gzipped (`.gz`).
 """
 
 import sys

@@ -52,6 +52,8 @@ class Translator:
     """One line (nbest 1), or `nbest` lines `INDEX ||| translation ||| score`."""
     if self.decode.nbest == 1:
       return [hyps[0][0] if hyps else ""]
+    if not hyps:  # (an empty input line keeps its index: one empty translation)
+      return [f"{index} |||  ||| 0.0000"]
     return [f"{index} ||| {text} ||| {score:.4f}" for text, score in hyps]
 
   def translate_lines(self, lines: Iterable[str], out: TextIO, interactive: bool):

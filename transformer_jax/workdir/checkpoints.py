@@ -187,7 +187,8 @@ def parse_selection(selection: str, available: list[int]) -> list[tuple[str, lis
     return [(f"step_{s}", [s]) for s in available]
   if selection.startswith("average:"):
     if not selection.split(":", 1)[1].isdigit():
-      raise CheckpointError(f"checkpoint selection {selection!r}: average:N needs a count N")
+      raise CheckpointError(f"--checkpoint={selection}: average:N needs a whole number N of "
+                            "checkpoints to average, e.g. average:5")
     n = int(selection.split(":", 1)[1])
     if n < 1 or n > len(available):
       raise CheckpointError(f"average:{n} needs 1..{len(available)} checkpoints; available "
@@ -197,7 +198,8 @@ def parse_selection(selection: str, available: list[int]) -> list[tuple[str, lis
   if selection.startswith("steps:"):
     items = [x for x in selection.split(":", 1)[1].split(",") if x]
     if not items or not all(x.isdigit() for x in items):
-      raise CheckpointError(f"checkpoint selection {selection!r}: steps: needs step numbers")
+      raise CheckpointError(f"--checkpoint={selection}: steps:A,B,... needs step numbers, e.g. "
+                            f"steps:{','.join(map(str, available[-2:]))}")
     steps = [int(x) for x in items]
     missing = sorted(set(steps) - set(available))
     if missing:
@@ -208,5 +210,5 @@ def parse_selection(selection: str, available: list[int]) -> list[tuple[str, lis
     if step not in available:
       raise CheckpointError(f"no checkpoint for step {step}; available steps: {available}")
     return [(f"step_{step}", [step])]
-  raise CheckpointError(f"unknown checkpoint selection {selection!r}: expected latest, best, "
-                        "all, a step, average:N or steps:A,B,...")
+  raise CheckpointError(f"--checkpoint={selection}: unknown checkpoint selection; expected "
+                        "latest, best, all, a step, average:N or steps:A,B,...")

@@ -1,5 +1,7 @@
 """The translate tool: one output line per input line, n-best lists, bad input named."""
 
+import gzip
+
 import pytest
 
 from tests import helpers
@@ -32,7 +34,8 @@ def test_translate_nbest_output(tiny_run, interactive):
                                       stdin=b"Ein Hund.\n\nEine Katze.\n")
   assert status == 0, err[-2000:]
   rows = [x.split(" ||| ") for x in out.splitlines()]
-  assert {int(x[0]) for x in rows} == {0, 2}
+  assert {int(x[0]) for x in rows} == {0, 1, 2}
+  assert [x for x in rows if int(x[0]) == 1] == [["1", "", "0.0000"]]  # the empty line's
   for index in (0, 2):
     scores = [float(x[2]) for x in rows if int(x[0]) == index]
     assert len(scores) == 2 and scores == sorted(scores, reverse=True)
@@ -43,6 +46,10 @@ def test_translate_files_and_bad_input_are_named(tiny_run, tmp_path):
   status, _, _ = _translate(tiny_run, b"", f"--input={tmp_path / 'in.de'}",
                             f"--output={tmp_path / 'out.en'}")
   assert status == 0 and len((tmp_path / "out.en").read_text().splitlines()) == 2
+  (tmp_path / "in.de.gz").write_bytes(gzip.compress("Ein Hund.\n\nEine Katze.\n".encode()))
+  status, _, _ = _translate(tiny_run, b"", f"--input={tmp_path / 'in.de.gz'}",
+                            f"--output={tmp_path / 'gz.en'}")  # (gzipped, as evaluate takes)
+  assert status == 0 and len((tmp_path / "gz.en").read_text().splitlines()) == 3
   status, _, err = _translate(tiny_run, b"gut\nauch gut\nkaputt \xff\n")
   assert status == 1
   assert helpers.one_line_error(err).startswith("translate: <stdin>:3: not valid UTF-8")

@@ -53,10 +53,11 @@ def test_selections_name_checkpoints_or_say_what_is_wrong():
   assert checkpoints.parse_selection("steps:10,30", steps) == [("average_10_30", [10, 30])]
   assert checkpoints.parse_selection("20", steps) == [("step_20", [20])]
   for bad, message in [("average:4", r"average:4 needs 1..3 checkpoints"),
-                       ("average:x", r"'average:x': average:N needs a count N"),
-                       ("steps:10,x", r"'steps:10,x': steps: needs step numbers"),
+                       ("average:x", r"--checkpoint=average:x: average:N needs a whole number N .*"
+                                     "e.g. average:5"),
+                       ("steps:10,x", r"--checkpoint=steps:10,x: steps:A,B,... needs step numbers"),
                        ("steps:15", r"no checkpoint for step\(s\) \[15\]"),
-                       ("newest", "unknown checkpoint selection 'newest'")]:
+                       ("newest", "--checkpoint=newest: unknown checkpoint selection")]:
     with pytest.raises(CheckpointError, match=message):
       checkpoints.parse_selection(bad, steps)
   with pytest.raises(CheckpointError, match="no checkpoints yet"):

@@ -12,9 +12,11 @@ import time
 import warnings
 
 import optuna
+import sqlalchemy
 from optuna.trial import TrialState
 from sqlalchemy import event
 
+from transformer_jax.errors import UsageError
 from transformer_jax.sweeps import spec as sweep_spec
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,12 @@ def open_storage(url: str, heartbeat_interval: int, grace_period: int, max_retri
   """
   warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
   is_sqlite = url.startswith("sqlite")
+  if not is_sqlite:
+    check_server_url(url)
   # Workers starting together would race to create the tables (and the schema version row).
   lock = (_file_lock(url.removeprefix("sqlite:///") + ".lock") if is_sqlite
           else contextlib.nullcontext())
-  with lock:
+  with lock, _server_errors(url, is_sqlite):
     storage = optuna.storages.RDBStorage(
         url, engine_kwargs={"connect_args": {"timeout": 120}} if is_sqlite else None,
         heartbeat_interval=heartbeat_interval, grace_period=grace_period,
@@ -41,6 +45,51 @@ def open_storage(url: str, heartbeat_interval: int, grace_period: int, max_retri
   if is_sqlite:
     _serializable_sqlite(storage.engine)
   return storage
+
+
+# What to install for each database URL form (SQLAlchemy's default driver of postgresql:// is
+# psycopg 3; postgresql+psycopg2:// takes psycopg2).
+DRIVERS = {"psycopg": "pip install 'psycopg[binary]' (or use postgresql+psycopg2:// with "
+                      "pip install psycopg2-binary)",
+           "psycopg2": "pip install psycopg2-binary", "pymysql": "pip install pymysql",
+           "mysqldb": "pip install mysqlclient"}
+
+
+def check_server_url(url: str):
+  """A UsageError (one line, password hidden) unless `url` is a database URL whose driver is
+  installed."""
+  try:
+    parsed = sqlalchemy.engine.make_url(url)
+  except sqlalchemy.exc.ArgumentError:
+    raise UsageError(f"--storage={url}: not a database URL (e.g. sqlite:///sweep.db or "
+                     "postgresql+psycopg2://USER:PASSWORD@HOST:5432/DB)") from None
+  shown = parsed.render_as_string(hide_password=True)
+  try:
+    parsed.get_dialect().import_dbapi()
+  except ImportError:
+    driver = parsed.get_driver_name()
+    raise UsageError(f"--storage={shown}: its driver {driver!r} (for "
+                     f"{parsed.drivername}://) is not installed; "
+                     f"{DRIVERS.get(driver, f'install {driver}')}") from None
+  except sqlalchemy.exc.NoSuchModuleError:
+    raise UsageError(f"--storage={shown}: SQLAlchemy knows no database "
+                     f"{parsed.drivername!r}") from None
+
+
+@contextlib.contextmanager
+def _server_errors(url: str, is_sqlite: bool):
+  """A database server that cannot be reached or refuses the login: one line naming the host
+  (the study is untouched: nothing was written)."""
+  try:
+    yield
+  except sqlalchemy.exc.OperationalError as e:
+    if is_sqlite:
+      raise
+    parsed = sqlalchemy.engine.make_url(url)
+    reason = str(e.orig or e).strip().splitlines()[0][:200]
+    raise UsageError(f"--storage={parsed.render_as_string(hide_password=True)}: cannot "
+                     f"connect to {parsed.host}:{parsed.port or 'default port'}: {reason}"
+                     ) from None
 
 
 @contextlib.contextmanager

@@ -14,11 +14,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-# The tests also need the optional `wmt` extra (tensorflow-cpu: TFDS's WMT builders, mocked).
+# The tests also need the optional extras `wmt` (tensorflow-cpu: TFDS's WMT builders, mocked)
+# and `postgres` (psycopg2-binary: sweep storage on a PostgreSQL server).
 install-test: $(VENV)/.installed-test
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[test,wmt]'
+	$(PY) -m pip install -q -e '.[test,wmt,postgres]'
 	touch $@
 
 # Train the default config (Multi30k de->en, embedded) and print test2016 BLEU + translations.

@@ -35,8 +35,8 @@ def open_storage(url: str, heartbeat_interval: int, grace_period: int, max_retri
     check_server_url(url)
   # Workers starting together would race to create the tables (and the schema version row).
   lock = (_file_lock(url.removeprefix("sqlite:///") + ".lock") if is_sqlite
-          else contextlib.nullcontext())
-  with lock, _server_errors(url, is_sqlite):
+          else _server_lock(url))
+  with _server_errors(url, is_sqlite), lock:
     storage = optuna.storages.RDBStorage(
         url, engine_kwargs={"connect_args": {"timeout": 120}} if is_sqlite else None,
         heartbeat_interval=heartbeat_interval, grace_period=grace_period,
@@ -90,6 +90,29 @@ def _server_errors(url: str, is_sqlite: bool):
     raise UsageError(f"--storage={parsed.render_as_string(hide_password=True)}: cannot "
                      f"connect to {parsed.host}:{parsed.port or 'default port'}: {reason}"
                      ) from None
+
+
+@contextlib.contextmanager
+def _server_lock(url: str):
+  """On PostgreSQL, a session advisory lock held while the storage is set up (its tables
+  created once, whoever starts first); other servers: none."""
+  if sqlalchemy.engine.make_url(url).get_backend_name() != "postgresql":
+    yield
+    return
+  engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+  try:
+    with engine.connect() as connection:
+      connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": _LOCK_KEY})
+      try:
+        yield
+      finally:
+        connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"),
+                           {"key": _LOCK_KEY})
+  finally:
+    engine.dispose()
+
+
+_LOCK_KEY = 0x7472616E73  # (an arbitrary 64-bit key: "trans")
 
 
 @contextlib.contextmanager

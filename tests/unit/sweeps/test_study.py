@@ -3,6 +3,7 @@ mistake is one line with the password hidden."""
 
 import pytest
 
+from tests import helpers
 from transformer_jax.errors import UsageError
 from transformer_jax.sweeps import study
 
@@ -30,3 +31,11 @@ def test_urls_that_are_no_database_are_one_line():
   with pytest.raises(UsageError, match="SQLAlchemy knows no database 'nosuchdb'"):
     study.check_server_url("nosuchdb://host/x")
 
+
+
+def test_an_unreachable_server_is_one_line_naming_host_and_port():
+  port = helpers.free_port()  # (nothing listens there)
+  with pytest.raises(UsageError, match=rf"--storage=postgresql\+psycopg2://bob:\*\*\*@127.0.0.1:"
+                                       rf"{port}/s: cannot connect to 127.0.0.1:{port}: "
+                                       r".*(refused|could not connect)"):
+    study.open_storage(f"postgresql+psycopg2://bob:secret@127.0.0.1:{port}/s", 60, 120, 1)

@@ -144,6 +144,26 @@ def test_killed_sweep_continues_without_repeating_finished_trials(tmp_path, cach
   assert not (workdir / "trials" / "0002").exists()
 
 
+def test_a_worker_signalled_twice_fails_and_requeues_its_trial(tmp_path, cache_dir):
+  """SIGTERM twice in quick succession (a shell's `timeout` then Ctrl-C, Slurm's group
+  signals): the trial is still marked failed and requeued at once, not left RUNNING."""
+  cmd = _sweep_cmd(tmp_path, cache_dir, [1e-2], "--sweep.pruner=none")
+  workdir = tmp_path / "sweep"
+  trial0 = workdir / "trials" / "0000"
+  worker = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+  _wait_for(lambda: any("train/loss" in m for m in read_metrics(trial0 / "metrics.jsonl")),
+            what="trial 0 to train")
+  worker.send_signal(signal.SIGTERM)
+  time.sleep(0.3)
+  worker.send_signal(signal.SIGTERM)
+  _, err = worker.communicate(timeout=120)
+  assert worker.returncode != 0 and "sweep interrupted" in err.strip().splitlines()[-1]
+  trials = _trials(workdir)
+  assert [t.state.name for t in trials] == ["FAIL", "WAITING"], err[-2000:]
+  assert trials[0].user_attrs["error"] == "worker interrupted"
+
+
 def test_two_workers_share_the_study_without_running_a_trial_twice(tmp_path, cache_dir):
   cmd = _sweep_cmd(tmp_path, cache_dir, [1e-2, 3e-3, 1e-3], "--sweep.pruner=none")
   workers = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

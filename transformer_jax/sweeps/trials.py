@@ -102,8 +102,9 @@ class TrialRunner:
       if pruned_at is None:
         pruned_at = self._report(trial, trial_dir, reported)
     except KeyboardInterrupt:
-      _stop(proc)
-      self._interrupted(trial, time.time() - start)
+      with _no_more_signals():  # (a second SIGTERM/Ctrl-C must not skip the bookkeeping)
+        _stop(proc)
+        self._interrupted(trial, time.time() - start)
       raise
 
     seconds = time.time() - start
@@ -166,6 +167,18 @@ def objective_value(records: list[dict], spec: sweep_spec.SweepSpec) -> float | 
   if spec.reduce == "last":
     return values[-1]
   return max(values) if spec.direction == "maximize" else min(values)
+
+
+@contextlib.contextmanager
+def _no_more_signals():
+  """SIGTERM and SIGINT ignored while an interrupted trial is stopped and recorded (a shell's
+  `timeout`, Slurm and Ctrl-C signal the whole process group, often twice); restored after."""
+  previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
 
 
 def _stop(proc: subprocess.Popen, timeout_s: float = 60.0):

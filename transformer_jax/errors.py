@@ -1,6 +1,8 @@
 """The errors a user causes and can fix. Each message is one line that says what is wrong and
 where (the file, line, key or flag); the command-line runner prints it without a traceback."""
 
+import errno
+
 
 class Error(Exception):
   """Base of the errors below."""
@@ -39,7 +41,7 @@ class FilesystemError(Error):
 
 
 # errno values that mean "this filesystem will not take the write", whoever asked for it.
-WRITE_ERRNOS = frozenset({13, 28, 30, 122})  # EACCES, ENOSPC, EROFS, EDQUOT
+WRITE_ERRNOS = frozenset({errno.EACCES, errno.ENOSPC, errno.EROFS, errno.EDQUOT})
 
 
 def filesystem_cause(error: BaseException) -> OSError | None:

@@ -155,10 +155,9 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
       # (also at every save: a resumed run takes its data counts from the saved step's record)
       logging_now = step % cfg.log_every_steps == 0 or saving
 
-      if logging_now or saving:
+      if logging_now:
         acc = jax.device_get(acc)
         nonfinite.check(acc, step, ckpt)  # (before anything is saved)
-      if logging_now:
         skipped += nonfinite.report(acc)
         logged = _train_metrics(acc, time.time() - t_last, real_tokens,
                                 float(lr_fn(step - 1)) * lr_scale, skipped, pipeline)

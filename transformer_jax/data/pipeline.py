@@ -63,11 +63,13 @@ class _TokenizeAndFilter(FilterCounts):
     return {"inputs": np.asarray(src, np.int32), "targets": np.asarray(tgt, np.int32)}
 
   def keep(self, example) -> bool:
-    n_src, n_tgt = len(example["inputs"]), len(example["targets"])  # (EOS included)
+    # (the pre-tokenized path's rule, on one pair: both paths filter the same pairs)
+    code = tokenized.filter_codes(np.array([len(example["inputs"])]),  # (EOS included)
+                                  np.array([len(example["targets"])]), self.cfg)[0]
     with self._lock:
-      if n_src <= 1 or n_tgt <= 1:
+      if code == tokenized.EMPTY:
         self.empty += 1
-      elif n_src > self.cfg.max_source_length or n_tgt > self.cfg.max_target_length:
+      elif code == tokenized.TOO_LONG:
         self.too_long += 1
       else:
         self.kept += 1

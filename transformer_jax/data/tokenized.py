@@ -13,6 +13,7 @@ name only when complete: an interrupted write is redone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -67,11 +68,6 @@ class TokenizedSplit:
       data = b"".join([os.pread(fd, int(n) * size, int(a) * size)
                        for a, n in zip(starts, ends - starts)])
     return np.frombuffer(data, self.id_dtype).astype(np.int32)
-
-  def read(self, side: str, indices) -> tuple[np.ndarray, np.ndarray]:
-    """(flat int32 ids, lengths) of the pairs `indices`, in that order."""
-    starts, ends = self.bounds(side, indices)
-    return self.read_ids(side, starts, ends), ends - starts
 
 
 def filter_codes(src_len: np.ndarray, tgt_len: np.ndarray, cfg: DataConfig) -> np.ndarray:
@@ -134,51 +130,61 @@ def _open(folder: Path) -> TokenizedSplit:
 def _write(folder: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, fp: str):
   """Tokenizes `split` into `folder`, streamed, with progress in the log (the caller holds the
   preparation lock; the corpus is prepared already, so reading it takes no lock)."""
-  total = len(corpus.get_source(spec, split))
+  start, total = time.perf_counter(), len(corpus.get_source(spec, split))
   id_dtype = "uint16" if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else "int32"
   folder.parent.mkdir(parents=True, exist_ok=True)
   for stale in folder.parent.glob(f".incomplete-{fp}-*"):  # (callers hold the lock)
     shutil.rmtree(stale)
   tmp = folder.with_name(f".incomplete-{fp}-{os.getpid()}")
   tmp.mkdir()
-  files = {f"{side}.{kind}": open(tmp / f"{side}.{kind}", "wb")
-           for side in SIDES for kind in ("ids", "offsets")}
-  ends = dict.fromkeys(SIDES, 0)
-  for side in SIDES:
-    files[f"{side}.offsets"].write(np.zeros(1, np.int64).tobytes())
-  start, done, last_log = time.perf_counter(), 0, 0.0
-  block: list[tuple[str, str]] = []
-
-  def flush():
-    for side, texts in zip(SIDES, zip(*block)):
-      ids = tok.encode_batch(list(texts))
-      lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-      files[f"{side}.ids"].write(np.fromiter((i for seq in ids for i in seq), id_dtype,
-                                             int(lengths.sum())).tobytes())
-      files[f"{side}.offsets"].write((ends[side] + np.cumsum(lengths)).tobytes())
-      ends[side] += int(lengths.sum())
-    block.clear()
-
-  for pair in corpus.iterate_pairs(spec, split):
-    block.append(pair)
-    done += 1
-    if len(block) == _BLOCK:
-      flush()
-      if time.perf_counter() - last_log > 30:
-        last_log = time.perf_counter()
-        rate = done / max(last_log - start, 1e-9)
-        log.info("tokenizing %s: %d/%d pairs (%.0f pairs/s, ETA %.0f s)", split, done, total,
-                 rate, (total - done) / rate)
-  if block:
-    flush()
-  for f in files.values():
-    f.close()
-  (tmp / "meta.json").write_text(json.dumps(
-      {"format_version": FORMAT_VERSION, "num_pairs": done, "id_dtype": id_dtype,
-       "tokenizer": tok.fingerprint, "dataset": spec.dataset, "split": split,
-       "languages": [spec.source_lang, spec.target_lang],
-       "tokens": {side: ends[side] for side in SIDES}}, indent=1))
+  try:
+    done, ends = _write_ids(tmp, spec, split, tok, total, id_dtype)
+    (tmp / "meta.json").write_text(json.dumps(
+        {"format_version": FORMAT_VERSION, "num_pairs": done, "id_dtype": id_dtype,
+         "tokenizer": tok.fingerprint, "dataset": spec.dataset, "split": split,
+         "languages": [spec.source_lang, spec.target_lang],
+         "tokens": {side: ends[side] for side in SIDES}}, indent=1))
+  except BaseException:  # (a bad file, an interrupt: no half-written folder left behind)
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
   shutil.rmtree(folder, ignore_errors=True)
   os.replace(tmp, folder)
   log.info("tokenized %s once: %d pairs, %d + %d tokens in %.1f s, cached in %s", split, done,
            ends["source"], ends["target"], time.perf_counter() - start, folder)
+
+
+def _write_ids(tmp: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, total: int,
+               id_dtype: str) -> tuple[int, dict[str, int]]:
+  """Streams the split's ids and offsets into `tmp`; returns (pairs, tokens per side)."""
+  ends = dict.fromkeys(SIDES, 0)
+  start, done, last_log = time.perf_counter(), 0, 0.0
+  block: list[tuple[str, str]] = []
+  with contextlib.ExitStack() as stack:
+    files = {f"{side}.{kind}": stack.enter_context(open(tmp / f"{side}.{kind}", "wb"))
+             for side in SIDES for kind in ("ids", "offsets")}
+    for side in SIDES:
+      files[f"{side}.offsets"].write(np.zeros(1, np.int64).tobytes())
+
+    def flush():
+      for side, texts in zip(SIDES, zip(*block)):
+        ids = tok.encode_batch(list(texts))
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        files[f"{side}.ids"].write(np.fromiter((i for seq in ids for i in seq), id_dtype,
+                                               int(lengths.sum())).tobytes())
+        files[f"{side}.offsets"].write((ends[side] + np.cumsum(lengths)).tobytes())
+        ends[side] += int(lengths.sum())
+      block.clear()
+
+    for pair in corpus.iterate_pairs(spec, split):
+      block.append(pair)
+      done += 1
+      if len(block) == _BLOCK:
+        flush()
+        if time.perf_counter() - last_log > 30:
+          last_log = time.perf_counter()
+          rate = done / max(last_log - start, 1e-9)
+          log.info("tokenizing %s: %d/%d pairs (%.0f pairs/s, ETA %.0f s)", split, done, total,
+                   rate, (total - done) / rate)
+    if block:
+      flush()
+  return done, ends

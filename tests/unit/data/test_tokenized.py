@@ -3,6 +3,7 @@ O(1) reads, filter codes and counts, clear errors on damage."""
 
 import dataclasses
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,12 +26,11 @@ def test_the_store_holds_the_ids_of_every_pair_in_corpus_order(setup):
   assert store.num_pairs == len(SRC) and store.id_dtype == "uint16"
   order = np.asarray([5, 0, 7, 2])
   for side, texts in (("source", SRC), ("target", TGT)):
-    ids, lengths = store.read(side, order)
-    expected = [tok.encode(texts[i]) for i in order]
-    assert lengths.tolist() == [len(e) for e in expected]
-    assert ids.dtype == np.int32 and ids.tolist() == [t for e in expected for t in e]
     starts, ends = store.bounds(side, order)
-    assert (ends - starts).tolist() == lengths.tolist()
+    ids = store.read_ids(side, starts, ends)
+    expected = [tok.encode(texts[i]) for i in order]
+    assert (ends - starts).tolist() == [len(e) for e in expected]
+    assert ids.dtype == np.int32 and ids.tolist() == [t for e in expected for t in e]
 
 
 def test_written_once_per_corpus_and_tokenizer(setup, tmp_path):
@@ -66,3 +66,13 @@ def test_filter_codes_and_shard_counts(setup):
     for block in (3, 1 << 20):  # (blocks that cut the shard's stride, and one block)
       counts = tokenized.count_codes(store, cfg, shard, block=block)
       assert counts.tolist() == np.bincount(all_codes[shard], minlength=3).tolist()
+
+
+def test_a_failed_write_leaves_no_half_written_store(setup, monkeypatch):
+  cfg, tok = setup
+  monkeypatch.setattr(tok, "encode_batch", lambda texts: (_ for _ in ()).throw(
+      RuntimeError("tokenizer failed")))
+  with pytest.raises(RuntimeError, match="tokenizer failed"):
+    tokenized.tokenized_split(cfg, tok)
+  folder = Path(cfg.cache_dir) / "tokenized"
+  assert folder.is_dir() and not list(folder.iterdir())  # (no store, no .incomplete-*)

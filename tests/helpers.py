@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
@@ -188,6 +189,23 @@ def checkpoint_steps(workdir: Path, folder: str = "checkpoints") -> list[int]:
 
 
 # ------------------------------------------------------------------------------ tools
+def saved_state(workdir: Path, step: int | None = None):
+  """The train state (step, params, optimizer state) saved in `workdir` at `step` (default:
+  the newest), as numpy arrays."""
+  directory = workdir / "checkpoints"
+  step = step or max(checkpoint_steps(workdir))
+  return ocp.StandardCheckpointer().restore(directory / str(step) / "state")
+
+
+def assert_bitwise_equal(a, b):
+  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
+  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+  assert tree_a == tree_b
+  for x, y in zip(leaves_a, leaves_b):
+    assert np.asarray(x).dtype == np.asarray(y).dtype
+    assert np.array_equal(np.asarray(x), np.asarray(y)), "states differ"
+
+
 def run_tool(main, *argv: str, stdin: bytes | None = None):
   """Runs a CLI module's `main` in this process on `argv` (and `stdin`); returns its exit
   status and what it wrote to stdout and stderr."""

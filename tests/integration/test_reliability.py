@@ -15,12 +15,13 @@ import time
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from tests import helpers
 from tests.helpers import ROOT
+from tests.helpers import assert_bitwise_equal as _assert_bitwise_equal
 from tests.helpers import checkpoint_steps as _steps
+from tests.helpers import saved_state as _state
 
 STEPS = [*helpers.ONE_LAYER_FLAGS, "--config.num_train_steps=12",
          "--config.checkpoint_every_steps=4", "--config.log_every_steps=2",
@@ -34,22 +35,6 @@ def train(tfds_cache, tiny_tokenizer):
   every 4)."""
   return lambda workdir, *overrides, **kw: helpers.train_process(
       workdir, tfds_cache, *STEPS, *overrides, tokenizer=tiny_tokenizer, **kw)
-
-
-def _state(workdir, step=None):
-  """The saved train state (step, params, optimizer state) as numpy arrays."""
-  directory = workdir / "checkpoints"
-  step = step or max(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-  return ocp.StandardCheckpointer().restore(directory / str(step) / "state")
-
-
-def _assert_bitwise_equal(a, b):
-  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
-  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
-  assert tree_a == tree_b
-  for x, y in zip(leaves_a, leaves_b):
-    assert np.asarray(x).dtype == np.asarray(y).dtype
-    assert np.array_equal(np.asarray(x), np.asarray(y)), "states differ"
 
 
 def _assert_finite(state, step):
@@ -174,6 +159,27 @@ def test_external_sigterm_saves_the_current_step_and_exits(tfds_cache, tiny_toke
            for line in err.splitlines() if "Preempted: checkpoint saved at step" in line]
   assert len(saved) == 1 and _steps(run)[-1] == saved[0] >= 2
   print(f"SIGTERM to exit: {exit_s:.1f} s (saved step {saved[0]})")
+
+
+def test_sigterm_during_a_validation_stops_it_and_the_resumed_run_does_it_first(
+    reference, train, tmp_path):
+  """A preemption mid-evaluation is not made to wait for the evaluation: it stops at the next
+  batch, the step is saved, and the resumed run validates that step before training on."""
+  run = tmp_path / "run"
+  evals = ["--config.eval_every_steps=4"]
+  r = train(run, *evals, fault="sigterm_validating@8")
+  assert "SIGTERM during the validation of step 8: validation stopped" in r.stderr
+  assert "Preempted: checkpoint saved at step 8" in r.stderr
+  assert _steps(run)[-1] == 8
+  at_8 = [m for m in helpers.read_metrics(run) if m["step"] == 8]
+  assert any("eval/cancelled" in m for m in at_8) and not any("eval/bleu" in m for m in at_8)
+
+  r = train(run, *evals)
+  assert "Validating step 8 first" in r.stderr and "Resuming from step 8" in r.stderr
+  records = helpers.read_metrics(run)
+  assert [m["step"] for m in records if "eval/bleu" in m] == [4, 8, 12]
+  assert [m["step"] for m in records if "train/loss" in m] == [2, 4, 6, 8, 10, 12]
+  _assert_bitwise_equal(_state(run), _state(reference))  # (evaluations do not touch training)
 
 
 def test_damaged_newest_checkpoints_fall_back_and_are_kept_aside(reference, train, tmp_path):

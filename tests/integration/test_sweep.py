@@ -4,6 +4,8 @@ killed midway and restarted, two workers sharing one SQLite study, and atomic tr
 import json
 import multiprocessing
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -15,7 +17,7 @@ import optuna
 import pytest
 
 from tests import helpers
-from tests.helpers import ROOT
+from tests.helpers import ROOT, assert_bitwise_equal, saved_state
 from tests.sweep_claims import claim_all
 from transformer_jax.reporting.metrics import read_metrics
 from transformer_jax.sweeps import study as sweep
@@ -45,9 +47,9 @@ def cache_dir(tfds_cache, tiny_tokenizer, tmp_path):
   return tfds_cache
 
 
-def _sweep_cmd(tmp_path, cache_dir, lrs, *extra):
+def _sweep_cmd(tmp_path, cache_dir, lrs, *extra, template=SPEC):
   spec = tmp_path / "spec.py"
-  spec.write_text(SPEC.format(lrs=", ".join(map(repr, lrs))))
+  spec.write_text(template.format(lrs=", ".join(map(repr, lrs))))
   return [sys.executable, "-m", "transformer_jax.cli.sweep", "--config=configs/tiny.py",
           f"--sweep={spec}", f"--workdir={tmp_path / 'sweep'}",
           f"--config.data.cache_dir={cache_dir}", "--heartbeat_interval=1",
@@ -142,6 +144,61 @@ def test_killed_sweep_continues_without_repeating_finished_trials(tmp_path, cach
   assert (workdir / "trials" / "0000" / "train.log").read_text().count("Model:") == 1
   assert f"Resuming from step {saved[-1]}" in (trial1 / "train.log").read_text()
   assert not (workdir / "trials" / "0002").exists()
+
+
+# Validation at steps 4 and 6 on the whole validation set, in batches of 4 with beam 4: a
+# few seconds (more when compiling), time enough for a worker to die in the middle of it.
+LONG_EVAL_SPEC = SPEC.replace('"eval_every_steps": 2', '"eval_every_steps": 4').replace(
+    '"eval_max_sentences": 8', '"eval_max_sentences": 1014, "decode": {{"batch_size": 4, '
+    '"beam_size": 4}}')
+
+
+def _lock_trace(log_text: str) -> list[tuple[str, int]]:
+  """The workdir lock's takings and releases, in the order the processes logged them."""
+  return [(m.group(1), int(m.group(2))) for m in
+          re.finditer(r"Workdir lock (taken|released) by pid (\d+)", log_text)]
+
+
+def test_a_worker_killed_during_a_long_evaluation_never_leaves_two_writers(tmp_path,
+                                                                           cache_dir):
+  """The worker dies mid-validation; its orphaned run gets SIGTERM, stops the validation at
+  the next batch, saves and exits; the rerun, started at once, waits for the workdir's lock,
+  validates the saved step first, and ends with the parameters of an undisturbed run."""
+  cmd = _sweep_cmd(tmp_path, cache_dir, [1e-2], "--sweep.pruner=none",
+                   template=LONG_EVAL_SPEC)
+  workdir = tmp_path / "sweep"
+  trial0 = workdir / "trials" / "0000"
+  worker = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  _wait_for(lambda: (trial0 / "train.log").is_file()
+            and "step 4: validating" in (trial0 / "train.log").read_text(),
+            what="trial 0's validation of step 4")
+  worker.send_signal(signal.SIGKILL)
+  worker.wait()
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+
+  trials = _trials(workdir)
+  assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
+  assert trials[1].user_attrs["retry_of"] == 0
+  assert trials[1].user_attrs["workdir"] == str(trial0)
+  text = (trial0 / "train.log").read_text()  # (both runs write it, in time order)
+  trace = _lock_trace(text)
+  assert [what for what, _ in trace] == ["taken", "released", "taken", "released"], trace
+  (_, orphan), _, (_, rerun), _ = trace
+  assert orphan != rerun and trace[1][1] == orphan and trace[3][1] == rerun
+  assert "SIGTERM during the validation of step 4: validation stopped" in text
+  assert "Resuming from step 4" in text and "Validating step 4 first" in text
+  records = read_metrics(trial0 / "metrics.jsonl")
+  assert [m["step"] for m in records if "eval/loss" in m] == [4, 6]
+
+  # The same trial undisturbed, from its recorded command: the same final parameters.
+  argv = shlex.split(trials[1].user_attrs["command"])
+  alone = tmp_path / "alone"
+  assert argv[-1] == f"--workdir={trial0}"
+  undisturbed = subprocess.run([*argv[:-1], f"--workdir={alone}"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=300)
+  assert undisturbed.returncode == 0, undisturbed.stderr[-3000:]
+  assert_bitwise_equal(saved_state(trial0), saved_state(alone))
 
 
 def test_a_worker_signalled_twice_fails_and_requeues_its_trial(tmp_path, cache_dir):

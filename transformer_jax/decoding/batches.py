@@ -58,8 +58,10 @@ def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=
   return out
 
 
-def translate(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None) -> list[str]:
-  """The best translation of every source in `eval_set`, in its order."""
+def translate(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
+              on_batch=None) -> list[str]:
+  """The best translation of every source in `eval_set`, in its order (`on_batch`: as for
+  translate_nbest)."""
   single = dataclasses.replace(cfg, nbest=1)
   return [hyps[0][0] if hyps else "" for hyps in
-          translate_nbest(model, params, eval_set, tokenizer, single, mesh)]
+          translate_nbest(model, params, eval_set, tokenizer, single, mesh, on_batch)]

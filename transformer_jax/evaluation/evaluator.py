@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import jax
 
@@ -26,22 +27,33 @@ def eval_step(params, batch, *, model):
   return {"nll_sum": nll_sum, "num_tokens": num_tokens}
 
 
+class ValidationCancelled(Exception):
+  """An evaluation stopped between two batches because `Evaluator.cancelled()` said so."""
+
+
 @dataclasses.dataclass
 class Evaluator:
-  """Validation loss, and BLEU of translations, on one evaluation set."""
+  """Validation loss, and BLEU of translations, on one evaluation set. `cancelled`, when
+  given, is asked between batches; True stops the evaluation (ValidationCancelled)."""
   eval_set: EvalSet
   model: Transformer
   tokenizer: Tokenizer
   decode: DecodeConfig
   mesh: object
+  cancelled: Callable[[], bool] | None = None
 
   def __post_init__(self):
     self._eval_step = jax.jit(functools.partial(eval_step, model=self.model))
+
+  def _check(self, *_):
+    if self.cancelled is not None and self.cancelled():
+      raise ValidationCancelled()
 
   def loss(self, params) -> float:
     total = None
     batch_size = mesh_lib.round_up_to_data_parallel(self.decode.batch_size, self.mesh)
     for _, batch in self.eval_set.batches(batch_size, self.model.config.max_len):
+      self._check()
       batch = {k: mesh_lib.global_array_from_full(v, self.mesh) for k, v in batch.items()}
       total = sum_metrics(total, self._eval_step(params, batch))
     total = jax.device_get(total)
@@ -49,7 +61,9 @@ class Evaluator:
 
   def bleu(self, params) -> tuple[Score, list[str]]:
     """The score of the translations of every source, and the translations, in order."""
-    hyps = translate(self.model, params, self.eval_set, self.tokenizer, self.decode, self.mesh)
+    self._check()
+    hyps = translate(self.model, params, self.eval_set, self.tokenizer, self.decode, self.mesh,
+                     on_batch=self._check)
     return score(hyps, self.eval_set.references), hyps
 
 

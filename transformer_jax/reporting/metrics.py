@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import jax
@@ -18,16 +19,21 @@ METRICS_FILE = "metrics.jsonl"
 class MetricWriter:
   """Appends `{"step": N, "train/loss": ...}` lines to metrics.jsonl and TensorBoard events.
 
-  Only process 0 writes; the others accept calls and do nothing.
+  Only process 0 writes; the others accept calls and do nothing. A run that starts from step
+  `resumed_at` hides the TensorBoard events of later steps that an earlier run wrote
+  (TensorBoard's purge marker), as truncate_metrics drops their records.
   """
 
-  def __init__(self, workdir: str | Path):
+  def __init__(self, workdir: str | Path, resumed_at: int = 0):
     self.path = Path(workdir) / METRICS_FILE
     self.active = jax.process_index() == 0
     self._tb = None
     if self.active:
       from tensorboardX import SummaryWriter  # imported here: only the writing process needs it
-      self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"))
+      # (the file is named by the second it was opened in, then this suffix: the nanoseconds,
+      # so that a run resumed within the same second writes a new file, sorting after)
+      self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resumed_at + 1,
+                               filename_suffix=f".{time.time_ns() % 10**9:09d}")
 
   def write(self, step: int, metrics: dict[str, float]):
     if not self.active:

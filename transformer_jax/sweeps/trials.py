@@ -65,8 +65,7 @@ class TrialRunner:
     """Runs one claimed trial to the end and tells Optuna how it went."""
     history = optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(
         trial.study.get_trials(deepcopy=False)[trial.number])
-    root = history[0] if history else trial.number  # a rerun resumes in the original workdir
-    trial_dir = self.workdir / "trials" / f"{root:04d}"
+    trial_dir = self._trial_dir(trial, history[0] if history else None)
     params = {name: _suggest(trial, name, dist) for name, dist in self.spec.search_space.items()}
     cmd = self.command(params, trial_dir)
     trial_dir.mkdir(parents=True, exist_ok=True)
@@ -128,6 +127,21 @@ class TrialRunner:
     self.study.tell(trial, value)
     log.info("trial %d: %s=%.4f after %d steps (%.0fs)", trial.number, self.spec.objective,
              value, steps, seconds)
+
+  def _trial_dir(self, trial, original: int | None) -> Path:
+    """The trial's workdir. A rerun's is the original trial's, so it resumes from its
+    checkpoints, when this worker reaches it (the same machine, or a shared filesystem);
+    otherwise this worker's `trials/NNNN` for the original's number, started afresh."""
+    own = self.workdir / "trials" / f"{trial.number if original is None else original:04d}"
+    if original is None:
+      return own
+    attrs = trial.study.get_trials(deepcopy=False)[original].user_attrs
+    if attrs.get("workdir") and Path(attrs["workdir"]).is_dir():
+      return Path(attrs["workdir"])
+    log.warning("trial %d: the workdir of trial %d (%s on %s) is not on this machine; it "
+                "starts over in %s", trial.number, original, attrs.get("workdir"),
+                attrs.get("host"), own)
+    return own
 
   def _report(self, trial, trial_dir: Path, reported: set[int]) -> int | None:
     """Reports new validation results; returns the step if the pruner stops the trial."""

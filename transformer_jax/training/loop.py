@@ -16,7 +16,11 @@ from transformer_jax.config.sections import TrainConfig
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.data.pipeline import train_pipeline
 from transformer_jax.errors import ConfigError
-from transformer_jax.evaluation.evaluator import Evaluator, sample_translations
+from transformer_jax.evaluation.evaluator import (
+    Evaluator,
+    ValidationCancelled,
+    sample_translations,
+)
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel import numerics
@@ -116,10 +120,11 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
         donate_argnums=(0,))
     lr_fn = learning_rate_schedule(cfg.optimizer)
     evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
-                                        cfg.data.eval_dataset), model, tok, cfg.decode, mesh)
+                                        cfg.data.eval_dataset), model, tok, cfg.decode, mesh,
+                          cancelled=preemption.signalled_here)
     # (before the writer appends: the records of steps this run redoes go)
     history = truncate_metrics(workdir / METRICS_FILE, start_step)
-    writer = MetricWriter(workdir)
+    writer = MetricWriter(workdir, resumed_at=start_step)
     _restore_counts(pipeline, history)
     clock = WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes)
     budget = TimeBudget(cfg.time_budget_minutes, _last_logged(history, "time/train_minutes", 0.0))
@@ -131,7 +136,33 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
     stopper = EarlyStopping(cfg.early_stopping_patience,
                             [r["eval/bleu"] for r in history if "eval/bleu" in r])
 
-    first_step, out_of_time = start_step + 1, False
+    def validate(step: int, state) -> bool | None:
+      """Validation of `step`, its best checkpoint and early stopping: True = stop early;
+      None = cut short by SIGTERM (marked, so the resumed run validates `step` first)."""
+      faults.before_validation(step)
+      try:
+        bleu = _validate(evaluator, state.params, step, writer, cfg.decode.num_samples_to_log,
+                         final)
+      except ValidationCancelled:
+        log.warning("SIGTERM during the validation of step %d: validation stopped (the "
+                    "resumed run does it first)", step)
+        writer.write(step, {VALIDATION_CANCELLED: 1.0})
+        return None
+      plots.plot_metrics(workdir)
+      best_ckpt.save(step, state, metrics={"bleu": bleu})
+      if stopper.update(bleu):
+        log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
+                 "evaluations", step, stopper.best, stopper.patience)
+        return True
+      return False
+
+    step, first_step, out_of_time = start_step, start_step + 1, False
+    if _validation_pending(history, start_step):
+      log.info("Validating step %d first: SIGTERM cut its validation short", start_step)
+      outcome = validate(start_step, state)
+      preempted = outcome is None
+      if outcome is not False:  # (preempted again, or stopping early: no more steps)
+        first_step = cfg.num_train_steps + 1
     if budget.spent() and start_step < cfg.num_train_steps:
       log.warning("The time budget (config.time_budget_minutes=%g) was spent at step %d: no "
                   "more training; raise it to train on", cfg.time_budget_minutes, start_step)
@@ -170,14 +201,9 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
 
       if (step % cfg.eval_every_steps == 0 or last or due_eval) and not preempted:
         clock.done(0)
-        bleu = _validate(evaluator, state.params, step, writer, cfg.decode.num_samples_to_log,
-                         final)
-        plots.plot_metrics(workdir)
-        best_ckpt.save(step, state, metrics={"bleu": bleu})
-        if stopper.update(bleu):
-          log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
-                   "evaluations", step, stopper.best, stopper.patience)
-          last = True
+        outcome = validate(step, state)
+        preempted = preempted or outcome is None
+        last = last or outcome is not False
         t_last = time.time()  # evaluation time does not count against training speed
 
       if saving or last:  # (`last` again: early stopping may have set it)
@@ -257,6 +283,17 @@ def keep_data_order(cfg: TrainConfig, config_dict: dict | None, workdir: Path
   return cfg, config_dict
 
 
+# Marks a validation that SIGTERM cut short, at its step in metrics.jsonl.
+VALIDATION_CANCELLED = "eval/cancelled"
+
+
+def _validation_pending(history: list[dict], step: int) -> bool:
+  """Whether the validation of `step` was cut short and not done since."""
+  at_step = [r for r in history if r["step"] == step]
+  return (any(VALIDATION_CANCELLED in r for r in at_step)
+          and not any("eval/bleu" in r for r in at_step))
+
+
 def _last_logged(records: list[dict], key: str, default: float) -> float:
   """The newest value of `key` in metrics `records` (`default` if none has it)."""
   values = [r[key] for r in records if key in r]
@@ -295,6 +332,7 @@ def _validate(evaluator: Evaluator, params, step: int, writer: MetricWriter, sam
               final: dict) -> float:
   """Validation BLEU, chrF and loss, logged and written; returns the BLEU."""
   t_eval = time.time()
+  log.info("step %d: validating on %d sentences", step, len(evaluator.eval_set))
   score, hyps = evaluator.bleu(params)
   eval_metrics = {"eval/loss": evaluator.loss(params), "eval/bleu": score.bleu,
                   "eval/chrf": score.chrf}

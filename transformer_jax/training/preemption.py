@@ -8,6 +8,7 @@ preemption service (`jax.distributed`), with which all hosts agree on the step t
 cluster's preemption handling. Set TRANSFORMER_JAX_FAULTS to comma-separated `kind@step`:
   sigkill@N    the process kills itself with SIGKILL right after step N (no chance to save)
   sigterm@N    the process sends itself SIGTERM right after step N (preemption)
+  sigterm_validating@N  SIGTERM as the validation of step N starts (a preemption mid-evaluation)
   nonfinite@N  step N's gradients are NaN (the update is never applied)
   sigkill_saving@N  SIGKILL right after the save of step N started (its files half written)
   enospc_saving@N   the save of step N fails as on a full disk (OSError ENOSPC)
@@ -32,6 +33,7 @@ ENV = "TRANSFORMER_JAX_FAULTS"
 class Faults:
   sigkill_at: int = 0
   sigterm_at: int = 0
+  sigterm_validating_at: int = 0
   nonfinite_at: int = 0
   sigkill_saving_at: int = 0
   enospc_saving_at: int = 0
@@ -45,7 +47,8 @@ class Faults:
       field = f"{kind}_at"
       if field not in {f.name for f in dataclasses.fields(cls)} or not step.isdigit():
         raise ValueError(f"{ENV}={spec!r}: {item!r} is not one of sigkill@N, sigterm@N, "
-                         "nonfinite@N, sigkill_saving@N, enospc_saving@N")
+                         "sigterm_validating@N, nonfinite@N, sigkill_saving@N, "
+                         "enospc_saving@N")
       values[field] = int(step)
     if values:
       log.warning("fault injection (%s=%s): %s", ENV, spec, values)
@@ -62,6 +65,11 @@ class Faults:
     if step == self.sigkill_saving_at:
       log.warning("fault injection: SIGKILL during the save of step %d", step)
       os.kill(os.getpid(), signal.SIGKILL)
+
+  def before_validation(self, step: int):
+    if step == self.sigterm_validating_at:
+      log.warning("fault injection: SIGTERM as the validation of step %d starts", step)
+      os.kill(os.getpid(), signal.SIGTERM)
 
   def after_step(self, step: int):
     if step == self.sigkill_at:
@@ -92,6 +100,12 @@ class Preemption:
     if not self._signalled:
       log.warning("SIGTERM: saving a checkpoint after the current step, then exiting")
     self._signalled = True
+
+  def signalled_here(self) -> bool:
+    """SIGTERM has arrived in this single-process run: what cuts a validation short. (Across
+    processes the preemption service agrees on steps only, so there a validation in
+    progress runs to its end before the save.)"""
+    return not self._multi_process and self._signalled
 
   def requested(self, step: int) -> bool:
     if self._multi_process:

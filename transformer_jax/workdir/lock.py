@@ -78,8 +78,10 @@ def hold(workdir: str | Path, command: str, wait_seconds: float = 0.0):
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                               "command": command, "since": time.time()}).encode(), 0)
+    log.info("Workdir lock taken by pid %d (%s)", os.getpid(), command)
     yield
   finally:
     if held:  # (a clean end leaves no holder named; a dead process's name stays)
       os.ftruncate(fd, 0)
+      log.info("Workdir lock released by pid %d", os.getpid())  # (the lock trace: in order)
     os.close(fd)  # (releases the lock)

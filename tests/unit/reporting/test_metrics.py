@@ -15,3 +15,23 @@ def test_truncating_keeps_the_records_up_to_the_restored_step(tmp_path):
   assert metrics.read_metrics(path) == kept
   assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # (no temporary file left)
   assert metrics.truncate_metrics(tmp_path / "absent.jsonl", 3) == []
+
+
+def test_a_resumed_writer_hides_the_redone_steps_from_tensorboard(tmp_path):
+  """As TensorBoard reads them: steps 1-4 written, the run resumed from step 2 writes 3-4
+  again; each step has one value, the later run's."""
+  from tensorboard.backend.event_processing import event_accumulator
+
+  first = metrics.MetricWriter(tmp_path)
+  for step in (1, 2, 3, 4):
+    first.write(step, {"train/loss": float(step)})
+  first.close()
+  resumed = metrics.MetricWriter(tmp_path, resumed_at=2)
+  for step in (3, 4):
+    resumed.write(step, {"train/loss": 10.0 * step})
+  resumed.close()
+
+  events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+  events.Reload()
+  assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
+      (1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]

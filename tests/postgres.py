@@ -10,7 +10,17 @@ from pathlib import Path
 
 from tests import helpers
 
-BIN = Path(os.environ.get("POSTGRES_BIN", "/usr/lib/postgresql/15/bin"))
+
+def _server_programs() -> Path:
+  """$POSTGRES_BIN, else the newest Debian/Ubuntu install (/usr/lib/postgresql/N/bin)."""
+  if "POSTGRES_BIN" in os.environ:
+    return Path(os.environ["POSTGRES_BIN"])
+  installed = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+                     key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+  return installed[-1].parent if installed else Path("/usr/lib/postgresql/15/bin")
+
+
+BIN = _server_programs()
 PASSWORD = "sweep-test-secret"
 
 

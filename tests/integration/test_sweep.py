@@ -9,33 +9,17 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
 
-from tests import helpers
+from tests import sweeps
 from tests.helpers import ROOT, assert_bitwise_equal, saved_state
 from tests.sweep_claims import claim_all
 from transformer_jax.reporting.metrics import read_metrics
 from transformer_jax.sweeps import study as sweep
-
-SPEC = """
-from transformer_jax.sweeps.spec import choice, new_spec
-def get_config():
-  s = new_spec()
-  s.sampler = "grid"
-  s.search_space = {{"optimizer": {{"learning_rate": choice({lrs})}}}}
-  s.fixed = {{"num_train_steps": 6, "eval_every_steps": 2, "checkpoint_every_steps": 2,
-             "log_every_steps": 2, "eval_max_sentences": 8,
-             "optimizer": {{"warmup_steps": 1}}}}
-  s.objective = "eval/loss"
-  s.pruner = "median"
-  s.pruner_startup_trials = 2
-  return s
-"""
 
 
 @pytest.fixture()
@@ -47,13 +31,8 @@ def cache_dir(tfds_cache, tiny_tokenizer, tmp_path):
   return tfds_cache
 
 
-def _sweep_cmd(tmp_path, cache_dir, lrs, *extra, template=SPEC):
-  spec = tmp_path / "spec.py"
-  spec.write_text(template.format(lrs=", ".join(map(repr, lrs))))
-  return [sys.executable, "-m", "transformer_jax.cli.sweep", "--config=configs/tiny.py",
-          f"--sweep={spec}", f"--workdir={tmp_path / 'sweep'}",
-          f"--config.data.cache_dir={cache_dir}", "--heartbeat_interval=1",
-          "--heartbeat_grace=3", *helpers.ONE_LAYER_FLAGS, *extra]
+_sweep_cmd = sweeps.command
+_wait_for = sweeps.wait_for
 
 
 def _trials(workdir):
@@ -107,13 +86,6 @@ def _trial_processes(marker: str) -> list[int]:
   return pids
 
 
-def _wait_for(condition, timeout_s=300, what=""):
-  deadline = time.time() + timeout_s
-  while not condition():
-    assert time.time() < deadline, f"timed out waiting for {what}"
-    time.sleep(0.2)
-
-
 def test_killed_sweep_continues_without_repeating_finished_trials(tmp_path, cache_dir):
   cmd = _sweep_cmd(tmp_path, cache_dir, [1e-2, 3e-3])
   workdir = tmp_path / "sweep"
@@ -148,7 +120,7 @@ def test_killed_sweep_continues_without_repeating_finished_trials(tmp_path, cach
 
 # Validation at steps 4 and 6 on the whole validation set, in batches of 4 with beam 4: a
 # few seconds (more when compiling), time enough for a worker to die in the middle of it.
-LONG_EVAL_SPEC = SPEC.replace('"eval_every_steps": 2', '"eval_every_steps": 4').replace(
+LONG_EVAL_SPEC = sweeps.SPEC.replace('"eval_every_steps": 2', '"eval_every_steps": 4').replace(
     '"eval_max_sentences": 8', '"eval_max_sentences": 1014, "decode": {{"batch_size": 4, '
     '"beam_size": 4}}')
 

@@ -159,24 +159,54 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
 
 
 def _damage(out: Path) -> str:
-  """What is wrong with a prepared dataset folder: a shard missing, or shards whose sizes do
-  not add up to the bytes its metadata records; "" when it is intact."""
+  """What is wrong with a prepared local dataset folder (its shards against the metadata it
+  records); "" when it is intact."""
   try:
     info = json.loads((out / "dataset_info.json").read_text())
     for split in info["splits"]:
-      shards = [out / f"{_NAME}-{split['name']}.array_record-{i:05d}-of-"
-                       f"{len(split['shardLengths']):05d}"
-                for i in range(len(split["shardLengths"]))]
-      missing = [p.name for p in shards if not p.is_file()]
-      if missing:
-        return f"missing {missing[0]}"
-      size = sum(p.stat().st_size for p in shards)
-      if size != int(split["numBytes"]):
-        return (f"split {split['name']!r}: {size} bytes in its shards, "
-                f"{split['numBytes']} recorded")
+      count = len(split["shardLengths"])
+      shards = [out / f"{_NAME}-{split['name']}.array_record-{i:05d}-of-{count:05d}"
+                for i in range(count)]
+      damage = shard_damage(shards, [int(n) for n in split["shardLengths"]])
+      if damage:
+        return damage
   except (OSError, ValueError, KeyError) as e:
     return f"unreadable metadata: {e}"
   return ""
+
+
+def shard_damage(shards, lengths: list[int]) -> str:
+  """The first shard that is missing or does not hold the records its dataset records (a
+  truncated array_record file reads as fewer), as words; "" when all are whole."""
+  for path, expected in zip(shards, lengths):
+    path = Path(path)
+    if not path.is_file():
+      return f"missing {path.name}"
+    try:
+      reader = array_record_module.ArrayRecordReader(os.fspath(path))
+      try:
+        found = reader.num_records()
+      finally:
+        reader.close()
+    except Exception as e:  # noqa: BLE001 (array_record raises plain RuntimeErrors and more)
+      return f"{path.name} unreadable: {str(e).splitlines()[0][:200]}"
+    if found != expected:
+      return f"{path.name} holds {found} records, {expected} recorded"
+  return ""
+
+
+def _check_prepared(builder, splits: tuple[str, ...]):
+  """A TFDS-prepared dataset's shards of `splits`, checked; a damaged one is a one-line
+  error naming the folder (it is not prepared again here: that can mean a large download)."""
+  for split in splits:
+    if split not in builder.info.splits:
+      continue  # (TFDS names the missing split itself)
+    info = builder.info.splits[split]
+    damage = shard_damage(info.filepaths, info.shard_lengths)
+    if damage:
+      raise DataError(f"prepared dataset {builder.data_dir} is damaged (split {split!r}: "
+                      f"{damage}); remove that folder and rerun to prepare it again (TFDS "
+                      "keeps its downloads)")
 
 
 def _write_split(out: Path, split: str, pairs: Iterator[tuple[int, str, str]],
@@ -238,6 +268,7 @@ def get_builder(spec: CorpusSpec) -> tfds.core.DatasetBuilder:
           spec.local_folder, spec.splits, (spec.source_lang, spec.target_lang), spec.cache_dir)))
     builder = tfds.builder(spec.dataset, data_dir=spec.cache_dir or None)
     builder.download_and_prepare(file_format="array_record")
+    _check_prepared(builder, spec.splits)
   return builder
 
 

@@ -2,8 +2,10 @@
 
 import gzip
 import logging
+import re
 
 import pytest
+import tensorflow_datasets as tfds
 
 from transformer_jax.data import corpus
 from transformer_jax.errors import DataError
@@ -117,7 +119,38 @@ def test_a_damaged_prepared_corpus_is_prepared_again(tmp_path, caplog, damage):
     pairs = list(corpus.iterate_pairs(spec, "train"))
   assert pairs[7] == ("satz 7", "sentence 7") and len(pairs) == 50
   assert f"prepared corpus {shard.parent} is damaged" in caplog.text
-  assert ("bytes in its shards" if damage == "truncate" else "missing") in caplog.text
+  # (array_record: a truncated shard reads as fewer records, or fails below 64 KB)
+  assert re.search(r"\.array_record-00000-of-00001 (holds \d+ records, 50 recorded|unreadable: )"
+                   if damage == "truncate" else "missing", caplog.text)
+
+
+class DamageTestCorpus(tfds.core.GeneratorBasedBuilder):
+  """A TFDS dataset built by TFDS's own writer (as the WMT builders are), 40 pairs."""
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    return self.dataset_info_from_configs(features=tfds.features.FeaturesDict(
+        {"de": tfds.features.Text(), "en": tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {"train": self._generate_examples()}
+
+  def _generate_examples(self):
+    for i in range(40):
+      yield i, {"de": f"satz {i}", "en": f"sentence {i}"}
+
+
+def test_a_damaged_tfds_prepared_dataset_is_a_one_line_error_naming_it(tmp_path):
+  spec = corpus.CorpusSpec("damage_test_corpus", "", "de", "en", ("train",),
+                           str(tmp_path / "tfds"))
+  assert len(list(corpus.iterate_pairs(spec, "train"))) == 40
+  (shard,) = (tmp_path / "tfds").rglob("*train.array_record*")
+  shard.write_bytes(shard.read_bytes()[:100])
+  with pytest.raises(DataError, match=rf"^prepared dataset {shard.parent} is damaged \(split "
+                                      r"'train': .*(holds \d+ records, 40 recorded|"
+                                      r"unreadable: .*)\); remove that folder and rerun"):
+    corpus.get_builder(spec)
 
 
 def test_wrong_layouts_point_at_split_corpus(tmp_path):

@@ -2,6 +2,8 @@
 where (the file, line, key or flag); the command-line runner prints it without a traceback."""
 
 import errno
+import os
+import re
 
 
 class Error(Exception):
@@ -46,11 +48,25 @@ WRITE_ERRNOS = frozenset({errno.EACCES, errno.ENOSPC, errno.EROFS, errno.EDQUOT}
 
 def filesystem_cause(error: BaseException) -> OSError | None:
   """The OSError of WRITE_ERRNOS behind `error` (itself, or what caused it, as libraries such
-  as Orbax wrap it), or None."""
-  seen = set()
+  as Orbax wrap it), or None. TensorStore (Orbax's writer) reports the OS error only in its
+  message text (`... local file "PATH" ... [os_error_code='28']`): that becomes an OSError too,
+  and the path of a file without one is taken from such a message."""
+  seen, found, path = set(), None, None
   while error is not None and id(error) not in seen:
     seen.add(id(error))
-    if isinstance(error, OSError) and error.errno in WRITE_ERRNOS:
-      return error
+    if found is None and isinstance(error, OSError) and error.errno in WRITE_ERRNOS:
+      found = error
+    code = re.search(r"os_error_code='(\d+)'", str(error))
+    if code and int(code.group(1)) in WRITE_ERRNOS:
+      where = re.search(r'local file "(/[^"]+)"', str(error))
+      path = path or (where and _checkpoint_of(where.group(1)))
+      found = found or OSError(int(code.group(1)), os.strerror(int(code.group(1))), path)
     error = error.__cause__ or error.__context__
-  return None
+  if found is not None and found.filename is None and path:
+    found = OSError(found.errno, found.strerror, path)
+  return found
+
+
+def _checkpoint_of(path: str) -> str:
+  """An Orbax temporary path (`<dir>/16.orbax-checkpoint-tmp/...`) as the checkpoint's own."""
+  return path.split(".orbax-checkpoint-tmp")[0].rstrip("/")

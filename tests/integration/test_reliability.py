@@ -7,6 +7,8 @@ uninterrupted run.
 """
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -112,6 +114,65 @@ def test_a_full_disk_at_a_save_is_one_line_and_keeps_the_earlier_checkpoint(refe
                   "on device (nothing saved before it was lost)"), last
   assert _steps(run) == [4]
   _assert_bitwise_equal(_state(run, 4), _state(reference, 4))
+
+
+@pytest.fixture()
+def tmpfs(tmp_path):
+  """A small tmpfs of its own (8 MB), unmounted at the end; skipped where mounting is not
+  allowed (not root, or a container without CAP_SYS_ADMIN): the injected ENOSPC above and the
+  write probe's unit tests cover the same code there."""
+  mount_point = tmp_path / "tmpfs"
+  mount_point.mkdir()
+  r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
+                     capture_output=True, text=True)
+  if r.returncode != 0:
+    pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+  try:
+    yield mount_point
+  finally:
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill_leaving(folder, free_bytes: int):
+  """Fills `folder`'s filesystem with one file, leaving about `free_bytes` free."""
+  st = os.statvfs(folder)
+  with open(folder / "filler", "wb") as f:
+    f.write(b"\0" * max(st.f_bavail * st.f_frsize - free_bytes, 0))
+
+
+def test_a_read_only_workdir_is_one_line_before_any_work_and_loses_nothing(reference, train,
+                                                                           tmpfs):
+  run = shutil.copytree(reference, tmpfs / "run")
+  subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+  r = train(run, "--config.num_train_steps=16", check=False)
+  assert r.returncode == 1
+  assert helpers.one_line_error(r.stderr) == (f"train: cannot write {run}: Read-only file "
+                                              "system"), r.stderr[-2000:]
+  assert "Model:" not in r.stderr  # (found before the model was built)
+  e = subprocess.run([sys.executable, "-m", "transformer_jax.cli.evaluate", f"--workdir={run}",
+                      "--split=val", "--max_sentences=4"], cwd=ROOT, capture_output=True,
+                     text=True, timeout=300)
+  assert e.returncode == 1 and "Read-only file system" in helpers.one_line_error(e.stderr)
+  assert "cannot write" in helpers.one_line_error(e.stderr)
+  for step in (4, 8, 12):
+    _assert_bitwise_equal(_state(run, step), _state(reference, step))
+
+
+def test_a_full_filesystem_at_a_save_is_one_line_and_loses_nothing(reference, train, tmpfs):
+  run = shutil.copytree(reference, tmpfs / "run")
+  _fill_leaving(tmpfs, 300_000)  # (the write probe passes; a 650 KB checkpoint does not fit)
+  r = train(run, "--config.num_train_steps=16", check=False)
+  assert r.returncode == 1
+  message = helpers.one_line_error(r.stderr)
+  assert re.fullmatch(rf"train: cannot write {run}/checkpoints(_best)?/16: No space left on "
+                      r"device \(0\.\d MiB free, the checkpoint needs about \d\.\d MiB\) "
+                      r"\(nothing saved before it was lost\)", message), message
+  assert _steps(run) == [4, 8, 12]
+  for step in (4, 8, 12):
+    _assert_bitwise_equal(_state(run, step), _state(reference, step))
+  (tmpfs / "filler").unlink()  # space again: the run goes on from step 12
+  train(run, "--config.num_train_steps=16")
+  assert _steps(run)[-1] == 16
 
 
 def _lock_text(workdir) -> str:

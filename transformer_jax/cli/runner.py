@@ -13,6 +13,7 @@ tool's own flags (also as a console script) and a tool can run in-process, e.g. 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import sys
 from collections.abc import Callable
@@ -92,6 +93,8 @@ def run(tool: str, doc: str, define_flags: Callable[[flags.FlagValues], None],
     cause = errors.filesystem_cause(e)
     if cause is None:
       raise
+    # (Orbax's background writers that failed alike are reported again by asyncio at exit)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     return _fail(f"{tool}: cannot write {cause.filename or 'a file'}: {cause.strerror} "
                  "(nothing saved before it was lost)", EXIT_ERROR)
   except KeyboardInterrupt:

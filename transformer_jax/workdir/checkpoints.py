@@ -10,8 +10,10 @@ the oldest beyond `max_to_keep` are deleted, after a newer one is complete.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -56,6 +58,7 @@ class Checkpointer:
     if step in self.all_steps():  # a resumed run redoing saved steps: the same state again
       log.info("Checkpoint at step %d already in %s", step, self.directory)
       return
+    self._check_space(step, state)
     items = {"state": ocp.args.StandardSave(state)}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
@@ -63,6 +66,21 @@ class Checkpointer:
     self.manager.save(step, args=ocp.args.Composite(**items), force=True, metrics=metrics)
     log.info("Saving checkpoint at step %d in %s (blocked %.2f s; written in the background)",
              step, self.directory, time.perf_counter() - start)
+
+  def _check_space(self, step: int, state):
+    """A save that cannot fit is refused before Orbax writes a byte (its writers failing
+    half-way on a full disk flood the log): ENOSPC naming the checkpoint when the filesystem
+    has less free space than the state's bytes and a margin. One process only: with several,
+    each would decide alone, and a save is collective."""
+    if jax.process_count() > 1:
+      return
+    needed = 1.1 * sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(state)) + 2**20
+    self.directory.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(self.directory).free
+    if free < needed:
+      raise OSError(errno.ENOSPC, f"No space left on device ({free / 2**20:.1f} MiB free, the "
+                    f"checkpoint needs about {needed / 2**20:.1f} MiB)",
+                    str(self.directory / str(step)))
 
   def wait(self):
     """Returns once the save in flight (if any) is complete on disk."""

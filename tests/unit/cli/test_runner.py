@@ -108,6 +108,16 @@ def test_a_filesystem_refusing_a_write_is_one_line_whatever_wraps_it(capsys):
   assert err == ("train: cannot write /runs/x/checkpoints/8: No space left on device (nothing "
                  "saved before it was lost)")
 
+  def tensorstore(args):  # (Orbax's writer on a full disk, mid-save: the error only as text)
+    raise ValueError('RESOURCE_EXHAUSTED: Error writing "params.x/0" in OCDBT database at '
+                     'local file "/runs/x/checkpoints/16.orbax-checkpoint-tmp/state.orbax-'
+                     'checkpoint-tmp/ocdbt.process_0/": Failed to write 14897 bytes to file '
+                     "10: No space left on device [os_error_code='28']")
+  assert runner.run("train", "A tool.", lambda fv: None, tensorstore, ["train"]) == 1
+  assert capsys.readouterr().err.strip() == (
+      "train: cannot write /runs/x/checkpoints/16: No space left on device (nothing saved "
+      "before it was lost)")
+
   def other(args):
     raise ValueError("a bug, not the filesystem")
   with pytest.raises(ValueError, match="a bug"):  # (everything else keeps its traceback)

@@ -1,6 +1,9 @@
 """Checkpoints: a failed save keeps every good one, checkpoints that all fail to restore are an
 error that moves nothing, and selection strings name the checkpoints or say what is wrong."""
 
+import errno
+import shutil
+
 import grain
 import jax
 import jax.numpy as jnp
@@ -62,3 +65,19 @@ def test_selections_name_checkpoints_or_say_what_is_wrong():
       checkpoints.parse_selection(bad, steps)
   with pytest.raises(CheckpointError, match="no checkpoints yet"):
     checkpoints.parse_selection("latest", [])
+
+
+def test_a_save_that_cannot_fit_is_refused_before_writing(tmp_path, monkeypatch):
+  ckpt = checkpoints.Checkpointer(tmp_path / "checkpoints", max_to_keep=2)
+  state = {"w": jnp.zeros((1000, 1000))}  # 4 MB
+  ckpt.save(1, state)
+  ckpt.wait()
+  usage = shutil.disk_usage(tmp_path)
+  monkeypatch.setattr(checkpoints.shutil, "disk_usage",
+                      lambda path: usage._replace(free=3 * 2**20))
+  with pytest.raises(OSError, match=r"No space left on device \(3\.0 MiB free, the checkpoint "
+                                    r"needs about 5\.2 MiB\)") as e:
+    ckpt.save(2, state)
+  assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "checkpoints/2")
+  assert ckpt.all_steps() == [1]
+  ckpt.close()

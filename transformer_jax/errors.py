@@ -22,6 +22,10 @@ class DataError(Error, ValueError):
   """A data file is missing or malformed, or a corpus has nothing to train on."""
 
 
+class TokenizerDamaged(DataError):
+  """A tokenizer file that SentencePiece cannot read (truncated, or another kind of file)."""
+
+
 class CheckpointError(Error, ValueError):
   """A workdir, checkpoint or checkpoint selection is missing or unusable."""
 

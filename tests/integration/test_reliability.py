@@ -116,6 +116,27 @@ def test_a_full_disk_at_a_save_is_one_line_and_keeps_the_earlier_checkpoint(refe
   _assert_bitwise_equal(_state(run, 4), _state(reference, 4))
 
 
+def test_a_truncated_tokenizer_is_one_line_naming_it_and_its_fingerprint(reference, train,
+                                                                          tmp_path):
+  run = shutil.copytree(reference, tmp_path / "run")
+  fingerprint = json.loads((run / "tokenizer.json").read_text())["fingerprint"]
+  model = run / "spm.model"
+  model.write_bytes(model.read_bytes()[:1000])
+  r = train(run, "--config.num_train_steps=16", check=False)
+  e = subprocess.run([sys.executable, "-m", "transformer_jax.cli.evaluate", f"--workdir={run}",
+                      "--split=val", "--max_sentences=4"], cwd=ROOT, capture_output=True,
+                     text=True, timeout=300)
+  for tool, result in (("train", r), ("evaluate", e)):
+    assert result.returncode == 1
+    message = helpers.one_line_error(result.stderr)
+    assert message.startswith(f"{tool}: tokenizer {model} is damaged or not a SentencePiece "
+                              "model"), message
+    assert message.endswith(f"{run / 'tokenizer.json'} records its fingerprint: "
+                            f"{fingerprint}"), message
+  for step in (4, 8, 12):
+    _assert_bitwise_equal(_state(run, step), _state(reference, step))
+
+
 @pytest.fixture()
 def tmpfs(tmp_path):
   """A small tmpfs of its own (8 MB), unmounted at the end; skipped where mounting is not

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.errors import ConfigError, DataError, TokenizerDamaged
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class Tokenizer:
     try:
       self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
     except RuntimeError as e:  # (a truncated or foreign file: sentencepiece names no file)
-      raise DataError(
+      raise TokenizerDamaged(
           f"tokenizer {path or '<bytes>'} is damaged or not a SentencePiece model "
           f"({str(e).splitlines()[0][:120]}); restore the file (its run's tokenizer.json "
           "records the fingerprint it must have) or, for a new run, delete it to train another"

@@ -104,7 +104,8 @@ def load(workdir: str | Path) -> TrainedRun:
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, dtype=numerics.resolve("auto").dtype))
   tok_path = layout.tokenizer_path(cfg, workdir)
-  tokenizer = Tokenizer.load(tok_path)
+  with layout.naming_recorded_fingerprint(workdir):
+    tokenizer = Tokenizer.load(tok_path)
   mismatch = layout.tokenizer_mismatch(workdir, tokenizer)
   if mismatch:
     raise CheckpointError(mismatch)

@@ -24,7 +24,7 @@ from pathlib import Path
 import jax
 
 from transformer_jax.config.sections import DecodeConfig, TrainConfig
-from transformer_jax.errors import CheckpointError, FilesystemError
+from transformer_jax.errors import CheckpointError, FilesystemError, TokenizerDamaged
 
 CONFIG = "config.json"
 TOKENIZER = "spm.model"
@@ -98,6 +98,21 @@ def record_tokenizer(workdir: str | Path, tok):
   if not record.is_file() and jax.process_index() == 0:
     record.write_text(json.dumps({"path": str(tok.path), "fingerprint": tok.fingerprint,
                                   "vocab_size": tok.vocab_size}))
+
+
+@contextlib.contextmanager
+def naming_recorded_fingerprint(workdir: str | Path):
+  """A damaged tokenizer's error, raised in the block, with the fingerprint that the run's
+  tokenizer.json records (what a restored file must have)."""
+  try:
+    yield
+  except TokenizerDamaged as e:
+    record = Path(workdir) / TOKENIZER_RECORD
+    try:
+      fingerprint = json.loads(record.read_text())["fingerprint"]
+    except (OSError, ValueError, KeyError):
+      raise e from None
+    raise TokenizerDamaged(f"{e}; {record} records its fingerprint: {fingerprint}") from None
 
 
 def tokenizer_mismatch(workdir: str | Path, tok) -> str | None:

@@ -22,9 +22,10 @@ def load_tokenizer(cfg: TrainConfig, workdir: Path) -> tokenizer.Tokenizer:
   path = layout.tokenizer_path(cfg, workdir)
   if jax.process_index() != 0 and not path.is_file():
     _wait_for(path)  # process 0 trains it; the others read the same file (shared workdir)
-  tok = tokenizer.load_or_train(path, lambda: training_sentences(cfg.data),
-                                cfg.model.vocab_size, cfg.data.tokenizer_max_sentences,
-                                cfg.seed, cfg.data.tokenizer_max_chars)
+  with layout.naming_recorded_fingerprint(workdir):
+    tok = tokenizer.load_or_train(path, lambda: training_sentences(cfg.data),
+                                  cfg.model.vocab_size, cfg.data.tokenizer_max_sentences,
+                                  cfg.seed, cfg.data.tokenizer_max_chars)
   if tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"tokenizer {path} has {tok.vocab_size} pieces but "
                       f"config.model.vocab_size={cfg.model.vocab_size}")

@@ -42,6 +42,9 @@ def get_config():
   config.model.attention_dropout_rate = 0.0
   config.model.ffn_dropout_rate = 0.0
   config.model.pre_layer_norm = True    # False: the paper's post-LN
+  config.model.norm = "layernorm"       # or "rmsnorm"
+  config.model.ffn_activation = "relu"  # "gelu", or gated "swiglu"/"geglu" (3 matrices of d_ff)
+  config.model.num_kv_heads = 0         # key/value heads (grouped-query); 0 = num_heads
   config.model.positional_encoding = "sinusoidal"  # or "learned"
   config.model.max_len = 256            # longest position (source, target, decode)
   config.model.share_embeddings = True  # one table for source and target

@@ -24,7 +24,7 @@ assert jax.device_count() == 8, jax.devices()
 # stack: each kind of parameter is there once. (No dropout: gradient accumulation draws other
 # masks than one full-batch step.)
 cfg, model, _ = tiny_setup(**{"model.num_heads": 8, "model.vocab_size": 512, **ONE_LAYER,
-                              "model.dropout_rate": 0.0})
+                              "model.dropout_rate": 0.0, **json.loads(sys.argv[2])})
 results = {}
 for shape, k in [((1, 1, 1), 1)] + [(tuple(s), k) for s, k in json.loads(sys.argv[1])]:
   n = int(np.prod(shape))
@@ -46,7 +46,9 @@ for shape, k in [((1, 1, 1), 1)] + [(tuple(s), k) for s, k in json.loads(sys.arg
   results[str(shape) + (f" k={k}" if k > 1 else "")] = {
       "losses": losses,
       "embedding": shard(emb),
-      "wi": shard(p["encoder_0"]["feed_forward"]["wi"]["kernel"]),
+      "wi": shard(p["encoder_0"]["feed_forward"].get("wi", p["encoder_0"]["feed_forward"]
+                                                     .get("wi_gate"))["kernel"]),
+      "key": shard(p["decoder_0"]["self_attention"]["key"]["kernel"]),
       "query": shard(p["decoder_0"]["cross_attention"]["query"]["kernel"]),
       "output": shard(p["encoder_0"]["self_attention"]["output"]["kernel"]),
       "adam_embedding": sorted({str(shard(x)) for x in jax.tree_util.tree_leaves(state.opt_state)
@@ -66,14 +68,20 @@ print(json.dumps(results))
 # (mesh shape, micro-batches): two groups, each in a process of its own next to the same
 # one-device reference, so that the two can run in parallel.
 MESHES = {"data and fsdp": [((8, 1, 1), 1), ((2, 4, 1), 1), ((2, 2, 2), 1)],
-          "tensor and micro-batches": [((1, 1, 8), 1), ((2, 2, 2), 2)]}
+          "tensor and micro-batches": [((1, 1, 8), 1), ((2, 2, 2), 2)],
+          "variants: rmsnorm, swiglu, 2 key/value heads": [((2, 4, 1), 1), ((2, 2, 2), 1)]}
+# config.model overrides per group (the block variants train on meshes like the plain model)
+VARIANTS = {"variants: rmsnorm, swiglu, 2 key/value heads": {
+    "model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2}}
 
 
 @pytest.mark.parametrize("group", sorted(MESHES))
 def test_meshes_match_one_device_and_split_parameters_as_configured(group):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
-  r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(MESHES[group])], cwd=ROOT,
+  variant = VARIANTS.get(group, {})
+  r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(MESHES[group]),
+                      json.dumps(variant)], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   results = json.loads(r.stdout.strip().splitlines()[-1])
@@ -82,6 +90,7 @@ def test_meshes_match_one_device_and_split_parameters_as_configured(group):
   one = results.pop("(1, 1, 1)")
   assert one["losses"][2] < one["losses"][0]
   V, D, F, H, K = 512, 32, 64, 8, 4
+  G = variant.get("model.num_kv_heads", H)
   for shape, got in results.items():
     mesh_shape = shape.split(" k=")[0]  # "(2, 2, 2) k=2": 2 micro-batches on that mesh
     data, fsdp, tensor = json.loads(mesh_shape.replace("(", "[").replace(")", "]"))
@@ -90,6 +99,7 @@ def test_meshes_match_one_device_and_split_parameters_as_configured(group):
     assert got["embedding"] == [V // tensor, D // fsdp], shape
     assert got["wi"] == [D // fsdp, F // tensor], shape
     assert got["query"] == [D // fsdp, H // tensor, K], shape
+    assert got["key"] == [D // fsdp, G // tensor, K], shape
     assert got["output"] == [H // tensor, K, D // fsdp], shape
     # Adam's moments are split like their parameters (FSDP shards the optimizer state too).
     assert got["adam_embedding"] == [str([V // tensor, D // fsdp])], shape

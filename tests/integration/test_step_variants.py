@@ -62,6 +62,22 @@ def test_remat_and_scan_train_like_the_plain_model(overrides):
   assert np.asarray(other) == pytest.approx(np.asarray(plain), rel=1e-6)
 
 
+@pytest.mark.parametrize("variant", [
+    {"model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2},
+    {"model.norm": "rmsnorm", "model.pre_layer_norm": False, "model.ffn_activation": "geglu",
+     "model.num_kv_heads": 1}], ids=["rmsnorm-swiglu-gqa2", "postln-rmsnorm-geglu-mqa"])
+def test_block_variants_train_alike_with_scan_and_remat_on_and_off(variant):
+  cfg, model, state = tiny_setup(**{"model.dropout_rate": 0.0}, **variant)
+  _, plain = _train_losses(model, state)
+  assert np.isfinite(plain).all()
+  for layout in ({"model.scan_layers": True, "model.remat": "full"}, {"model.remat": "dots"}):
+    cfg2 = tiny_train_config(**{"model.dropout_rate": 0.0}, **variant, **layout)
+    params = stack_layers(state.params, cfg.model) if cfg2.model.scan_layers else state.params
+    state2 = state.replace(params=params, opt_state=state.tx.init(params))
+    _, other = _train_losses(model_lib.Transformer(cfg2.model), state2)
+    assert np.asarray(other) == pytest.approx(np.asarray(plain), rel=1e-6), layout
+
+
 def test_scanned_model_decodes_like_the_per_layer_model():
   cfg, model, state = tiny_setup()
   model2 = model_lib.Transformer(tiny_train_config(**{"model.scan_layers": True}).model)

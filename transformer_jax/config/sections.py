@@ -48,6 +48,12 @@ class ModelConfig:
   attention_dropout_rate: float  # on attention weights
   ffn_dropout_rate: float       # after the feed-forward activation
   pre_layer_norm: bool          # pre-LN (stable) or the paper's post-LN
+  norm: str                     # "layernorm" (the paper's) or "rmsnorm" (no centring, no bias)
+  ffn_activation: str           # "relu" (the paper's), "gelu", or gated "swiglu" / "geglu":
+                                # act(x W_gate) * (x W_up), each D->d_ff (so 3 D d_ff weights,
+                                # not 2: d_ff = 2/3 of a relu layer's keeps the parameter count)
+  num_kv_heads: int             # key/value heads (grouped-query attention; 1 = multi-query);
+                                # 0 or num_heads = the paper's multi-head attention
   positional_encoding: str      # "sinusoidal" (the paper's) or "learned"
   max_len: int                  # longest source/target position supported
   share_embeddings: bool        # one embedding table for source and target
@@ -74,6 +80,12 @@ class ModelConfig:
                         f"config.model.num_heads={self.num_heads}")
     _check_choice("config.model.positional_encoding", self.positional_encoding,
                   ("sinusoidal", "learned"))
+    _check_choice("config.model.norm", self.norm, ("layernorm", "rmsnorm"))
+    _check_choice("config.model.ffn_activation", self.ffn_activation,
+                  ("relu", "gelu", "swiglu", "geglu"))
+    if self.num_kv_heads < 0 or (self.num_kv_heads and self.num_heads % self.num_kv_heads):
+      raise ConfigError(f"config.model.num_kv_heads={self.num_kv_heads} must divide "
+                        f"config.model.num_heads={self.num_heads} (0 = num_heads)")
     _check_choice("config.model.remat", self.remat, REMAT_CHOICES)
     _check_choice("config.model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     _check_choice("config.model.activation_dtype", self.activation_dtype,
@@ -87,6 +99,11 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads: num_kv_heads, or num_heads when it is 0."""
+    return self.num_kv_heads or self.num_heads
 
 
 @dataclasses.dataclass(frozen=True)

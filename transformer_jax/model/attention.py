@@ -72,9 +72,19 @@ def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
   return out_BTHK, weights_BHTS
 
 
+def repeat_kv_heads(x, groups: int, layout: str):
+  """Grouped-query attention's keys or values, each of its heads repeated for the `groups`
+  query heads that share it (query head h reads key/value head h // groups)."""
+  if groups == 1:
+    return x
+  return jnp.repeat(x, groups, axis=layout.index("h"))
+
+
 class MultiHeadAttention(nn.Module):
   """Q/K/V projections split into heads, scaled dot-product attention, heads merged back.
 
+  With config.model.num_kv_heads below num_heads (grouped-query attention), K and V have
+  fewer heads, each shared by num_heads / num_kv_heads query heads: a smaller decoding cache.
   With `decode=True`, self-attention keeps keys/values of earlier steps in a 'cache' variable
   and cross-attention computes the encoder's keys/values once, when the cache is created.
   """
@@ -85,9 +95,11 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x_BTD, context_BSD, mask_BHTS, deterministic: bool, decode: bool = False):
     cfg = self.config
     H, K, D, dtype = cfg.num_heads, cfg.head_dim, cfg.d_model, compute_dtype(cfg)
+    G = cfg.kv_heads  # key/value heads (H: the paper's attention)
 
-    def split_heads(name):  # the Q, K or V projection: (B, T, D) -> (B, T, H, K)
-      return Projection((D,), (H, K), ("embed", "heads", "kv"), dtype, name=name)
+    def split_heads(name):  # the Q, K or V projection: (B, T, D) -> (B, T, H or G, K)
+      heads = H if name == "query" else G
+      return Projection((D,), (heads, K), ("embed", "heads", "kv"), dtype, name=name)
 
     q_BTHK = split_heads("query")(x_BTD)
 
@@ -117,10 +129,12 @@ class MultiHeadAttention(nn.Module):
       dropout = functools.partial(Dropout(cfg.attention_dropout_rate), deterministic=False)
     implementation = attention_implementation(cfg)
     if implementation == "einsum" or dropout is not None or decode:
+      k_BSHK, v_BSHK = (repeat_kv_heads(x, H // G, kv_layout) for x in (k_BSHK, v_BSHK))
       out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
                                                             dtype, dropout, kv_layout)
       self.sow("intermediates", "attention_weights", weights_BHTS)
-    else:  # (decoding and attention dropout take the einsum path above, as attention maps do)
+    else:  # (decoding and attention dropout take the einsum path above, as attention maps do;
+      # the fused kernels take G key/value heads as they are)
       out_BTHK = fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation)
     out_BTHK = out_BTHK.reshape((rows, -1) + out_BTHK.shape[2:])
     merge_heads = Projection((H, K), (D,), ("heads", "kv", "embed"), dtype, name="output",

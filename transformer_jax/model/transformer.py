@@ -4,6 +4,7 @@ decoder layers and stacks, and the encoder–decoder model (shape legend: model/
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -30,25 +31,49 @@ REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable
                   "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
+# The feed-forward activations; the gated ones multiply act(x W_gate) by x W_up.
+ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False),
+               "swiglu": nn.silu, "geglu": functools.partial(nn.gelu, approximate=False)}
+GATED = ("swiglu", "geglu")
+
+
 class FeedForward(nn.Module):
-  """Position-wise feed-forward: Linear(D->F), ReLU, dropout, Linear(F->D)."""
+  """Position-wise feed-forward: Linear(D->F), ReLU (or GELU), dropout, Linear(F->D); or,
+  gated (SwiGLU, GeGLU: Shazeer 2020), act(Linear_gate(x)) * Linear_up(x) before dropout."""
   config: ModelConfig
 
   @nn.compact
   def __call__(self, x_BTD, deterministic: bool):
     cfg = self.config
-    h_BTF = Projection((cfg.d_model,), (cfg.d_ff,), ("embed", "mlp"), compute_dtype(cfg),
-                       name="wi")(x_BTD)
-    # In bf16 the activations are rounded here rather than inside `wo`: the same numbers
-    # (ReLU commutes with rounding), half the memory traffic for the (B, T, d_ff) array.
-    h_BTF = nn.relu(h_BTF.astype(compute_dtype(cfg)))
+    activation = ACTIVATIONS[cfg.ffn_activation]
+
+    def expand(name):  # (B, T, D) -> (B, T, F)
+      return Projection((cfg.d_model,), (cfg.d_ff,), ("embed", "mlp"), compute_dtype(cfg),
+                        name=name)(x_BTD)
+
+    if cfg.ffn_activation in GATED:
+      h_BTF = activation(expand("wi_gate")) * expand("wi_up")
+    else:
+      h_BTF = activation(expand("wi"))
+    # In bf16 the activations are rounded here rather than inside `wo`: half the memory
+    # traffic for the (B, T, d_ff) array.
+    h_BTF = h_BTF.astype(compute_dtype(cfg))
     h_BTF = Dropout(cfg.ffn_dropout_rate)(h_BTF, deterministic=deterministic)
     return Projection((cfg.d_ff,), (cfg.d_model,), ("mlp", "embed"), compute_dtype(cfg),
                       name="wo", out_dtype=activation_dtype(cfg))(h_BTF)
 
 
+def make_norm(cfg: ModelConfig, name: str, dtype=None) -> nn.Module:
+  """The configured normalisation (f32 parameters and statistics, output in `dtype`):
+  LayerNorm (the paper's), or RMSNorm (x / rms(x) * scale: no centring, no bias)."""
+  if cfg.norm == "rmsnorm":
+    return nn.RMSNorm(name=name, param_dtype=jnp.float32, dtype=dtype)
+  return nn.LayerNorm(name=name, param_dtype=jnp.float32, dtype=dtype)
+
+
 class ResidualBlock(nn.Module):
-  """x + Dropout(sublayer(LN(x))) (pre-LN) or LN(x + Dropout(sublayer(x))) (post-LN)."""
+  """x + Dropout(sublayer(LN(x))) (pre-LN) or LN(x + Dropout(sublayer(x))) (post-LN); LN is
+  config.model.norm (LayerNorm or RMSNorm)."""
   config: ModelConfig
 
   @nn.compact
@@ -56,8 +81,7 @@ class ResidualBlock(nn.Module):
     cfg = self.config
     # Pre-LN: the norm feeds the sublayer's matmuls (in the activation dtype; its statistics
     # in f32). Post-LN: it is the residual stream, which stays f32.
-    norm = nn.LayerNorm(name="layer_norm", param_dtype=jnp.float32,
-                        dtype=activation_dtype(cfg) if cfg.pre_layer_norm else None)
+    norm = make_norm(cfg, "layer_norm", activation_dtype(cfg) if cfg.pre_layer_norm else None)
     dropout = Dropout(cfg.dropout_rate)
     if cfg.pre_layer_norm:
       return x_BTD + dropout(sublayer(norm(x_BTD)), deterministic=deterministic)
@@ -178,10 +202,8 @@ class Transformer(nn.Module):
                                          "decoder")
     if cfg.pre_layer_norm:  # pre-LN leaves the stack's output unnormalised: one final LN each
       # (their outputs only feed matmuls: the cross-attention K/V, the output layer)
-      self.encoder_norm = nn.LayerNorm(name="encoder_norm", param_dtype=jnp.float32,
-                                       dtype=activation_dtype(cfg))
-      self.decoder_norm = nn.LayerNorm(name="decoder_norm", param_dtype=jnp.float32,
-                                       dtype=activation_dtype(cfg))
+      self.encoder_norm = make_norm(cfg, "encoder_norm", activation_dtype(cfg))
+      self.decoder_norm = make_norm(cfg, "decoder_norm", activation_dtype(cfg))
     if not cfg.tie_output_embedding:
       self.output_projection = Projection((cfg.d_model,), (cfg.vocab_size,), ("embed", "vocab"),
                                           compute_dtype(cfg), use_bias=False)

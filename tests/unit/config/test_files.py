@@ -62,7 +62,7 @@ def test_overrides_are_parsed_by_the_type_of_the_value_they_replace():
     ("--config.model.zzz=2", r"config\.model has no key 'zzz'; known keys: "
                              r"activation_dtype, attention_dropout_rate, attention_impl, "),
     ("--config.model.num_head=2", r"config\.model has no key 'num_head' \(did you mean "
-                                  r"num_heads\?\)"),
+                                  r"num_heads or num_kv_heads\?\)"),
     ("--config.modle.d_model=2", r"config has no key 'modle' \(did you mean model\?\)"),
     ("--config.model.d_model=wide", r"--config\.model\.d_model: 'wide' is not a valid int"),
     ("--config.model.pre_layer_norm=maybe", r"'maybe' is not a valid bool"),

@@ -13,7 +13,7 @@ def test_unknown_key_in_a_section_is_named_with_the_closest_known_one():
   c = tiny.get_config()
   c.model.num_head = 3  # misspelt
   with pytest.raises(ConfigError, match=r"unknown key config\.model\.num_head \(did you mean "
-                                        r"num_heads\?\)"):
+                                        r"num_heads or num_kv_heads\?\)"):
     config_lib.from_config_dict(c)
   c = tiny.get_config()
   c.model.zzz = 3  # nothing close: the known keys are listed

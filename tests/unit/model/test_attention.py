@@ -74,6 +74,26 @@ def test_multi_head_attention_splits_projects_and_merges_heads():
   np.testing.assert_allclose(np.asarray(out), expected, atol=1e-4)
 
 
+def test_grouped_query_attention_shares_each_key_value_head_among_its_query_heads():
+  """num_kv_heads = G: the module equals multi-head attention whose key/value heads are the G
+  heads repeated (query head h reads head h // (H/G)); G = H is the paper's attention."""
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, CFG.d_model))
+  mask = jnp.ones((2, 1, 5, 5), bool)
+  gqa = MultiHeadAttention(dataclasses.replace(CFG, num_kv_heads=2))
+  params = nn.meta.unbox(gqa.init(jax.random.PRNGKey(2), x, x, mask, True)["params"])
+  assert params["key"]["kernel"].shape == (CFG.d_model, 2, CFG.head_dim)
+  repeated = dict(params)
+  for name in ("key", "value"):
+    repeated[name] = {k: np.repeat(np.asarray(v), 2, axis=-2) for k, v in params[name].items()}
+  mha = MultiHeadAttention(CFG)
+  np.testing.assert_allclose(np.asarray(gqa.apply({"params": params}, x, x, mask, True)),
+                             np.asarray(mha.apply({"params": repeated}, x, x, mask, True)),
+                             atol=1e-6)
+  same = MultiHeadAttention(dataclasses.replace(CFG, num_kv_heads=CFG.num_heads))
+  np.testing.assert_array_equal(np.asarray(same.apply({"params": repeated}, x, x, mask, True)),
+                                np.asarray(mha.apply({"params": repeated}, x, x, mask, True)))
+
+
 def _masks(rng, B, T, S):
   """Padding, causal and packed-segment masks as the model builds them, (B, 1, T, S)."""
   q_tokens = np.ones((B, T), np.int32)

@@ -3,6 +3,7 @@ forward pass, the bf16 path, and the parameters' logical axis names."""
 
 import dataclasses
 import functools
+import math
 import re
 
 import flax.linen as nn
@@ -93,9 +94,18 @@ def test_packed_examples_do_not_attend_to_each_other():
   np.testing.assert_allclose(packed[0, 3:5], alone_b[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("pre_ln,positions", [(True, "sinusoidal"), (False, "learned")])
-def test_cached_step_by_step_decoding_equals_full_forward(pre_ln, positions):
-  cfg = dataclasses.replace(CFG, pre_layer_norm=pre_ln, positional_encoding=positions)
+VARIANTS = [{"pre_layer_norm": True, "positional_encoding": "sinusoidal"},
+            {"pre_layer_norm": False, "positional_encoding": "learned"},
+            {"norm": "rmsnorm", "ffn_activation": "swiglu"},
+            {"norm": "rmsnorm", "pre_layer_norm": False, "ffn_activation": "geglu"},
+            {"ffn_activation": "gelu", "num_kv_heads": 2},
+            {"num_kv_heads": 1, "ffn_activation": "swiglu"}]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(f"{k}={x}"
+                                                                    for k, x in v.items()))
+def test_cached_step_by_step_decoding_equals_full_forward(variant):
+  cfg = dataclasses.replace(CFG, **variant)
   model, params = _init(cfg)
   full = _logits(model, params, INPUTS, TARGETS)
   encoded = model.apply({"params": params}, INPUTS, method=Transformer.encode)
@@ -174,3 +184,47 @@ def test_parameters_carry_logical_axis_names():
                                                                              "kv")
   assert tuple(specs["encoder_0"]["feed_forward"]["wi"]["kernel"]) == ("embed", "mlp")
   assert tuple(specs["source_embedding"]["embedding"]) == ("vocab", "embed")
+
+
+def test_rmsnorm_and_the_gated_feed_forward_layers_equal_their_formulas():
+  from transformer_jax.model.transformer import FeedForward, make_norm
+  x = jax.random.normal(jax.random.PRNGKey(3), (2, 5, CFG.d_model))
+  norm = make_norm(dataclasses.replace(CFG, norm="rmsnorm"), "n")
+  scale = jax.random.uniform(jax.random.PRNGKey(4), (CFG.d_model,), minval=0.5, maxval=2.0)
+  xn = np.asarray(x, np.float64)
+  expected = xn / np.sqrt((xn ** 2).mean(-1, keepdims=True) + 1e-6) * np.asarray(scale)
+  np.testing.assert_allclose(np.asarray(norm.apply({"params": {"scale": scale}}, x)), expected,
+                             rtol=1e-5, atol=1e-6)
+
+  silu = lambda z: z / (1 + np.exp(-z))  # noqa: E731
+  erf = np.vectorize(math.erf)
+  gelu = lambda z: 0.5 * z * (1 + erf(z / math.sqrt(2)))  # noqa: E731 (exact, not tanh)
+  for activation, act in (("swiglu", silu), ("geglu", gelu), ("gelu", gelu)):
+    ffn = FeedForward(dataclasses.replace(CFG, ffn_activation=activation))
+    params = nn.meta.unbox(ffn.init(jax.random.PRNGKey(5), x, True)["params"])
+    for layer in params.values():  # (non-zero biases, so that they are checked too)
+      layer["bias"] = jax.random.normal(jax.random.PRNGKey(6), layer["bias"].shape)
+    p = {k: {n: np.asarray(v, np.float64) for n, v in layer.items()}
+         for k, layer in params.items()}
+    linear = lambda h, name: h @ p[name]["kernel"] + p[name]["bias"]  # noqa: E731
+    if activation == "gelu":
+      assert sorted(p) == ["wi", "wo"]
+      hidden = act(linear(xn, "wi"))
+    else:
+      assert sorted(p) == ["wi_gate", "wi_up", "wo"]
+      hidden = act(linear(xn, "wi_gate")) * linear(xn, "wi_up")
+    np.testing.assert_allclose(np.asarray(ffn.apply({"params": params}, x, True)),
+                               linear(hidden, "wo"), rtol=1e-4, atol=1e-5)
+
+
+def test_fewer_key_value_heads_shrink_the_decoding_cache_by_that_factor():
+  sizes = {}
+  for kv_heads in (0, 2, 1):
+    model, params = _init(dataclasses.replace(CFG, num_kv_heads=kv_heads))
+    encoded = model.apply({"params": params}, INPUTS, method=Transformer.encode)
+    _, mutated = model.apply({"params": params}, encoded, INPUTS, 10,
+                             method=Transformer.init_cache, mutable=["cache"])
+    sizes[kv_heads] = sum(x.size for path, x in
+                          jax.tree_util.tree_flatten_with_path(mutated["cache"])[0]
+                          if "cached_" in jax.tree_util.keystr(path))
+  assert sizes[0] == 2 * sizes[2] == 4 * sizes[1] > 0

@@ -45,7 +45,9 @@ def get_config():
   config.model.norm = "layernorm"       # or "rmsnorm"
   config.model.ffn_activation = "relu"  # "gelu", or gated "swiglu"/"geglu" (3 matrices of d_ff)
   config.model.num_kv_heads = 0         # key/value heads (grouped-query); 0 = num_heads
-  config.model.positional_encoding = "sinusoidal"  # or "learned"
+  config.model.positional_encoding = "sinusoidal"  # "learned"; "rotary", "relative" (T5 bias)
+  config.model.relative_num_buckets = 32  # "relative": offset buckets (T5's)
+  config.model.relative_max_distance = 128  # "relative": longer offsets share the last bucket
   config.model.max_len = 256            # longest position (source, target, decode)
   config.model.share_embeddings = True  # one table for source and target
   config.model.tie_output_embedding = True  # softmax weights = target embedding

@@ -69,10 +69,12 @@ print(json.dumps(results))
 # one-device reference, so that the two can run in parallel.
 MESHES = {"data and fsdp": [((8, 1, 1), 1), ((2, 4, 1), 1), ((2, 2, 2), 1)],
           "tensor and micro-batches": [((1, 1, 8), 1), ((2, 2, 2), 2)],
-          "variants: rmsnorm, swiglu, 2 key/value heads": [((2, 4, 1), 1), ((2, 2, 2), 1)]}
+          "variants: rmsnorm, swiglu, 2 key/value heads, relative": [((2, 4, 1), 1),
+                                                                     ((2, 2, 2), 1)]}
 # config.model overrides per group (the block variants train on meshes like the plain model)
-VARIANTS = {"variants: rmsnorm, swiglu, 2 key/value heads": {
-    "model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2}}
+VARIANTS = {"variants: rmsnorm, swiglu, 2 key/value heads, relative": {
+    "model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2,
+    "model.positional_encoding": "relative"}}
 
 
 @pytest.mark.parametrize("group", sorted(MESHES))

@@ -63,9 +63,11 @@ def test_remat_and_scan_train_like_the_plain_model(overrides):
 
 
 @pytest.mark.parametrize("variant", [
-    {"model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2},
+    {"model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2,
+     "model.positional_encoding": "rotary"},
     {"model.norm": "rmsnorm", "model.pre_layer_norm": False, "model.ffn_activation": "geglu",
-     "model.num_kv_heads": 1}], ids=["rmsnorm-swiglu-gqa2", "postln-rmsnorm-geglu-mqa"])
+     "model.num_kv_heads": 1, "model.positional_encoding": "relative"}],
+    ids=["rmsnorm-swiglu-gqa2-rotary", "postln-rmsnorm-geglu-mqa-relative"])
 def test_block_variants_train_alike_with_scan_and_remat_on_and_off(variant):
   cfg, model, state = tiny_setup(**{"model.dropout_rate": 0.0}, **variant)
   _, plain = _train_losses(model, state)

@@ -54,7 +54,12 @@ class ModelConfig:
                                 # not 2: d_ff = 2/3 of a relu layer's keeps the parameter count)
   num_kv_heads: int             # key/value heads (grouped-query attention; 1 = multi-query);
                                 # 0 or num_heads = the paper's multi-head attention
-  positional_encoding: str      # "sinusoidal" (the paper's) or "learned"
+  positional_encoding: str      # "sinusoidal" (the paper's) or "learned", added to the
+                                # embeddings; or, in self-attention only, "rotary" (RoFormer:
+                                # queries and keys rotated by position) or "relative" (T5: a
+                                # learned bias per head and bucket of key-query offsets)
+  relative_num_buckets: int     # "relative": offset buckets (half per direction in the encoder)
+  relative_max_distance: int    # "relative": offsets beyond this share the last bucket
   max_len: int                  # longest source/target position supported
   share_embeddings: bool        # one embedding table for source and target
   tie_output_embedding: bool    # the output softmax uses the target embedding matrix
@@ -79,7 +84,11 @@ class ModelConfig:
       raise ConfigError(f"config.model.d_model={self.d_model} is not divisible by "
                         f"config.model.num_heads={self.num_heads}")
     _check_choice("config.model.positional_encoding", self.positional_encoding,
-                  ("sinusoidal", "learned"))
+                  ("sinusoidal", "learned", "rotary", "relative"))
+    if self.positional_encoding == "rotary" and self.head_dim % 2:
+      raise ConfigError(f"config.model.positional_encoding='rotary' needs an even head "
+                        f"dimension; d_model / num_heads = {self.head_dim}")
+    _check_positive("model", self, ("relative_num_buckets", "relative_max_distance"))
     _check_choice("config.model.norm", self.norm, ("layernorm", "rmsnorm"))
     _check_choice("config.model.ffn_activation", self.ffn_activation,
                   ("relu", "gelu", "swiglu", "geglu"))

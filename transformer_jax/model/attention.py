@@ -12,7 +12,13 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.config.sections import ModelConfig
-from transformer_jax.model.embeddings import Projection, activation_dtype, compute_dtype
+from transformer_jax.model.embeddings import (
+  Projection,
+  activation_dtype,
+  compute_dtype,
+  relative_position_bucket,
+  rotary,
+)
 from transformer_jax.ops.dropout import Dropout
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.matmul import attention_matmul
@@ -45,25 +51,31 @@ def attention_implementation(cfg: ModelConfig) -> str:
   return "einsum"
 
 
-def fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation: str):
-  """The same softmax(Q K^T / sqrt(d_k)) V through jax.nn.dot_product_attention (XLA's or
-  cuDNN's kernel), for (B, S, H, K) keys and values; returns the output in f32 (no weights:
-  the fused kernels never materialise them)."""
+def fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation: str,
+                    bias_BHTS=None):
+  """The same softmax(Q K^T / sqrt(d_k) + bias) V through jax.nn.dot_product_attention (XLA's
+  or cuDNN's kernel), for (B, S, H, K) keys and values; returns the output in f32 (no
+  weights: the fused kernels never materialise them)."""
   out_BTHK = jax.nn.dot_product_attention(
       q_BTHK.astype(dtype), k_BSHK.astype(dtype), v_BSHK.astype(dtype),
+      bias=None if bias_BHTS is None else bias_BHTS.astype(dtype),
       mask=jnp.broadcast_to(mask_BHTS, (q_BTHK.shape[0], 1) + mask_BHTS.shape[2:]),
       implementation=implementation)
   return out_BTHK.astype(jnp.float32)
 
 
 def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
-                                 dropout: nn.Module | None = None, kv_layout: str = "bshk"):
-  """softmax(Q K^T / sqrt(d_k)) V over each head; returns (output_BTHK, weights_BHTS).
+                                 dropout: nn.Module | None = None, kv_layout: str = "bshk",
+                                 bias_BHTS=None):
+  """softmax(Q K^T / sqrt(d_k) + bias) V over each head; returns (output_BTHK, weights_BHTS).
 
   Keys and values are (B, S, H, K), or (B, H, S, K) with `kv_layout="bhsk"` (the decoding
-  cache, kept head-major so that no step transposes the whole cache)."""
+  cache, kept head-major so that no step transposes the whole cache). `bias_BHTS`: relative
+  position biases (None: none)."""
   q_BTHK = q_BTHK / math.sqrt(q_BTHK.shape[-1])
   logits_BHTS = attention_matmul(f"bthk,{kv_layout}->bhts", q_BTHK, k_BSHK, dtype)
+  if bias_BHTS is not None:
+    logits_BHTS = logits_BHTS + bias_BHTS
   logits_BHTS = jnp.where(mask_BHTS, logits_BHTS, NEG_INF)
   weights_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
   dropped_BHTS = weights_BHTS if dropout is None else dropout(weights_BHTS)
@@ -85,14 +97,18 @@ class MultiHeadAttention(nn.Module):
 
   With config.model.num_kv_heads below num_heads (grouped-query attention), K and V have
   fewer heads, each shared by num_heads / num_kv_heads query heads: a smaller decoding cache.
+  Rotary or relative positions (config.model.positional_encoding) enter self-attention here,
+  at `positions_BT` (decoding: the cache's step).
   With `decode=True`, self-attention keeps keys/values of earlier steps in a 'cache' variable
   and cross-attention computes the encoder's keys/values once, when the cache is created.
   """
   config: ModelConfig
   is_cross_attention: bool = False
+  causal: bool = False  # the decoder's self-attention (relative buckets for earlier keys only)
 
   @nn.compact
-  def __call__(self, x_BTD, context_BSD, mask_BHTS, deterministic: bool, decode: bool = False):
+  def __call__(self, x_BTD, context_BSD, mask_BHTS, deterministic: bool, decode: bool = False,
+               positions_BT=None):
     cfg = self.config
     H, K, D, dtype = cfg.num_heads, cfg.head_dim, cfg.d_model, compute_dtype(cfg)
     G = cfg.kv_heads  # key/value heads (H: the paper's attention)
@@ -103,7 +119,7 @@ class MultiHeadAttention(nn.Module):
 
     q_BTHK = split_heads("query")(x_BTD)
 
-    kv_layout = "bshk"
+    kv_layout, bias_BHTS = "bshk", None
     rows = q_BTHK.shape[0]
     if decode and self.is_cross_attention:
       # Encoder keys/values never change while decoding: compute them when the cache is made.
@@ -120,9 +136,18 @@ class MultiHeadAttention(nn.Module):
     else:
       k_BSHK = split_heads("key")(context_BSD)
       v_BSHK = split_heads("value")(context_BSD)
+      relative = not self.is_cross_attention and cfg.positional_encoding in ("rotary",
+                                                                              "relative")
+      if relative:
+        query_positions_BT, key_positions_BS = self._positions(positions_BT, q_BTHK, decode)
+      if relative and cfg.positional_encoding == "rotary":
+        q_BTHK = rotary(q_BTHK, query_positions_BT)
+        k_BSHK = rotary(k_BSHK, query_positions_BT)  # (self-attention: the same positions)
       if decode:
         k_BSHK, v_BSHK, mask_BHTS, kv_layout = self._update_self_attention_cache(
             k_BSHK, v_BSHK, mask_BHTS)
+      if relative and cfg.positional_encoding == "relative":
+        bias_BHTS = self._relative_bias(query_positions_BT, key_positions_BS)
 
     dropout = None
     if cfg.attention_dropout_rate > 0 and not deterministic:
@@ -131,15 +156,42 @@ class MultiHeadAttention(nn.Module):
     if implementation == "einsum" or dropout is not None or decode:
       k_BSHK, v_BSHK = (repeat_kv_heads(x, H // G, kv_layout) for x in (k_BSHK, v_BSHK))
       out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
-                                                            dtype, dropout, kv_layout)
+                                                            dtype, dropout, kv_layout,
+                                                            bias_BHTS)
       self.sow("intermediates", "attention_weights", weights_BHTS)
     else:  # (decoding and attention dropout take the einsum path above, as attention maps do;
       # the fused kernels take G key/value heads as they are)
-      out_BTHK = fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation)
+      out_BTHK = fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation,
+                                 bias_BHTS)
     out_BTHK = out_BTHK.reshape((rows, -1) + out_BTHK.shape[2:])
     merge_heads = Projection((H, K), (D,), ("heads", "kv", "embed"), dtype, name="output",
                              out_dtype=activation_dtype(cfg))
     return merge_heads(out_BTHK)
+
+  def _positions(self, positions_BT, q_BTHK, decode: bool):
+    """(query positions (B, T), key positions (B or 1, S)) of self-attention. Decoding: the
+    step being decoded (the cache's index) and every cache slot; creating the cache, or
+    without given positions: 0..T-1."""
+    B, T = q_BTHK.shape[:2]
+    if decode and self.has_variable("cache", "index"):
+      step = self.get_variable("cache", "index")
+      max_len = self.get_variable("cache", "cached_key").shape[2]
+      return jnp.full((B, T), step, jnp.int32), jnp.arange(max_len, dtype=jnp.int32)[None]
+    if positions_BT is None:
+      positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    return positions_BT, positions_BT
+
+  def _relative_bias(self, query_positions_BT, key_positions_BS):
+    """T5's relative position bias (B, H, T, S): a learned scalar per head and offset
+    bucket (own table per layer)."""
+    cfg = self.config
+    table_NH = self.param("relative_bias", nn.with_logical_partitioning(
+        nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), (None, "heads")),
+        (cfg.relative_num_buckets, cfg.num_heads), jnp.float32)
+    offsets_BTS = key_positions_BS[:, None, :] - query_positions_BT[:, :, None]
+    buckets_BTS = relative_position_bucket(offsets_BTS, not self.causal,
+                                           cfg.relative_num_buckets, cfg.relative_max_distance)
+    return jnp.take(table_NH, buckets_BTS, axis=0).transpose(0, 3, 1, 2)
 
   def _update_self_attention_cache(self, k_B1HK, v_B1HK, mask_BHTS):
     """Writes this step's key/value at the cache index; attends to positions <= index.

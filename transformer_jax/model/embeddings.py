@@ -78,6 +78,43 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
   return table
 
 
+ROTARY_BASE = 10000.0  # the wavelengths of rotary positions, as of the sinusoidal ones
+
+
+def rotary(x_BTHK, positions_BT):
+  """Rotary position embedding (Su et al., RoFormer): each pair (x[i], x[i + K/2]) of a head
+  rotated by position * ROTARY_BASE^(-2i/K), so that a query-key product depends on the two
+  positions only through their difference. In f32; returns x's dtype."""
+  half = x_BTHK.shape[-1] // 2
+  inverse_wavelengths = ROTARY_BASE ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angles_BTK = positions_BT[..., None].astype(jnp.float32) * inverse_wavelengths
+  sin_BT1K, cos_BT1K = jnp.sin(angles_BTK)[:, :, None], jnp.cos(angles_BTK)[:, :, None]
+  x = x_BTHK.astype(jnp.float32)
+  a, b = x[..., :half], x[..., half:]
+  return jnp.concatenate([a * cos_BT1K - b * sin_BT1K, b * cos_BT1K + a * sin_BT1K],
+                         axis=-1).astype(x_BTHK.dtype)
+
+
+def relative_position_bucket(offset, bidirectional: bool, num_buckets: int, max_distance: int):
+  """T5's buckets of key-minus-query offsets: exact for small distances, then logarithmic up
+  to `max_distance`, beyond which all share the last; with `bidirectional` (the encoder) half
+  of the buckets are for keys after the query, else (causal) keys after it fall in bucket 0."""
+  n = -offset
+  bucket = jnp.zeros_like(n)
+  if bidirectional:
+    num_buckets //= 2
+    bucket += (n < 0).astype(n.dtype) * num_buckets
+    n = jnp.abs(n)
+  else:
+    n = jnp.maximum(n, 0)
+  max_exact = num_buckets // 2
+  large = max_exact + (jnp.log(n.astype(jnp.float32) / max_exact + jnp.finfo(jnp.float32).eps)
+                       / math.log(max_distance / max_exact)
+                       * (num_buckets - max_exact)).astype(n.dtype)
+  large = jnp.minimum(large, num_buckets - 1)
+  return bucket + jnp.where(n < max_exact, n, large)
+
+
 class Embedding(nn.Module):
   """Token embedding scaled by sqrt(d_model); `attend` gives output logits (tied softmax)."""
   config: ModelConfig
@@ -95,7 +132,8 @@ class Embedding(nn.Module):
 
 
 class PositionalEncoding(nn.Module):
-  """Adds sinusoidal (or learned) position encodings at the given positions.
+  """Adds sinusoidal (or learned) position encodings at the given positions (nothing for
+  rotary and relative positions, which self-attention applies).
 
   With `decode=True` the position is the step count kept in the 'cache' collection.
   """
@@ -110,6 +148,8 @@ class PositionalEncoding(nn.Module):
       positions_BT = jnp.broadcast_to(position.value, x_BTD.shape[:2])
       if started:
         position.value = position.value + 1
+    if cfg.positional_encoding in ("rotary", "relative"):
+      return x_BTD  # (positions enter in self-attention)
     if cfg.positional_encoding == "learned":
       table = _param(self, "position_embedding", nn.initializers.normal(0.02),
                      (cfg.max_len, cfg.d_model), (None, "embed"))

@@ -89,16 +89,18 @@ class ResidualBlock(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-  """Self-attention over the source (padding mask), then the feed-forward block."""
+  """Self-attention over the source (padding mask), then the feed-forward block. (`positions`:
+  the tokens' positions, for rotary or relative positions.)"""
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BSD, mask_BHSS, deterministic: bool):
+  def __call__(self, x_BSD, mask_BHSS, deterministic: bool, positions_BS=None):
     cfg = self.config
     attention = MultiHeadAttention(cfg, name="self_attention")
     ffn = FeedForward(cfg, name="feed_forward")
     x_BSD = ResidualBlock(cfg, name="attention_block")(
-        x_BSD, lambda h: attention(h, h, mask_BHSS, deterministic), deterministic)
+        x_BSD, lambda h: attention(h, h, mask_BHSS, deterministic, positions_BT=positions_BS),
+        deterministic)
     return ResidualBlock(cfg, name="ffn_block")(
         x_BSD, lambda h: ffn(h, deterministic), deterministic)
 
@@ -109,14 +111,14 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y_BTD, encoded_BSD, self_mask_BHTT, cross_mask_BHTS, deterministic: bool,
-               decode: bool = False):
+               decode: bool = False, positions_BT=None):
     cfg = self.config
-    self_attention = MultiHeadAttention(cfg, name="self_attention")
+    self_attention = MultiHeadAttention(cfg, causal=True, name="self_attention")
     cross_attention = MultiHeadAttention(cfg, is_cross_attention=True, name="cross_attention")
     ffn = FeedForward(cfg, name="feed_forward")
     y_BTD = ResidualBlock(cfg, name="self_attention_block")(
-        y_BTD, lambda h: self_attention(h, h, self_mask_BHTT, deterministic, decode),
-        deterministic)
+        y_BTD, lambda h: self_attention(h, h, self_mask_BHTT, deterministic, decode,
+                                        positions_BT), deterministic)
     y_BTD = ResidualBlock(cfg, name="cross_attention_block")(
         y_BTD, lambda h: cross_attention(h, encoded_BSD, cross_mask_BHTS, deterministic, decode),
         deterministic)
@@ -127,17 +129,18 @@ class DecoderLayer(nn.Module):
 class ScannedEncoderLayer(EncoderLayer):
   """EncoderLayer in nn.scan's (carry, output) form."""
 
-  def __call__(self, x_BSD, mask_BHSS, deterministic: bool):
-    return super().__call__(x_BSD, mask_BHSS, deterministic), None
+  def __call__(self, x_BSD, mask_BHSS, deterministic: bool, positions_BS=None):
+    return super().__call__(x_BSD, mask_BHSS, deterministic, positions_BS), None
 
 
 class ScannedDecoderLayer(DecoderLayer):
   """DecoderLayer in nn.scan's (carry, output) form (training and scoring; decoding uses the
   per-layer form, see `unstack_layers`)."""
 
-  def __call__(self, y_BTD, encoded_BSD, self_mask_BHTT, cross_mask_BHTS, deterministic: bool):
+  def __call__(self, y_BTD, encoded_BSD, self_mask_BHTT, cross_mask_BHTS, deterministic: bool,
+               positions_BT=None):
     return super().__call__(y_BTD, encoded_BSD, self_mask_BHTT, cross_mask_BHTS,
-                            deterministic), None
+                            deterministic, False, positions_BT), None
 
 
 def _layer_stack(cfg: ModelConfig, layer_cls, num_layers: int, static_argnums, prefix: str):
@@ -219,10 +222,10 @@ class Transformer(nn.Module):
     x_BSD = self.source_positional_encoding(self.source_embedding(inputs_BS), inputs_positions_BS)
     x_BSD = self.embedding_dropout(x_BSD, deterministic=not train)
     if self.config.scan_layers:
-      x_BSD, _ = self.encoder_stack(x_BSD, mask_B1SS, not train)
+      x_BSD, _ = self.encoder_stack(x_BSD, mask_B1SS, not train, inputs_positions_BS)
     else:
       for layer in self.encoder_layers:
-        x_BSD = layer(x_BSD, mask_B1SS, not train)
+        x_BSD = layer(x_BSD, mask_B1SS, not train, inputs_positions_BS)
     return self.encoder_norm(x_BSD) if self.config.pre_layer_norm else x_BSD
 
   def decode(self, encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT=None,
@@ -256,10 +259,11 @@ class Transformer(nn.Module):
         raise ValueError("cached decoding needs the per-layer layout: use "
                          "model.unscanned(model, params)")
       y_BTD, _ = self.decoder_stack(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS,
-                                    not train)
+                                    not train, positions_BT)
     else:
       for layer in self.decoder_layers:
-        y_BTD = layer(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS, not train, decode)
+        y_BTD = layer(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS, not train, decode,
+                      positions_BT)
     if cfg.pre_layer_norm:
       y_BTD = self.decoder_norm(y_BTD)
     if return_hidden:  # the softmax layer's input and matrix (ops.losses.output_loss does the rest)

@@ -134,8 +134,11 @@ def test_fused_attention_equals_the_einsum_path_in_values_and_gradients(mask_kin
     np.testing.assert_allclose(np.asarray(gf), np.asarray(ge), atol=tol * 2, rtol=tol)
 
 
-def test_the_model_with_fused_attention_equals_the_einsum_model_and_auto_is_einsum_on_cpu():
-  cfg = dataclasses.replace(CFG, dropout_rate=0.0)
+@pytest.mark.parametrize("variant", [{}, {"num_kv_heads": 2, "positional_encoding": "relative"}],
+                         ids=["paper", "gqa-relative"])
+def test_the_model_with_fused_attention_equals_the_einsum_model_and_auto_is_einsum_on_cpu(
+    variant):
+  cfg = dataclasses.replace(CFG, dropout_rate=0.0, **variant)
   batch = helpers.fixed_batch(rows=4, length=12, vocab=40)
   models = {impl: Transformer(dataclasses.replace(cfg, attention_impl=impl))
             for impl in ("einsum", "xla")}

@@ -1,10 +1,16 @@
-"""Position encodings: the paper's sinusoids."""
+"""Position encodings: the paper's sinusoids, rotary positions, T5's relative buckets."""
 
 import math
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from transformer_jax.model.embeddings import sinusoidal_positions
+from transformer_jax.model.embeddings import (
+  relative_position_bucket,
+  rotary,
+  sinusoidal_positions,
+)
 
 
 def test_sinusoidal_positions_match_the_paper_formula():
@@ -14,3 +20,55 @@ def test_sinusoidal_positions_match_the_paper_formula():
       angle = pos / 10000 ** (2 * i / 8)
       assert table[pos, 2 * i] == pytest.approx(math.sin(angle), abs=1e-6)
       assert table[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_rotary_query_key_products_depend_only_on_the_offset():
+  """Shifting every position by the same amount leaves the attention logits unchanged; other
+  offsets change them."""
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.normal(size=(1, 6, 2, 8)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(1, 6, 2, 8)), jnp.float32)
+  positions = jnp.arange(6)[None]
+
+  def logits(q_positions, k_positions):
+    return jnp.einsum("bthk,bshk->bhts", rotary(q, q_positions), rotary(k, k_positions))
+
+  base = logits(positions, positions)
+  for shift in (1, 7, 100):
+    np.testing.assert_allclose(logits(positions + shift, positions + shift), base, atol=1e-4)
+  assert not np.allclose(logits(positions, positions + 1), base, atol=1e-2)
+  # A rotation: norms are kept, and position 0 is the identity.
+  np.testing.assert_allclose(np.linalg.norm(rotary(q, positions), axis=-1),
+                             np.linalg.norm(q, axis=-1), rtol=1e-5)
+  np.testing.assert_allclose(rotary(q, 0 * positions), q)
+
+
+def _t5_bucket(offset: int, bidirectional: bool, num_buckets: int = 32,
+               max_distance: int = 128) -> int:
+  """T5's _relative_position_bucket (mesh_tensorflow), for one key-minus-query offset."""
+  bucket, n = 0, -offset
+  if bidirectional:
+    num_buckets //= 2
+    bucket += num_buckets if n < 0 else 0
+    n = abs(n)
+  else:
+    n = max(n, 0)
+  max_exact = num_buckets // 2
+  if n < max_exact:
+    return bucket + n
+  large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact)
+                          * (num_buckets - max_exact))
+  return bucket + min(large, num_buckets - 1)
+
+
+def test_relative_position_buckets_equal_t5s_formula():
+  offsets = np.array([0, 1, -1, 2, -2, 7, -7, 8, -8, 15, -15, 16, -16, 31, -31, 64, -64,
+                      127, -127, 128, -128, 500, -500])
+  for bidirectional in (True, False):
+    got = relative_position_bucket(jnp.asarray(offsets), bidirectional, 32, 128)
+    assert list(np.asarray(got)) == [_t5_bucket(int(o), bidirectional) for o in offsets]
+  # A few by hand: keys just before/after the query, and far away, each direction.
+  both = relative_position_bucket(jnp.asarray([0, -1, 1, -500, 500]), True, 32, 128)
+  assert list(np.asarray(both)) == [0, 1, 17, 15, 31]
+  causal = relative_position_bucket(jnp.asarray([3, -3, -500]), False, 32, 128)
+  assert list(np.asarray(causal)) == [0, 3, 31]

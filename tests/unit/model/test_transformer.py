@@ -99,7 +99,11 @@ VARIANTS = [{"pre_layer_norm": True, "positional_encoding": "sinusoidal"},
             {"norm": "rmsnorm", "ffn_activation": "swiglu"},
             {"norm": "rmsnorm", "pre_layer_norm": False, "ffn_activation": "geglu"},
             {"ffn_activation": "gelu", "num_kv_heads": 2},
-            {"num_kv_heads": 1, "ffn_activation": "swiglu"}]
+            {"num_kv_heads": 1, "ffn_activation": "swiglu"},
+            {"positional_encoding": "rotary"},
+            {"positional_encoding": "rotary", "num_kv_heads": 2, "pre_layer_norm": False},
+            {"positional_encoding": "relative"},
+            {"positional_encoding": "relative", "num_kv_heads": 1, "norm": "rmsnorm"}]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(f"{k}={x}"

@@ -155,7 +155,10 @@ class DataConfig:
 class OptimizerConfig:
   """AdamW and its learning-rate schedule (`config.optimizer`)."""
   learning_rate: float          # peak, reached at the end of warmup
-  warmup_steps: int             # linear warmup from 0; then lr * sqrt(warmup_steps / step)
+  warmup_steps: int             # linear warmup from 0, then the schedule
+  schedule: str                 # after warmup: "inverse_sqrt" (lr * sqrt(warmup / step), the
+                                # paper's), "cosine" or "linear" (towards 0 at num_train_steps),
+                                # "constant"; the cooldown below applies on top of any
   b1: float                     # Adam's moment decay rates and epsilon
   b2: float
   eps: float
@@ -167,6 +170,8 @@ class OptimizerConfig:
 
   def __post_init__(self):
     _check_positive("optimizer", self, ("learning_rate",))
+    _check_choice("config.optimizer.schedule", self.schedule,
+                  ("inverse_sqrt", "cosine", "linear", "constant"))
     if not 0.0 <= self.cooldown_fraction <= 1.0:
       raise ConfigError(f"config.optimizer.cooldown_fraction={self.cooldown_fraction} must be "
                         "in [0, 1] (0: no cooldown)")

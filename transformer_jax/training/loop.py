@@ -118,7 +118,7 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
         + (mesh_lib.replicated(mesh),) * cooling,
         out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
         donate_argnums=(0,))
-    lr_fn = learning_rate_schedule(cfg.optimizer)
+    lr_fn = learning_rate_schedule(cfg.optimizer, cfg.num_train_steps)
     evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
                                         cfg.data.eval_dataset), model, tok, cfg.decode, mesh,
                           cancelled=preemption.signalled_here)

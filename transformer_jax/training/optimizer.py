@@ -1,4 +1,5 @@
-"""AdamW with linear warmup and inverse-square-root decay, plus gradient clipping (optax), and
+"""AdamW with linear warmup and a decay (inverse square root, cosine, linear or none), plus
+gradient clipping (optax), and
 the optional cooldown to 0 at the end of training (applied by the step as a factor on the
 update, since where training ends may depend on the wall clock)."""
 
@@ -11,13 +12,22 @@ import optax
 from transformer_jax.config.sections import OptimizerConfig
 
 
-def learning_rate_schedule(cfg: OptimizerConfig):
-  """Linear warmup to the peak, then decay ∝ 1/sqrt(step) (Vaswani et al. 2017)."""
+def learning_rate_schedule(cfg: OptimizerConfig, num_steps: int):
+  """The rate of update `step` (0-based): linear warmup to the peak over warmup_steps, then
+  config.optimizer.schedule: "inverse_sqrt" (∝ 1/sqrt(step), Vaswani et al. 2017),
+  "cosine" or "linear" decay towards 0 at `num_steps` (the last update gets 1/(num_steps -
+  warmup + 1) of the way, not 0), or "constant"."""
   warmup = max(cfg.warmup_steps, 1)
+  decay_steps = max(num_steps - warmup + 1, 1)
 
   def schedule(step):
-    step = jnp.asarray(step, jnp.float32) + 1.0
-    return cfg.learning_rate * jnp.minimum(step / warmup, jnp.sqrt(warmup / step))
+    t = jnp.asarray(step, jnp.float32) + 1.0  # the update's number, from 1
+    if cfg.schedule == "inverse_sqrt":
+      return cfg.learning_rate * jnp.minimum(t / warmup, jnp.sqrt(warmup / t))
+    left = jnp.clip((num_steps - t + 1.0) / decay_steps, 0.0, 1.0)  # 1 after warmup -> ~0
+    decay = {"constant": jnp.ones_like(left), "linear": left,
+             "cosine": 0.5 * (1.0 - jnp.cos(jnp.pi * left))}[cfg.schedule]
+    return cfg.learning_rate * jnp.where(t < warmup, t / warmup, decay)
   return schedule
 
 
@@ -35,7 +45,7 @@ def cooldown_scale(fraction: float, step: int, num_steps: int, minutes: float = 
   return min(1.0, left / fraction)
 
 
-def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
+def make_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
 
   def decay_mask(params):  # weight decay on matrices, not on biases and LayerNorm scales
     return jax.tree_util.tree_map(lambda p: p.ndim > 1, params)
@@ -43,6 +53,6 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   parts = []
   if cfg.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(cfg.grad_clip_norm))
-  parts.append(optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                           weight_decay=cfg.weight_decay, mask=decay_mask))
+  parts.append(optax.adamw(learning_rate_schedule(cfg, num_steps), b1=cfg.b1, b2=cfg.b2,
+                           eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask))
   return optax.chain(*parts)

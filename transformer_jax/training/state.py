@@ -23,7 +23,7 @@ class TrainState(train_state.TrainState):
 def state_init(cfg: TrainConfig, model: Transformer, mesh):
   """(init(rng) -> boxed TrainState, the state's shardings on `mesh`); a ConfigError when the
   mesh cannot split the parameters evenly (checked before anything is compiled)."""
-  tx = make_optimizer(cfg.optimizer)
+  tx = make_optimizer(cfg.optimizer, cfg.num_train_steps)
   dummy = jnp.ones((1, 8), jnp.int32)
 
   def init(rng):

@@ -13,11 +13,28 @@ from transformer_jax.training import step as train_lib
 
 def test_learning_rate_warms_up_linearly_then_decays_as_inverse_sqrt():
   sched = optimizer.learning_rate_schedule(helpers.section("optimizer", learning_rate=1e-3,
-                                                           warmup_steps=100))
+                                                           warmup_steps=100), 1000)
   assert float(sched(0)) == pytest.approx(1e-5)
   assert float(sched(49)) == pytest.approx(5e-4)
   assert float(sched(99)) == pytest.approx(1e-3)
   assert float(sched(399)) == pytest.approx(1e-3 * 0.5)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_the_other_schedules_warm_up_alike_then_decay_to_near_zero_at_the_last_step(schedule):
+  sched = optimizer.learning_rate_schedule(helpers.section(
+      "optimizer", learning_rate=1e-3, warmup_steps=100, schedule=schedule), 1000)
+  rates = np.asarray([float(sched(s)) for s in range(1000)])
+  np.testing.assert_allclose(rates[:99], 1e-3 * np.arange(1, 100) / 100, rtol=1e-5)
+  assert rates[99] == pytest.approx(1e-3)  # the peak, at the end of warmup
+  left = (1000 - np.arange(100, 1001) + 1) / 901  # 1 at the peak, 1/901 at the last update
+  expected = {"constant": np.ones_like(left), "linear": left,
+              "cosine": 0.5 * (1 - np.cos(np.pi * left))}[schedule]
+  np.testing.assert_allclose(rates[99:], 1e-3 * expected, rtol=1e-4, atol=1e-9)
+  if schedule != "constant":
+    assert 0 < rates[-1] < 1e-5 and np.all(np.diff(rates[99:]) < 0)
+  past_the_end = float(sched(5000))
+  assert past_the_end == pytest.approx(1e-3 if schedule == "constant" else 0.0)
 
 
 def test_cooldown_decays_to_zero_at_the_last_step_or_at_the_end_of_the_time_budget():

@@ -91,6 +91,7 @@ def get_config():
   config.optimizer.eps = 1e-9
   config.optimizer.weight_decay = 0.0
   config.optimizer.grad_clip_norm = 1.0
+  config.optimizer.ema_decay = 0.0      # > 0 (e.g. 0.999): validate/translate with the EMA
   config.optimizer.cooldown_fraction = 0.2  # LR linear to 0 over the last 20% of the steps, or
                                             # of the time budget when that ends training first
 

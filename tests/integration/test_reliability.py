@@ -24,6 +24,7 @@ from tests.helpers import ROOT
 from tests.helpers import assert_bitwise_equal as _assert_bitwise_equal
 from tests.helpers import checkpoint_steps as _steps
 from tests.helpers import saved_state as _state
+from transformer_jax.inference import trained_run
 
 STEPS = [*helpers.ONE_LAYER_FLAGS, "--config.num_train_steps=12",
          "--config.checkpoint_every_steps=4", "--config.log_every_steps=2",
@@ -262,6 +263,24 @@ def test_sigterm_during_a_validation_stops_it_and_the_resumed_run_does_it_first(
   assert [m["step"] for m in records if "eval/bleu" in m] == [4, 8, 12]
   assert [m["step"] for m in records if "train/loss" in m] == [2, 4, 6, 8, 10, 12]
   _assert_bitwise_equal(_state(run), _state(reference))  # (evaluations do not touch training)
+
+
+def test_the_moving_average_survives_sigkill_and_resume_bit_for_bit(train, tmp_path):
+  ema = ["--config.optimizer.ema_decay=0.9"]
+  ref, run = tmp_path / "ref", tmp_path / "run"
+  r = train(ref, *ema)
+  assert "Moving average of the parameters (decay 0.9)" in r.stderr
+  assert train(run, *ema, fault="sigkill@6", check=False).returncode == -signal.SIGKILL
+  train(run, *ema)
+  state = _state(run)
+  assert sorted(state) == ["ema_params", "opt_state", "params", "step"]
+  _assert_bitwise_equal(state, _state(ref))
+  # The tools translate with the moving average, or with the trained weights when asked.
+  loaded = trained_run.load(run)
+  (averaged,), (raw,) = loaded.select("latest"), loaded.select("latest:raw")
+  assert averaged.label.endswith("_ema") and raw.label.endswith("_raw")
+  _assert_bitwise_equal(loaded.params(averaged), state["ema_params"])
+  _assert_bitwise_equal(loaded.params(raw), state["params"])
 
 
 def test_damaged_newest_checkpoints_fall_back_and_are_kept_aside(reference, train, tmp_path):

@@ -53,7 +53,9 @@ for shape, k in [((1, 1, 1), 1)] + [(tuple(s), k) for s, k in json.loads(sys.arg
       "output": shard(p["encoder_0"]["self_attention"]["output"]["kernel"]),
       "adam_embedding": sorted({str(shard(x)) for x in jax.tree_util.tree_leaves(state.opt_state)
                                 if x.shape == emb.shape}),
-      "batch_devices": len(batch["inputs"].sharding.device_set)}
+      "batch_devices": len(batch["inputs"].sharding.device_set),
+      "ema_embedding": (shard(state.ema_params["source_embedding"]["embedding"])
+                        if hasattr(state, "ema_params") else None)}
 # The tiny config's vocabulary (500) and 4 heads cannot be split 8 ways: a clear error.
 bad_cfg, bad_model, _ = tiny_setup()
 mesh = jax.sharding.Mesh(np.asarray(jax.devices()).reshape(1, 1, 8), MESH_AXES)
@@ -69,12 +71,12 @@ print(json.dumps(results))
 # one-device reference, so that the two can run in parallel.
 MESHES = {"data and fsdp": [((8, 1, 1), 1), ((2, 4, 1), 1), ((2, 2, 2), 1)],
           "tensor and micro-batches": [((1, 1, 8), 1), ((2, 2, 2), 2)],
-          "variants: rmsnorm, swiglu, 2 key/value heads, relative": [((2, 4, 1), 1),
+          "variants: rmsnorm, swiglu, 2 key/value heads, relative, EMA": [((2, 4, 1), 1),
                                                                      ((2, 2, 2), 1)]}
 # config.model overrides per group (the block variants train on meshes like the plain model)
-VARIANTS = {"variants: rmsnorm, swiglu, 2 key/value heads, relative": {
+VARIANTS = {"variants: rmsnorm, swiglu, 2 key/value heads, relative, EMA": {
     "model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2,
-    "model.positional_encoding": "relative"}}
+    "model.positional_encoding": "relative", "optimizer.ema_decay": 0.99}}
 
 
 @pytest.mark.parametrize("group", sorted(MESHES))
@@ -106,3 +108,5 @@ def test_meshes_match_one_device_and_split_parameters_as_configured(group):
     # Adam's moments are split like their parameters (FSDP shards the optimizer state too).
     assert got["adam_embedding"] == [str([V // tensor, D // fsdp])], shape
     assert got["batch_devices"] == data * fsdp * tensor, shape
+    if "optimizer.ema_decay" in variant:  # (the moving average is split like its parameters)
+      assert got["ema_embedding"] == got["embedding"], shape

@@ -93,3 +93,13 @@ def test_scanned_model_decodes_like_the_per_layer_model():
   np.testing.assert_allclose(scores, scores2, rtol=1e-6)
 
 
+
+
+def test_the_moving_average_follows_scanned_and_rematerialised_layers():
+  cfg, model, state = tiny_setup(**{"optimizer.ema_decay": 0.9, "model.scan_layers": True,
+                                    "model.remat": "full"})
+  state, _ = _train_losses(model, state, steps=2)
+  assert state.ema_params["encoder_layers"]["feed_forward"]["wi"]["kernel"].shape == (2, 32, 64)
+  for ema, p in zip(jax.tree_util.tree_leaves(state.ema_params),
+                    jax.tree_util.tree_leaves(state.params)):
+    assert ema.shape == p.shape and np.isfinite(np.asarray(ema)).all()

@@ -23,7 +23,8 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_string("split", "", "Split of the run's data (default: its test split).",
                       flag_values=fv)
   flags.DEFINE_multi_string("checkpoint", ["latest"], "latest | best | all | STEP | average:N "
-                            "| steps:A,B,...; repeat to compare several", flag_values=fv)
+                            "| steps:A,B,... [:ema | :raw]; repeat to compare several",
+                            flag_values=fv)
   flags.DEFINE_string("source_file", "", "Score on this source text file (with "
                       "--reference_file) instead of a split.", flag_values=fv)
   flags.DEFINE_string("reference_file", "", "Reference translations of --source_file.",

@@ -22,8 +22,8 @@ from transformer_jax.inference.translator import Translator
 
 def define_flags(fv: flags.FlagValues):
   flags.DEFINE_string("workdir", None, "A training workdir.", flag_values=fv, required=True)
-  flags.DEFINE_string("checkpoint", "latest", "latest | best | STEP | average:N | steps:A,B,...",
-                      flag_values=fv)
+  flags.DEFINE_string("checkpoint", "latest", "latest | best | STEP | average:N | steps:A,B,... "
+                      "[:ema | :raw]", flag_values=fv)
   flags.DEFINE_string("input", "-", "Input text file, one sentence per line ('-' = stdin).",
                       flag_values=fv)
   flags.DEFINE_string("output", "-", "Output file ('-' = stdout).", flag_values=fv)

@@ -164,6 +164,9 @@ class OptimizerConfig:
   eps: float
   weight_decay: float           # decoupled (AdamW), on matrices only
   grad_clip_norm: float         # global-norm clipping; 0 disables
+  ema_decay: float              # > 0: keep an exponential moving average of the parameters
+                                # (decay per step, e.g. 0.999), used for validation, the test
+                                # and the tools; 0 = off
   cooldown_fraction: float      # the learning rate decays linearly to 0 over the last fraction
                                 # of training: of num_train_steps, or of time_budget_minutes
                                 # when that ends first (warmup-stable-decay); 0 = no cooldown
@@ -172,6 +175,9 @@ class OptimizerConfig:
     _check_positive("optimizer", self, ("learning_rate",))
     _check_choice("config.optimizer.schedule", self.schedule,
                   ("inverse_sqrt", "cosine", "linear", "constant"))
+    if not 0.0 <= self.ema_decay < 1.0:
+      raise ConfigError(f"config.optimizer.ema_decay={self.ema_decay} must be in [0, 1) "
+                        "(0: no moving average)")
     if not 0.0 <= self.cooldown_fraction <= 1.0:
       raise ConfigError(f"config.optimizer.cooldown_fraction={self.cooldown_fraction} must be "
                         "in [0, 1] (0: no cooldown)")

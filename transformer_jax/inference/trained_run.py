@@ -26,11 +26,13 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Selected:
-  """One model a checkpoint selection names: its label, the steps averaged into it, and
-  whether they live in the best-checkpoint folder."""
+  """One model a checkpoint selection names: its label, the steps averaged into it, whether
+  they live in the best-checkpoint folder, and which weights: "ema" (the moving average),
+  "raw" (the trained parameters) or "auto" (the moving average when the run keeps one)."""
   label: str
   steps: list[int]
   from_best: bool = False
+  weights: str = "auto"
 
 
 @dataclasses.dataclass
@@ -65,7 +67,24 @@ class TrainedRun:
 
   def select(self, selection: str) -> list[Selected]:
     """Each model a selection string names (`latest`, `best`, `all`, a step, `average:N`,
-    `steps:A,B`)."""
+    `steps:A,B`), each optionally with `:ema` or `:raw` (which weights of a run that keeps a
+    moving average; it is the default there, and the label says which)."""
+    weights = "auto"
+    for suffix in ("ema", "raw"):
+      if selection.endswith(f":{suffix}"):
+        selection, weights = selection[:-len(suffix) - 1], suffix
+    has_ema = self.cfg.optimizer.ema_decay > 0
+    if weights == "ema" and not has_ema:
+      raise CheckpointError(f"--checkpoint={selection}:ema: {self.workdir} keeps no moving "
+                            "average (trained with config.optimizer.ema_decay=0)")
+    chosen = self._select(selection)
+    if has_ema:  # (the label says which weights: results of both can sit side by side)
+      suffix = "_raw" if weights == "raw" else "_ema"
+      chosen = [dataclasses.replace(c, label=c.label + suffix, weights=weights)
+                for c in chosen]
+    return chosen
+
+  def _select(self, selection: str) -> list[Selected]:
     if selection == "best":
       best = self.best_step()
       if best is None:
@@ -93,7 +112,10 @@ class TrainedRun:
     return average_states(states)
 
   def params(self, selected: Selected):
-    return self.state(selected).params
+    """The weights of a selection: the moving average unless "raw" was asked for (or the run
+    keeps none)."""
+    state = self.state(selected)
+    return state.params if selected.weights == "raw" else state.eval_params
 
 
 def load(workdir: str | Path) -> TrainedRun:

@@ -94,6 +94,9 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
   state = initialise(init, state_sharding, init_rng)
   log.info("Model: %s parameters; mesh %s", f"{count_params(state.params):,}",
            dict(mesh.shape))
+  if cfg.optimizer.ema_decay:
+    log.info("Moving average of the parameters (decay %g): validation, the best checkpoint "
+             "and the test use it", cfg.optimizer.ema_decay)
   ckpt = Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep)
   # The best checkpoint by validation BLEU, kept apart from the newest ones.
   best_ckpt = Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu")
@@ -141,8 +144,8 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
       None = cut short by SIGTERM (marked, so the resumed run validates `step` first)."""
       faults.before_validation(step)
       try:
-        bleu = _validate(evaluator, state.params, step, writer, cfg.decode.num_samples_to_log,
-                         final)
+        bleu = _validate(evaluator, state.eval_params, step, writer,
+                         cfg.decode.num_samples_to_log, final)
       except ValidationCancelled:
         log.warning("SIGTERM during the validation of step %d: validation stopped (the "
                     "resumed run does it first)", step)
@@ -229,7 +232,7 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
                   "resume", step, ckpt.directory)
       final["preempted_at_step"] = step
     elif cfg.data.test_split:
-      final.update(_test(cfg, workdir, model, state.params, tok, mesh, writer,
+      final.update(_test(cfg, workdir, model, state.eval_params, tok, mesh, writer,
                          int(jax.device_get(state.step))))
     plots.plot_metrics(workdir)
     writer.close()

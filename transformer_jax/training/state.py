@@ -1,12 +1,16 @@
-"""The train state (step, parameters, optimizer state), initialised or described on the mesh
-with each array sharded by the logical-axis rules."""
+"""The train state (step, parameters, optimizer state, and the parameters' moving average when
+configured), initialised or described on the mesh with each array sharded by the logical-axis
+rules."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from flax.training import train_state
 
 from transformer_jax.config.sections import TrainConfig
@@ -19,6 +23,25 @@ from transformer_jax.training.optimizer import make_optimizer
 class TrainState(train_state.TrainState):
   """Step, parameters and optimizer state (apply_fn and tx are static)."""
 
+  @property
+  def eval_params(self):
+    """What validation, the test and the tools translate with."""
+    return self.params
+
+
+class EmaTrainState(TrainState):
+  """A TrainState with `ema_params`, the exponential moving average of the parameters
+  (config.optimizer.ema_decay > 0; Polyak averaging, Marian's --exponential-smoothing),
+  sharded like them and saved with them: ema(t) = d * ema(t-1) + (1 - d) * params(t), from
+  the initial parameters. (A class of its own: the states, and so the checkpoints, of runs
+  without it stay what they were.)"""
+  ema_params: Any = None
+  ema_decay: float = struct.field(pytree_node=False, default=0.0)
+
+  @property
+  def eval_params(self):
+    return self.ema_params
+
 
 def state_init(cfg: TrainConfig, model: Transformer, mesh):
   """(init(rng) -> boxed TrainState, the state's shardings on `mesh`); a ConfigError when the
@@ -28,6 +51,10 @@ def state_init(cfg: TrainConfig, model: Transformer, mesh):
 
   def init(rng):
     variables = model.init(rng, dummy, dummy)
+    if cfg.optimizer.ema_decay:
+      return EmaTrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx,
+                                  ema_params=variables["params"],
+                                  ema_decay=cfg.optimizer.ema_decay)
     return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
 
   boxed = jax.eval_shape(init, jax.random.PRNGKey(0))

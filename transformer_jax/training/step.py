@@ -41,9 +41,10 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   accumulation): the summed gradients over all of them, divided by the batch's token count,
   are the full batch's gradient, at 1/k of the activation memory.
 
-  A non-finite loss or gradient is never applied: the step counter advances, parameters and
-  optimizer state stay as they were, and the metrics count it (`nonfinite_steps`, and the
-  step in `first_nonfinite_step`); the loop then stops or goes on (config.nonfinite_updates).
+  A non-finite loss or gradient is never applied: the step counter advances, parameters,
+  their moving average and the optimizer state stay as they were, and the metrics count it
+  (`nonfinite_steps`, and the step in `first_nonfinite_step`); the loop then stops or goes on
+  (config.nonfinite_updates).
   `nonfinite_at_step` injects NaN gradients at that step (preemption.Faults, for tests).
   `mesh` (the one the step is jitted over) lets the output loss run per device.
   """
@@ -70,6 +71,10 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
   updated = state.replace(step=step, params=optax.apply_updates(state.params, updates),
                           opt_state=opt_state)
+  if getattr(state, "ema_params", None) is not None:  # (the parameters' moving average)
+    d = state.ema_decay
+    updated = updated.replace(ema_params=jax.tree_util.tree_map(
+        lambda e, p: d * e + (1.0 - d) * p, state.ema_params, updated.params))
   new_state = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old),
                                      updated, state.replace(step=step))
   return new_state, {"loss_sum": jnp.where(finite, loss_sum, 0.0),

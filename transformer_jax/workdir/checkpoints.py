@@ -184,11 +184,17 @@ def abstract_like(tree):
 
 
 def average_states(states):
-  """The element-wise mean of the states' parameters (other fields from the last state)."""
+  """The element-wise mean of the states' parameters, and of their moving averages when
+  they keep them (other fields from the last state)."""
   if not states:
     raise CheckpointError("nothing to average")
-  mean = jax.tree_util.tree_map(lambda *xs: sum(xs) / len(xs), *[s.params for s in states])
-  return states[-1].replace(params=mean)
+
+  def mean(field):
+    return jax.tree_util.tree_map(lambda *xs: sum(xs) / len(xs),
+                                  *[getattr(s, field) for s in states])
+  if getattr(states[-1], "ema_params", None) is not None:
+    return states[-1].replace(params=mean("params"), ema_params=mean("ema_params"))
+  return states[-1].replace(params=mean("params"))
 
 
 def parse_selection(selection: str, available: list[int]) -> list[tuple[str, list[int]]]:

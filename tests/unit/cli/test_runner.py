@@ -43,7 +43,7 @@ def _train(tmp_path, *args):
                                     "no key 'num_layerz' (did you mean scan_layers, "
                                     "num_encoder_layers or num_decoder_layers?)"),
     ("--config.model.num_head=2", "config error: --config.model.num_head: config.model has no "
-                                  "key 'num_head' (did you mean num_heads?)"),
+                                  "key 'num_head' (did you mean num_heads or num_kv_heads?)"),
     ("--config.model.d_model=wide", "config error: --config.model.d_model: 'wide' is not a "
                                     "valid int"),
 ])

@@ -71,3 +71,32 @@ def test_nonfinite_update_is_not_applied_and_is_counted():
   assert m2["nonfinite_steps"] == 0 and np.isinf(m2["first_nonfinite_step"])
   assert not np.array_equal(np.asarray(jax.tree_util.tree_leaves(newer.params)[0]),
                             np.asarray(jax.tree_util.tree_leaves(new.params)[0]))
+
+
+def test_the_moving_average_after_k_steps_equals_its_closed_form():
+  """ema_k = d^k p_0 + (1 - d) sum_i d^(k-i) p_i over the parameters p_i after each step; a
+  skipped (non-finite) update leaves it as it was."""
+  d = 0.9
+  cfg, model, state = tiny_setup(**{"optimizer.ema_decay": d, "optimizer.learning_rate": 1e-2})
+  step = jax.jit(functools.partial(train_lib.train_step, model=model, label_smoothing=0.0,
+                                   nonfinite_at_step=4))
+  history = [state.params]
+  for i in range(3):
+    state, _ = step(state, fixed_batch(seed=i), jax.random.PRNGKey(i))
+    history.append(state.params)
+  k = len(history) - 1
+  expected = jax.tree_util.tree_map(
+      lambda *ps: d ** k * np.asarray(ps[0], np.float64) + (1 - d) * sum(
+          d ** (k - i) * np.asarray(p, np.float64) for i, p in enumerate(ps) if i > 0),
+      *history)
+  for got, want in zip(jax.tree_util.tree_leaves(state.ema_params),
+                       jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)
+  assert state.eval_params is state.ema_params
+  assert not np.array_equal(np.asarray(jax.tree_util.tree_leaves(state.ema_params)[0]),
+                            np.asarray(jax.tree_util.tree_leaves(state.params)[0]))
+  skipped, m = step(state, fixed_batch(seed=3), jax.random.PRNGKey(3))  # (step 4: NaN grads)
+  assert float(m["nonfinite_steps"]) == 1.0
+  for a, b in zip(jax.tree_util.tree_leaves(skipped.ema_params),
+                  jax.tree_util.tree_leaves(state.ema_params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

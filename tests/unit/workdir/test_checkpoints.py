@@ -7,8 +7,10 @@ import shutil
 import grain
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from tests.helpers import tiny_setup
 from transformer_jax.errors import CheckpointError
 from transformer_jax.workdir import checkpoints
 
@@ -81,3 +83,13 @@ def test_a_save_that_cannot_fit_is_refused_before_writing(tmp_path, monkeypatch)
   assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "checkpoints/2")
   assert ckpt.all_steps() == [1]
   ckpt.close()
+
+
+def test_averaging_states_averages_their_moving_averages_too():
+  _, _, state = tiny_setup(**{"optimizer.ema_decay": 0.9})
+  a = state.replace(ema_params=jax.tree_util.tree_map(lambda x: x + 1.0, state.params))
+  b = state.replace(ema_params=jax.tree_util.tree_map(lambda x: x + 3.0, state.params))
+  mean = checkpoints.average_states([a, b])
+  for m, p in zip(jax.tree_util.tree_leaves(mean.ema_params),
+                  jax.tree_util.tree_leaves(state.params)):
+    np.testing.assert_allclose(np.asarray(m), np.asarray(p) + 2.0, rtol=1e-6)

@@ -4,6 +4,11 @@ Beam search keeps `beam_size` live hypotheses per sentence; each step scores 2×
 candidates, finishes those ending in EOS that rank within the top `beam_size` (as fairseq does,
 so beam 1 is greedy), and stops when no live hypothesis can beat the best finished one under
 the GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016).
+
+Both take one model or an ensemble (a tuple of models and a tuple of their parameters, one
+vocabulary): each step's log-probabilities are the members' average. Both can force a target
+prefix per sentence (`prefix_BP`, 0-padded ids): its tokens are chosen, with their
+log-probabilities counted, before the search goes on.
 """
 
 from __future__ import annotations
@@ -49,21 +54,51 @@ def _gather_beams(tree, beam_indices_BW, batch_size):
   return jax.tree_util.tree_map_with_path(gather, tree)
 
 
-def _decoder_step(model, params, cache, encoded, inputs, tokens_N):
-  """Log-probabilities (N, V) of the next token after `tokens_N`; PAD is never generated."""
-  logits, mutated = model.apply({"params": params, "cache": cache}, encoded, inputs,
-                                tokens_N[:, None], decode=True, method=Transformer.decode,
-                                mutable=["cache"])
-  log_probs = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
-  return log_probs.at[:, PAD_ID].set(NEG_INF), mutated["cache"]
+def _members(model, params):
+  """(models, params) of one model or an ensemble, each in the per-layer layout."""
+  if not isinstance(model, tuple):
+    model, params = (model,), (params,)
+  pairs = [unscanned(m, p) for m, p in zip(model, params)]
+  return tuple(m for m, _ in pairs), tuple(p for _, p in pairs)
 
 
-def _prepare(model, params, inputs_BS, beams: int, max_len: int):
-  """Encodes each sentence once and creates the cache for `beams` hypotheses of each."""
-  encoded = model.apply({"params": params}, inputs_BS, method=Transformer.encode)
-  _, mutated = model.apply({"params": params}, encoded, inputs_BS, max_len, beams,
-                           method=Transformer.init_cache, mutable=["cache"])
-  return encoded, mutated["cache"]
+def _decoder_step(models, params, caches, encoded, inputs, tokens_N):
+  """Log-probabilities (N, V) of the next token after `tokens_N`, averaged over the ensemble's
+  members; PAD is never generated."""
+  total, new_caches = 0.0, []
+  for model, p, cache, enc in zip(models, params, caches, encoded):
+    logits, mutated = model.apply({"params": p, "cache": cache}, enc, inputs,
+                                  tokens_N[:, None], decode=True, method=Transformer.decode,
+                                  mutable=["cache"])
+    total = total + jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
+    new_caches.append(mutated["cache"])
+  log_probs = total / len(models)
+  return log_probs.at[:, PAD_ID].set(NEG_INF), tuple(new_caches)
+
+
+def _force_prefix(log_probs_NV, prefix_BP, step, rows_per_sentence: int):
+  """Log-probabilities with every token but the prefix's at `step` removed, for sentences
+  whose prefix is that long (prefix_BP: 0-padded ids; None: no prefix)."""
+  if prefix_BP is None:
+    return log_probs_NV
+  P = prefix_BP.shape[1]
+  forced_B = jnp.take(prefix_BP, jnp.minimum(step, P - 1), axis=1)
+  forced_N = jnp.repeat(jnp.where(step < P, forced_B, 0), rows_per_sentence)
+  keep_NV = jax.nn.one_hot(forced_N, log_probs_NV.shape[-1], dtype=bool)
+  return jnp.where((forced_N > 0)[:, None] & ~keep_NV, NEG_INF, log_probs_NV)
+
+
+def _prepare(models, params, inputs_BS, beams: int, max_len: int):
+  """Encodes each sentence once (per member) and creates the caches for `beams` hypotheses
+  of each."""
+  encoded, caches = [], []
+  for model, p in zip(models, params):
+    enc = model.apply({"params": p}, inputs_BS, method=Transformer.encode)
+    _, mutated = model.apply({"params": p}, enc, inputs_BS, max_len, beams,
+                             method=Transformer.init_cache, mutable=["cache"])
+    encoded.append(enc)
+    caches.append(mutated["cache"])
+  return tuple(encoded), tuple(caches)
 
 
 @flax.struct.dataclass
@@ -73,20 +108,21 @@ class BeamState:
   live_logprobs: jax.Array        # (B, W) their total log-probability
   finished_seqs: jax.Array        # (B, W, L) finished hypotheses, best first
   finished_scores: jax.Array      # (B, W) their length-normalised scores
-  cache: dict
+  cache: tuple                    # one decoding cache per ensemble member
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_len",
                                              "num_return", "min_len"))
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
-                num_return: int = 1, min_len: int = 0):
+                num_return: int = 1, min_len: int = 0, prefix_BP=None):
   """Returns (sequences (B, W, max_len), scores (B, W)), best first; sequences end in EOS
   (or stop at max_len) and are padded with 0. The search runs until the best `num_return`
   finished hypotheses can no longer change, so those are exact n-best entries. EOS cannot
-  end a hypothesis of fewer than `min_len` tokens."""
+  end a hypothesis of fewer than `min_len` tokens. `model`/`params`: one model or tuples
+  (an ensemble); `prefix_BP`: target prefixes to force (0-padded)."""
   B, W = inputs_BS.shape[0], beam_size
-  model, params = unscanned(model, params)
-  encoded, cache = _prepare(model, params, inputs_BS, W, max_len)
+  models, params = _members(model, params)
+  encoded, cache = _prepare(models, params, inputs_BS, W, max_len)
   state = BeamState(
       step=jnp.array(0, jnp.int32),
       live_seqs=jnp.zeros((B, W, max_len), jnp.int32),
@@ -103,7 +139,9 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
 
   def step(s: BeamState):
     previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
-    log_probs, cache = _decoder_step(model, params, s.cache, encoded, inputs_BS, _flat(previous))
+    log_probs, cache = _decoder_step(models, params, s.cache, encoded, inputs_BS,
+                                     _flat(previous))
+    log_probs = _force_prefix(log_probs, prefix_BP, s.step, W)
     if min_len:
       log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
     V = log_probs.shape[-1]
@@ -152,12 +190,13 @@ def _filter_logits(logits_NV, temperature: float, top_k: int, top_p: float):
 @functools.partial(jax.jit, static_argnames=("model", "max_len", "temperature", "top_k",
                                              "top_p"))
 def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperature: float = 1.0,
-                  top_k: int = 0, top_p: float = 1.0):
+                  top_k: int = 0, top_p: float = 1.0, prefix_BP=None):
   """Argmax decoding, or ancestral sampling when `rng` is given (with temperature, top-k and
-  top-p filtering). Returns (sequences (B, max_len), total log-probabilities (B,))."""
+  top-p filtering). Returns (sequences (B, max_len), total log-probabilities (B,)).
+  `model`/`params` and `prefix_BP` as for beam_search."""
   B = inputs_BS.shape[0]
-  model, params = unscanned(model, params)
-  encoded, cache = _prepare(model, params, inputs_BS, 1, max_len)
+  models, params = _members(model, params)
+  encoded, cache = _prepare(models, params, inputs_BS, 1, max_len)
 
   def not_done(carry):
     step, _, _, done, _ = carry
@@ -166,7 +205,8 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
   def step_fn(carry):
     step, seqs, logprobs, done, cache = carry
     previous = jnp.where(step == 0, 0, jnp.take(seqs, step - 1, axis=1))
-    log_probs, cache = _decoder_step(model, params, cache, encoded, inputs_BS, previous)
+    log_probs, cache = _decoder_step(models, params, cache, encoded, inputs_BS, previous)
+    log_probs = _force_prefix(log_probs, prefix_BP, step, 1)
     if rng is None:
       token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
     else:

@@ -130,3 +130,64 @@ def test_sampling_is_reproducible_with_a_seed_and_varies_across_seeds(tiny):
   np.testing.assert_array_equal(sample(3, top_k=1), np.asarray(greedy))
   # A tiny nucleus also keeps only the most likely token.
   np.testing.assert_array_equal(sample(4, top_p=1e-6), np.asarray(greedy))
+
+
+def test_an_ensemble_of_one_or_of_two_copies_equals_the_model(tiny):
+  model, params, inputs = tiny
+  kw = dict(beam_size=3, alpha=0.6, max_len=6)
+  seqs, scores = decode.beam_search(model, params, inputs, **kw)
+  for members in (1, 2):
+    e_seqs, e_scores = decode.beam_search((model,) * members, (params,) * members, inputs, **kw)
+    np.testing.assert_array_equal(np.asarray(e_seqs), np.asarray(seqs))
+    np.testing.assert_array_equal(np.asarray(e_scores), np.asarray(scores))
+  g, g_lp = decode.greedy_search(model, params, inputs, max_len=6)
+  e, e_lp = decode.greedy_search((model, model), (params, params), inputs, max_len=6)
+  np.testing.assert_array_equal(np.asarray(e), np.asarray(g))
+  np.testing.assert_array_equal(np.asarray(e_lp), np.asarray(g_lp))
+
+
+def test_an_ensemble_scores_by_its_members_average_log_probability(tiny):
+  model, params, inputs = tiny
+  other = jax.tree_util.tree_map(lambda x: -0.5 * x, params)  # a different model
+  seqs, scores = decode.beam_search((model, model), (params, other), inputs, beam_size=3,
+                                    alpha=0.0, max_len=6)
+  for b in range(inputs.shape[0]):
+    rows = jnp.tile(inputs[b], (3, 1))
+    mean = (np.asarray(helpers.sequence_log_prob(model, params, rows, seqs[b]))
+            + np.asarray(helpers.sequence_log_prob(model, other, rows, seqs[b]))) / 2
+    found = np.asarray(scores[b]) > NEG_INF / 2
+    np.testing.assert_allclose(np.asarray(scores[b])[found], mean[found], rtol=1e-4, atol=1e-5)
+  # ... and the ensemble's best is the brute-force best under that average.
+  best, _ = decode.beam_search((model, model), (params, other), inputs, beam_size=8,
+                               alpha=0.0, max_len=3)
+  outs = _all_outputs(3)
+  targets = np.zeros((len(outs), 3), np.int32)
+  for i, o in enumerate(outs):
+    targets[i, :len(o)] = o
+  for b, row in enumerate(inputs):
+    rows = jnp.tile(row, (len(outs), 1))
+    mean = (np.asarray(helpers.sequence_log_prob(model, params, rows, targets))
+            + np.asarray(helpers.sequence_log_prob(model, other, rows, targets))) / 2
+    np.testing.assert_array_equal(np.asarray(best[b, 0]), targets[int(np.argmax(mean))])
+
+
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_a_forced_prefix_starts_every_output_and_is_scored_as_teacher_forcing(tiny, search):
+  model, params, inputs = tiny
+  prefix = jnp.array([[3, 4, 4], [4, 0, 0], [0, 0, 0]])  # (the last sentence: none)
+  if search == "beam":
+    seqs, scores = decode.beam_search(model, params, inputs, beam_size=3, alpha=0.0,
+                                      max_len=6, prefix_BP=prefix)
+    free, _ = decode.beam_search(model, params, inputs, beam_size=3, alpha=0.0, max_len=6)
+    seqs, scores, free = seqs[:, 0], scores[:, 0], free[:, 0]
+  else:
+    seqs, scores = decode.greedy_search(model, params, inputs, max_len=6, prefix_BP=prefix)
+    free, _ = decode.greedy_search(model, params, inputs, max_len=6)
+  seqs = np.asarray(seqs)
+  assert list(seqs[0, :3]) == [3, 4, 4] and seqs[1, 0] == 4
+  np.testing.assert_array_equal(seqs[2], np.asarray(free[2]))  # no prefix: as without
+  # The score (total log-probability, alpha 0) is the teacher-forced one of the output,
+  # forced tokens included.
+  np.testing.assert_allclose(np.asarray(scores),
+                             np.asarray(helpers.sequence_log_prob(model, params, inputs, seqs)),
+                             rtol=1e-4, atol=1e-5)

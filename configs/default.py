@@ -111,6 +111,8 @@ def get_config():
   config.decode.seed = 0                # sampling: random seed
   config.decode.nbest = 1               # beam search: hypotheses returned per sentence
   config.decode.min_length = 0          # beam search: no EOS before this many tokens
+  config.decode.mbr = ""                # "chrf" / "bleu": minimum-Bayes-risk choice of the output
+  config.decode.mbr_candidates = 4      # mbr: n-best of the beam (<= beam_size), or samples
 
   config.parallelism = ml_collections.ConfigDict()
   config.parallelism.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = all other devices

@@ -203,6 +203,10 @@ class DecodeConfig:
   seed: int                     # sampling: random seed (same seed, same samples)
   nbest: int                    # beam search: hypotheses returned per sentence (<= beam_size)
   min_length: int               # beam search: fewest tokens before EOS may end a hypothesis
+  mbr: str                      # minimum-Bayes-risk choice among candidates by a sacreBLEU
+                                # utility: "chrf" or "bleu" (sentence level); "" = off
+  mbr_candidates: int           # mbr: candidates per sentence: the beam's n-best (<= beam_size)
+                                # or, with sampling, that many samples
 
   def __post_init__(self):
     if self.min_length < 0:
@@ -218,6 +222,12 @@ class DecodeConfig:
                         f"{self.beam_size}]")
     if self.nbest > 1 and (self.greedy or self.sampling):
       raise ConfigError("config.decode.nbest > 1 needs beam search (greedy/sampling are off)")
+    _check_choice("config.decode.mbr", self.mbr, ("", "chrf", "bleu"))
+    if self.mbr and (self.greedy or not 2 <= self.mbr_candidates <= (
+        10**6 if self.sampling else self.beam_size)):
+      raise ConfigError(f"config.decode.mbr={self.mbr!r} needs 2 or more mbr_candidates (got "
+                        f"{self.mbr_candidates}): the beam's n-best (<= beam_size="
+                        f"{self.beam_size}) or samples (sampling=True); not greedy decoding")
     if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
       raise ConfigError(f"config.decode: temperature={self.temperature} must be > 0, "
                         f"top_p={self.top_p} in (0, 1], top_k={self.top_k} >= 0")

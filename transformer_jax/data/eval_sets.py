@@ -20,11 +20,13 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class EvalSet:
-  """A split ready to decode: raw text, token ids, and fixed-shape padded batches."""
+  """A split ready to decode: raw text, token ids, and fixed-shape padded batches; optionally
+  a target prefix per sentence (ids without EOS) that decoding must start with."""
   sources: list[str]
   references: list[str]
   source_ids: list[np.ndarray]
   target_ids: list[np.ndarray]
+  prefix_ids: list[np.ndarray] | None = None
 
   def __len__(self):
     return len(self.sources)
@@ -38,6 +40,14 @@ class EvalSet:
                [np.asarray(tokenizer.encode(s), np.int32) for s in sources],
                [np.asarray(tokenizer.encode(r), np.int32) for r in references])
 
+  def with_prefixes(self, prefixes: list[str], tokenizer: Tokenizer) -> "EvalSet":
+    """The same set with a target prefix per sentence (line-aligned; "" = none)."""
+    if len(prefixes) != len(self):
+      raise DataError(f"{len(prefixes)} target prefixes for {len(self)} sentences: one line "
+                      "per input line, empty for none")
+    return dataclasses.replace(self, prefix_ids=[
+        np.asarray(tokenizer.encode(p)[:-1] if p.strip() else [], np.int32) for p in prefixes])
+
   def batches(self, batch_size: int, max_len: int, bucket: int = 16
               ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
     """Length-sorted batches of exactly `batch_size` rows (padded with empty rows), source and
@@ -46,14 +56,18 @@ class EvalSet:
     order = sorted(range(len(self)), key=lambda i: len(self.source_ids[i]))
     for start in range(0, len(order), batch_size):
       idx = np.asarray(order[start:start + batch_size])
-      yield idx, {"inputs": _pad([self.source_ids[i] for i in idx], batch_size, max_len, bucket),
-                  "targets": _pad([self.target_ids[i] for i in idx], batch_size, max_len,
-                                  bucket)}
+      batch = {"inputs": _pad([self.source_ids[i] for i in idx], batch_size, max_len, bucket),
+               "targets": _pad([self.target_ids[i] for i in idx], batch_size, max_len, bucket)}
+      if self.prefix_ids is not None:  # (0-padded; at least one column: 0 = nothing forced)
+        batch["prefixes"] = _pad([self.prefix_ids[i] for i in idx], batch_size, max_len,
+                                 bucket, min_length=1)
+      yield idx, batch
 
 
-def _pad(seqs: list[np.ndarray], rows: int, max_len: int, bucket: int) -> np.ndarray:
+def _pad(seqs: list[np.ndarray], rows: int, max_len: int, bucket: int, min_length: int = 0
+         ) -> np.ndarray:
   longest = max(len(s) for s in seqs)
-  length = min(max_len, bucket * math.ceil(longest / bucket))
+  length = max(min_length, min(max_len, bucket * math.ceil(longest / bucket)))
   out = np.zeros((rows, length), np.int32)
   for i, s in enumerate(seqs):
     s = s[:length]

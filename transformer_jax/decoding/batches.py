@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from transformer_jax.config.sections import DecodeConfig
+from transformer_jax.decoding.mbr import mbr_order
 from transformer_jax.decoding.search import beam_search, greedy_search
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.parallel import mesh as mesh_lib
@@ -15,7 +17,9 @@ from transformer_jax.parallel import mesh as mesh_lib
 
 def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
   """Decodes every source of `eval_set`; yields (row indices, sequences (B, N, L), scores
-  (B, N)) per batch, N = cfg.nbest, best first.
+  (B, N)) per batch, N = the candidates asked for (cfg.nbest, or cfg.mbr_candidates with
+  MBR), best first for beam search. `model`/`params`: one model or tuples (an ensemble);
+  the set's target prefixes, if any, are forced.
 
   Batches are length-sorted, padded to a few fixed shapes and (with a mesh) split over its
   batch axes; each shape compiles once, the whole search being one compiled program.
@@ -23,24 +27,36 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
   batch_size = cfg.batch_size
   if mesh is not None:
     batch_size = mesh_lib.round_up_to_data_parallel(batch_size, mesh)
+  config = (model if isinstance(model, tuple) else (model,))[0].config
+  candidates = cfg.mbr_candidates if cfg.mbr else cfg.nbest
   base_rng = jax.random.PRNGKey(cfg.seed)
   for batch_index, (rows, batch) in enumerate(eval_set.batches(batch_size,
-                                                               max_len=model.config.max_len)):
-    inputs = batch["inputs"]
-    max_len = min(cfg.length_limit(inputs.shape[1]), model.config.max_len)
+                                                               max_len=config.max_len)):
+    inputs, prefixes = batch["inputs"], batch.get("prefixes")
+    max_len = min(cfg.length_limit(inputs.shape[1]), config.max_len)
+    if prefixes is not None:
+      max_len = min(max(max_len, prefixes.shape[1] + 1), config.max_len)
     if mesh is not None:  # every host holds the whole batch; each places its own part
       inputs = mesh_lib.global_array_from_full(inputs, mesh)
+      if prefixes is not None:
+        prefixes = mesh_lib.global_array_from_full(prefixes, mesh)
     if cfg.greedy or cfg.sampling:
-      rng = jax.random.fold_in(base_rng, batch_index) if cfg.sampling else None
-      seqs, scores = greedy_search(model, params, inputs, max_len=max_len, rng=rng,
+      draws = []
+      for n in range(candidates if cfg.sampling else 1):  # (MBR over samples: several draws)
+        rng = jax.random.fold_in(base_rng, batch_index) if cfg.sampling else None
+        if rng is not None and candidates > 1:
+          rng = jax.random.fold_in(rng, n)
+        draws.append(greedy_search(model, params, inputs, max_len=max_len, rng=rng,
                                    temperature=cfg.temperature, top_k=cfg.top_k,
-                                   top_p=cfg.top_p)
-      seqs, scores = seqs[:, None], scores[:, None]
+                                   top_p=cfg.top_p, prefix_BP=prefixes))
+      seqs = jnp.stack([d[0] for d in draws], axis=1)
+      scores = jnp.stack([d[1] for d in draws], axis=1)
     else:
       seqs, scores = beam_search(model, params, inputs, beam_size=cfg.beam_size,
                                  alpha=cfg.length_penalty, max_len=max_len,
-                                 num_return=cfg.nbest, min_len=min(cfg.min_length, max_len))
-      seqs, scores = seqs[:, :cfg.nbest], scores[:, :cfg.nbest]
+                                 num_return=candidates, min_len=min(cfg.min_length, max_len),
+                                 prefix_BP=prefixes)
+      seqs, scores = seqs[:, :candidates], scores[:, :candidates]
     yield rows, mesh_lib.fetch(seqs), mesh_lib.fetch(scores)
 
 
@@ -53,6 +69,9 @@ def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=
     for row, index in enumerate(rows):
       out[index] = [(tokenizer.decode(seqs[row, n]), float(scores[row, n]))
                     for n in range(seqs.shape[1]) if scores[row, n] > NEG_INF / 2]
+      if cfg.mbr:  # (the candidates reordered by expected utility; their scores kept)
+        out[index] = [out[index][i] for i in mbr_order([t for t, _ in out[index]], cfg.mbr)]
+        out[index] = out[index][:cfg.nbest]
     if on_batch is not None:
       on_batch(len(rows))
   return out

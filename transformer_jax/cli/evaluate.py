@@ -19,7 +19,9 @@ from transformer_jax.workdir import lock
 
 
 def define_flags(fv: flags.FlagValues):
-  flags.DEFINE_string("workdir", None, "A training workdir.", flag_values=fv, required=True)
+  flags.DEFINE_multi_string("workdir", None, "A training workdir; several: an ensemble (one "
+                            "tokenizer; results go to the first's eval/).", flag_values=fv,
+                            required=True)
   flags.DEFINE_string("split", "", "Split of the run's data (default: its test split).",
                       flag_values=fv)
   flags.DEFINE_multi_string("checkpoint", ["latest"], "latest | best | all | STEP | average:N "
@@ -40,7 +42,8 @@ def define_flags(fv: flags.FlagValues):
 
 def evaluate(args: runner.Args):
   # (writing into the workdir: one writer at a time; --output_dir elsewhere only reads it)
-  with lock.hold(args.workdir, "evaluate") if not args.output_dir else contextlib.nullcontext():
+  with (lock.hold(args.workdir[0], "evaluate") if not args.output_dir
+        else contextlib.nullcontext()):
     results, out_dir = evaluate_checkpoints(
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
         args.max_sentences, args.decode, args.lowercase, args.output_dir)

@@ -2,7 +2,8 @@ r"""Translates text with a trained run: stdin or a file in, stdout or a file out
 
   echo "Ein Hund läuft im Schnee." | transformer-jax-translate --workdir=runs/default
   transformer-jax-translate --workdir=runs/default --input=in.de --output=out.en \
-      [--checkpoint=best] [--decode=beam_size=5 --decode=nbest=4]
+      [--checkpoint=best] [--decode=beam_size=5 --decode=nbest=4] [--prefix_file=prefixes.en]
+  transformer-jax-translate --workdir=runs/seed1 --workdir=runs/seed2 ...   # an ensemble
 
 One output line per input line, in order; an empty input line gives an empty output line.
 Input is batched by length, with a progress bar on long inputs; on a terminal (or with
@@ -21,12 +22,15 @@ from transformer_jax.inference.translator import Translator
 
 
 def define_flags(fv: flags.FlagValues):
-  flags.DEFINE_string("workdir", None, "A training workdir.", flag_values=fv, required=True)
+  flags.DEFINE_multi_string("workdir", None, "A training workdir; several: an ensemble (one "
+                            "tokenizer).", flag_values=fv, required=True)
   flags.DEFINE_string("checkpoint", "latest", "latest | best | STEP | average:N | steps:A,B,... "
                       "[:ema | :raw]", flag_values=fv)
   flags.DEFINE_string("input", "-", "Input text file, one sentence per line ('-' = stdin).",
                       flag_values=fv)
   flags.DEFINE_string("output", "-", "Output file ('-' = stdout).", flag_values=fv)
+  flags.DEFINE_string("prefix_file", "", "Target prefixes, one per input line (empty: none): "
+                      "each translation starts with its prefix.", flag_values=fv)
   flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, nbest, "
                             "greedy, sampling, temperature, ...); repeatable.", flag_values=fv)
   flags.DEFINE_bool("interactive", None, "Translate line by line as input arrives (default: "
@@ -38,9 +42,10 @@ def translate(args: runner.Args):
   interactive = from_stdin and sys.stdin.isatty() if args.interactive is None else args.interactive
   translator = Translator(args.workdir, args.checkpoint, args.decode)
   lines = iter_lines(sys.stdin.buffer, "<stdin>") if from_stdin else read_lines(args.input)
+  prefixes = list(read_lines(args.prefix_file)) if args.prefix_file else None
   out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
   try:
-    translator.translate_lines(lines, out, interactive)
+    translator.translate_lines(lines, out, interactive, prefixes)
   finally:
     if out is not sys.stdout:
       out.close()

@@ -50,28 +50,41 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
                          source_file: str = "", reference_file: str = "",
                          max_sentences: int = 0, decode_overrides=(), lowercase: bool = False,
                          output_dir: str = "") -> tuple[list[dict], Path]:
-  """Scores the selected checkpoint(s) of a workdir; returns one result record each (see
-  `layout.result_record`) and the folder they were written to."""
-  run = trained_run.load(workdir)
+  """Scores the selected checkpoint(s) of a workdir, or of several as an ensemble (each
+  selection then names one model per run); returns one result record each (see
+  `layout.result_record`) and the folder they were written to (the first run's)."""
+  workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
+  runs = trained_run.load_ensemble(workdirs)
+  run = runs[0]
   decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
   eval_set, name = _eval_set(run, split, source_file, reference_file, max_sentences)
-  out_dir = Path(output_dir) if output_dir else layout.eval_dir(workdir, name)
+  out_dir = Path(output_dir) if output_dir else layout.eval_dir(workdirs[0], name)
   layout.check_writable(out_dir)  # (before decoding: its results would have nowhere to go)
   selections = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
-  chosen = [model for selection in selections for model in run.select(selection)]
-  evaluator = Evaluator(eval_set, run.model, run.tokenizer, decode, run.mesh)
+  chosen = []  # (one Selected per run) per model to score
+  for selection in selections:
+    per_run = [r.select(selection) for r in runs]
+    if len(runs) > 1 and any(len(models) != 1 for models in per_run):
+      raise UsageError(f"--checkpoint={selection} names several models of a run: an "
+                       "ensemble takes one of each")
+    chosen += list(zip(*per_run))
   results = []
-  for selected in chosen:
-    params = run.params(selected)
+  for group in chosen:
+    selected = group[0]
+    label = selected.label if len(runs) == 1 else f"ensemble{len(runs)}_{selected.label}"
+    model, params = trained_run.members(runs, list(group))
+    evaluator = Evaluator(eval_set, model, run.tokenizer, decode, run.mesh)
     t0 = time.time()
     score, hyps = evaluator.bleu(params)
-    result = layout.result_record(selected.label, selected.steps, name, score, len(hyps),
+    result = layout.result_record(label, selected.steps, name, score, len(hyps),
                                   time.time() - t0, decode)
+    if len(runs) > 1:
+      result["ensemble"] = [str(r.workdir) for r in runs]
     if lowercase:
       result["bleu_lowercase"], result["bleu_lowercase_signature"] = lowercase_bleu(
           hyps, eval_set.references)
-    layout.write_lines(out_dir / f"{selected.label}.hyp", hyps)
-    log.info("%s: %s%s", selected.label, score,
+    layout.write_lines(out_dir / f"{label}.hyp", hyps)
+    log.info("%s: %s%s", label, score,
              f"  lowercase BLEU {result['bleu_lowercase']:.2f}" if lowercase else "")
     results.append(result)
   layout.write_results(out_dir, results)

@@ -139,3 +139,24 @@ def load(workdir: str | Path) -> TrainedRun:
     raise CheckpointError(f"no checkpoints in {workdir / layout.CHECKPOINTS}")
   mesh = mesh_lib.make_mesh(cfg.parallelism)
   return TrainedRun(workdir, cfg, tokenizer, Transformer(cfg.model), mesh)
+
+
+def load_ensemble(workdirs: list[str | Path]) -> list[TrainedRun]:
+  """Several runs to decode as one ensemble: each loaded, all with one tokenizer (the same
+  fingerprint), else a CheckpointError naming the run whose vocabulary differs."""
+  runs = [load(w) for w in workdirs]
+  first = runs[0]
+  for run in runs[1:]:
+    if run.tokenizer.fingerprint != first.tokenizer.fingerprint:
+      raise CheckpointError(
+          f"--workdir={run.workdir}: its tokenizer {run.tokenizer.path} (fingerprint "
+          f"{run.tokenizer.fingerprint}) is not that of --workdir={first.workdir} "
+          f"({first.tokenizer.fingerprint}): an ensemble decodes with one vocabulary")
+  return runs
+
+
+def members(runs: list[TrainedRun], selections: list[Selected]):
+  """(model, params) to decode with: one run's, or tuples of each run's (an ensemble)."""
+  models = tuple(run.model for run in runs)
+  params = tuple(run.params(selected) for run, selected in zip(runs, selections))
+  return (models[0], params[0]) if len(runs) == 1 else (models, params)

@@ -13,33 +13,42 @@ from tqdm import tqdm
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.decoding.batches import translate_nbest
+from transformer_jax.errors import DataError, UsageError
 from transformer_jax.inference import trained_run
 
 log = logging.getLogger(__name__)
 
 
 class Translator:
-  """A loaded model that turns lists of sentences into (n-best) translations."""
+  """A loaded model (or an ensemble of several runs' models, one tokenizer) that turns lists
+  of sentences into (n-best) translations, optionally each starting with a given prefix. The
+  first run's decoding settings apply, with `decode_overrides`."""
 
-  def __init__(self, workdir: str, checkpoint: str = "latest", decode_overrides=()):
-    self.run = trained_run.load(workdir)
+  def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
+               decode_overrides=()):
+    runs = trained_run.load_ensemble([workdir] if isinstance(workdir, str) else workdir)
+    self.run = runs[0]
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
-    self.params = self.run.params(self.run.select_one(checkpoint, "translate"))
+    self.model, self.params = trained_run.members(
+        runs, [run.select_one(checkpoint, "translate") for run in runs])
 
-  def translate(self, sentences: list[str], progress: bool = False
-                ) -> list[list[tuple[str, float]]]:
-    """N-best (translation, score) lists, in input order; empty sentences give []."""
+  def translate(self, sentences: list[str], progress: bool = False,
+                prefixes: list[str] | None = None) -> list[list[tuple[str, float]]]:
+    """N-best (translation, score) lists, in input order; empty sentences give []. With
+    `prefixes` (line-aligned; "" = none) each translation starts with its prefix."""
     results: list[list[tuple[str, float]]] = [[] for _ in sentences]
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     if not todo:
       return results
     eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.run.tokenizer)
+    if prefixes is not None:
+      eval_set = eval_set.with_prefixes([prefixes[i] for i in todo], self.run.tokenizer)
     if max(len(x) for x in eval_set.source_ids) > self.run.cfg.model.max_len:
       log.warning("inputs longer than %d subwords are truncated", self.run.cfg.model.max_len)
     bar = None
     if progress:
       bar = tqdm(total=len(todo), unit="sent", file=sys.stderr)
-    nbest = translate_nbest(self.run.model, self.params, eval_set, self.run.tokenizer,
+    nbest = translate_nbest(self.model, self.params, eval_set, self.run.tokenizer,
                             self.decode, self.run.mesh,
                             on_batch=bar.update if bar is not None else None)
     if bar is not None:
@@ -56,9 +65,13 @@ class Translator:
       return [f"{index} |||  ||| 0.0000"]
     return [f"{index} ||| {text} ||| {score:.4f}" for text, score in hyps]
 
-  def translate_lines(self, lines: Iterable[str], out: TextIO, interactive: bool):
+  def translate_lines(self, lines: Iterable[str], out: TextIO, interactive: bool,
+                      prefixes: list[str] | None = None):
     """Writes the translation of each input line to `out`: all at once, batched by length
-    (a progress bar from 200 lines on), or each line as soon as it is read."""
+    (a progress bar from 200 lines on), or each line as soon as it is read. `prefixes`:
+    target prefixes, line-aligned with `lines` (not with `interactive`)."""
+    if interactive and prefixes is not None:
+      raise UsageError("--prefix_file needs the whole input at once: not with --interactive")
     if interactive:
       for index, line in enumerate(lines):
         for text in self.output_lines(index, self.translate([line])[0]):
@@ -66,6 +79,10 @@ class Translator:
         out.flush()
       return
     lines = list(lines)
-    for index, hyps in enumerate(self.translate(lines, progress=len(lines) >= 200)):
+    if prefixes is not None and len(prefixes) != len(lines):
+      raise DataError(f"--prefix_file has {len(prefixes)} lines, the input {len(lines)}: "
+                      "one prefix line per input line (empty for none)")
+    for index, hyps in enumerate(self.translate(lines, progress=len(lines) >= 200,
+                                                prefixes=prefixes)):
       for text in self.output_lines(index, hyps):
         out.write(text + "\n")

@@ -57,3 +57,24 @@ def test_translate_files_and_bad_input_are_named(tiny_run, tmp_path):
   assert status == 1 and "nowhere.de does not exist" in helpers.one_line_error(err)
   status, _, err = _translate(tiny_run, b"x\n", "--decode=beam=3")
   assert status == 2 and "unknown key 'beam' (did you mean beam_size?)" in err
+
+
+def test_prefixes_and_an_ensemble_of_two_copies(tiny_run, tmp_path):
+  text = b"Ein Hund.\n\nEine Katze spielt.\n"
+  prefixes = tmp_path / "prefixes.en"
+  prefixes.write_text("a small\n\n\n")
+  status, out, err = _translate(tiny_run, text, f"--prefix_file={prefixes}")
+  assert status == 0, err[-2000:]
+  with_prefix = out.split("\n")[:3]
+  assert with_prefix[0].startswith("a small") and with_prefix[1] == ""
+  _, plain, _ = _translate(tiny_run, text)
+  assert with_prefix[2] == plain.split("\n")[2]  # (no prefix on that line: as without)
+  # Two copies of one run decode as that run does.
+  status, twice, err = _translate(tiny_run, text, f"--workdir={tiny_run}")
+  assert status == 0, err[-2000:]
+  assert twice == plain
+  prefixes.write_text("a\nb\n")  # (one line short)
+  status, _, err = _translate(tiny_run, text, f"--prefix_file={prefixes}")
+  assert status != 0 and helpers.one_line_error(err) == (
+      "translate: --prefix_file has 2 lines, the input 3: one prefix line per input line "
+      "(empty for none)")

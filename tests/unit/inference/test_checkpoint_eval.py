@@ -11,7 +11,8 @@ import pytest
 from tests import helpers
 from transformer_jax.cli import evaluate as evaluate_cli
 from transformer_jax.data import corpus
-from transformer_jax.errors import DataError
+from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.errors import CheckpointError, DataError, UsageError
 from transformer_jax.inference import trained_run
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints, format_table
 
@@ -99,3 +100,28 @@ def test_the_evaluate_tool_prints_the_table_and_says_what_is_wrong(tiny_run, tmp
   status, _, err = helpers.run_tool(evaluate_cli.main, f"--workdir={tiny_run}",
                                     "--source_file=x.de")
   assert status == 2 and "--source_file and --reference_file go together" in err
+
+
+def test_an_ensemble_of_a_run_with_itself_scores_as_the_run(tiny_run, tmp_path):
+  alone, _ = evaluate_checkpoints(tiny_run, split="val", checkpoint="20", max_sentences=8,
+                                  output_dir=str(tmp_path / "alone"))
+  pair, out = evaluate_checkpoints([tiny_run, tiny_run], split="val", checkpoint="20",
+                                   max_sentences=8, output_dir=str(tmp_path / "pair"))
+  assert pair[0]["label"] == "ensemble2_step_20" and pair[0]["ensemble"] == [str(tiny_run)] * 2
+  assert pair[0]["bleu"] == alone[0]["bleu"] and pair[0]["chrf"] == alone[0]["chrf"]
+  assert (out / "ensemble2_step_20.hyp").read_text() == (
+      tmp_path / "alone" / "step_20.hyp").read_text()
+  with pytest.raises(UsageError, match="names several models of a run"):
+    evaluate_checkpoints([tiny_run, tiny_run], split="val", checkpoint="all", max_sentences=8,
+                         output_dir=str(tmp_path / "all"))
+
+
+def test_an_ensemble_refuses_runs_with_different_tokenizers(tiny_run, tmp_path):
+  other = helpers.copy_run(tiny_run, tmp_path / "other")
+  (other / "tokenizer.json").unlink()
+  train_tokenizer(["ein ganz anderer satz", "a whole other sentence"] * 20, 40,
+                  other / "spm.model")
+  with pytest.raises(CheckpointError, match=rf"--workdir={other}: its tokenizer .* is not that "
+                                            rf"of --workdir={tiny_run} .*one vocabulary"):
+    evaluate_checkpoints([tiny_run, other], split="val", max_sentences=8,
+                         output_dir=str(tmp_path / "x"))

@@ -24,7 +24,8 @@ from tests.helpers import ROOT
 from tests.helpers import assert_bitwise_equal as _assert_bitwise_equal
 from tests.helpers import checkpoint_steps as _steps
 from tests.helpers import saved_state as _state
-from transformer_jax.inference import trained_run
+from transformer_jax.errors import CheckpointError
+from transformer_jax.inference import averaging, trained_run
 
 STEPS = [*helpers.ONE_LAYER_FLAGS, "--config.num_train_steps=12",
          "--config.checkpoint_every_steps=4", "--config.log_every_steps=2",
@@ -281,6 +282,8 @@ def test_the_moving_average_survives_sigkill_and_resume_bit_for_bit(train, tmp_p
   assert averaged.label.endswith("_ema") and raw.label.endswith("_raw")
   _assert_bitwise_equal(loaded.params(averaged), state["ema_params"])
   _assert_bitwise_equal(loaded.params(raw), state["params"])
+  with pytest.raises(CheckpointError, match="average keeps both the weights and their moving"):
+    averaging.average_to_workdir(run, "average:2:raw", tmp_path / "avg")
 
 
 def test_damaged_newest_checkpoints_fall_back_and_are_kept_aside(reference, train, tmp_path):

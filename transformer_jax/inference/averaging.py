@@ -1,6 +1,7 @@
 """Checkpoint averaging into a new workdir that evaluate and translate use as they are: the
 run's config.json and tokenizer, and one checkpoint, at the last averaged step, whose
-parameters are the element-wise mean (optimizer state: the last one's)."""
+parameters (and their moving averages, when the run keeps them) are the element-wise mean
+(optimizer state: the last one's)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ def average_to_workdir(workdir: str, selection: str, output: str) -> tuple[int, 
   """Averages the checkpoints `selection` names into `output`; returns (step, steps)."""
   run = trained_run.load(workdir)
   selected = run.select_one(selection, "average (average:N or steps:A,B,...)")
+  if selected.weights != "auto":
+    raise CheckpointError(f"--checkpoint={selection}: average keeps both the weights and "
+                          "their moving average (evaluate and translate choose with :ema / :raw)")
   out = Path(output)
   if out.resolve() == Path(workdir).resolve():
     raise CheckpointError("--output must differ from --workdir (nothing saved there is "

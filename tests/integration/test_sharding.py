@@ -72,11 +72,15 @@ print(json.dumps(results))
 MESHES = {"data and fsdp": [((8, 1, 1), 1), ((2, 4, 1), 1), ((2, 2, 2), 1)],
           "tensor and micro-batches": [((1, 1, 8), 1), ((2, 2, 2), 2)],
           "variants: rmsnorm, swiglu, 2 key/value heads, relative, EMA": [((2, 4, 1), 1),
-                                                                     ((2, 2, 2), 1)]}
+                                                                     ((2, 2, 2), 1)],
+          "variants: post-LN, geglu, 1 key/value head, rotary": [((2, 4, 1), 1)]}
 # config.model overrides per group (the block variants train on meshes like the plain model)
 VARIANTS = {"variants: rmsnorm, swiglu, 2 key/value heads, relative, EMA": {
     "model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2,
-    "model.positional_encoding": "relative", "optimizer.ema_decay": 0.99}}
+    "model.positional_encoding": "relative", "optimizer.ema_decay": 0.99},
+    "variants: post-LN, geglu, 1 key/value head, rotary": {
+    "model.pre_layer_norm": False, "model.ffn_activation": "geglu", "model.num_kv_heads": 1,
+    "model.positional_encoding": "rotary"}}
 
 
 @pytest.mark.parametrize("group", sorted(MESHES))

@@ -25,9 +25,11 @@ def model_flops_per_step(cfg, rows: int, src_len: int, tgt_len: int) -> float:
   projections, feed-forward blocks, attention scores and mixing, and the output softmax."""
   m = cfg.model
   D, F, V = m.d_model, m.d_ff, m.vocab_size
-  enc_layer = 4 * D * D + 2 * D * F + 2 * src_len * D             # per source position
-  dec_layer = 6 * D * D + 2 * D * F + 2 * tgt_len * D + 2 * src_len * D  # per target position
-  cross_kv = 2 * D * D                                             # per source position
+  kv = 2 * D * m.kv_heads * m.head_dim  # the K and V projections (fewer heads: smaller)
+  ffn = (3 if m.ffn_activation in ("swiglu", "geglu") else 2) * D * F  # (gated: 3 matrices)
+  enc_layer = 2 * D * D + kv + ffn + 2 * src_len * D               # per source position
+  dec_layer = 4 * D * D + kv + ffn + 2 * tgt_len * D + 2 * src_len * D  # per target position
+  cross_kv = kv                                                    # per source position
   macs = rows * (src_len * m.num_encoder_layers * (enc_layer + cross_kv)
                  + tgt_len * (m.num_decoder_layers * dec_layer + D * V))
   return 3 * 2 * macs

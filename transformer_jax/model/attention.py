@@ -136,17 +136,17 @@ class MultiHeadAttention(nn.Module):
     else:
       k_BSHK = split_heads("key")(context_BSD)
       v_BSHK = split_heads("value")(context_BSD)
-      relative = not self.is_cross_attention and cfg.positional_encoding in ("rotary",
-                                                                              "relative")
-      if relative:
+      # Positions inside attention (self-attention only; cross-attention has none).
+      scheme = "" if self.is_cross_attention else cfg.positional_encoding
+      if scheme in ("rotary", "relative"):
         query_positions_BT, key_positions_BS = self._positions(positions_BT, q_BTHK, decode)
-      if relative and cfg.positional_encoding == "rotary":
+      if scheme == "rotary":
         q_BTHK = rotary(q_BTHK, query_positions_BT)
         k_BSHK = rotary(k_BSHK, query_positions_BT)  # (self-attention: the same positions)
       if decode:
         k_BSHK, v_BSHK, mask_BHTS, kv_layout = self._update_self_attention_cache(
             k_BSHK, v_BSHK, mask_BHTS)
-      if relative and cfg.positional_encoding == "relative":
+      if scheme == "relative":
         bias_BHTS = self._relative_bias(query_positions_BT, key_positions_BS)
 
     dropout = None

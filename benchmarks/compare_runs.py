@@ -1,0 +1,75 @@
+"""A table of finished training runs side by side, from the files they wrote: what each
+changes against the first (config keys), its test-set sacreBLEU and chrF (training's final
+test and every later `evaluate` of that set: EMA/raw weights, ensembles, MBR), the best
+validation BLEU, the steps trained, the median training tokens/s and the training minutes.
+
+  python benchmarks/compare_runs.py runs/baseline runs/rotary runs/swiglu ...
+
+Tokens/s are what each run logged: comparable only between runs on an otherwise idle machine
+of one kind (the CPU is printed).
+"""
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from transformer_jax.parallel import hardware
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, dict):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+IGNORED = ("data.cache_dir", "data.tokenizer_path")  # (where things are, not what is trained)
+
+
+def changes(config: dict, reference: dict) -> str:
+  """The config keys whose values differ from the reference run's, as key=value."""
+  a, b = _flat(config), _flat(reference)
+  diff = [f"{k.split('.')[-1]}={a[k]}" for k in sorted(a)
+          if k not in IGNORED and a.get(k) != b.get(k)]
+  return ", ".join(diff) or "(the reference)"
+
+
+def rows(workdir: Path, reference: dict) -> list[list[str]]:
+  config = json.loads((workdir / "config.json").read_text())
+  split = config["data"]["test_split"]
+  records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines() if x]
+  speeds = [r["perf/tokens_per_sec"] for r in records if "perf/tokens_per_sec" in r]
+  evals = [r["eval/bleu"] for r in records if "eval/bleu" in r]
+  minutes = max((r.get("time/train_minutes", 0.0) for r in records), default=0.0)
+  steps = max((r["step"] for r in records), default=0)
+  common = [f"{max(evals):.2f}" if evals else "", str(steps),
+            f"{statistics.median(speeds):,.0f}" if speeds else "", f"{minutes:.1f}"]
+  out = []
+  results = workdir / "eval" / split / "results.json"
+  for result in json.loads(results.read_text()) if results.is_file() else []:
+    out.append([workdir.name, changes(config, reference), result["label"],
+                f"{result['bleu']:.2f}", f"{result['chrf']:.2f}", *common])
+  return out
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("workdirs", nargs="+", type=Path)
+  args = parser.parse_args()
+  reference = json.loads((args.workdirs[0] / "config.json").read_text())
+  print(f"machine: {hardware.describe_machine()}\n")
+  header = ["run", "changes", "model", "test BLEU", "test chrF", "best val BLEU", "steps",
+            "tokens/s", "train min"]
+  print("| " + " | ".join(header) + " |")
+  print("|" + "---|" * len(header))
+  for workdir in args.workdirs:
+    for row in rows(workdir, reference):
+      print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+  main()

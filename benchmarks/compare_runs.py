@@ -38,6 +38,16 @@ def changes(config: dict, reference: dict) -> str:
   return ", ".join(diff) or "(the reference)"
 
 
+def _search(result: dict) -> str:
+  """The model and how it was decoded: label, beam or sampling, MBR."""
+  d = result.get("decode", {})
+  how = (f"sampling top_p={d['top_p']}" if d.get("sampling") else
+         "greedy" if d.get("greedy") else f"beam {d.get('beam_size')}")
+  if d.get("mbr"):
+    how += f", MBR {d['mbr']} over {d['mbr_candidates']}"
+  return f"{result['label']} ({how})"
+
+
 def rows(workdir: Path, reference: dict) -> list[list[str]]:
   config = json.loads((workdir / "config.json").read_text())
   split = config["data"]["test_split"]
@@ -51,7 +61,7 @@ def rows(workdir: Path, reference: dict) -> list[list[str]]:
   out = []
   results = workdir / "eval" / split / "results.json"
   for result in json.loads(results.read_text()) if results.is_file() else []:
-    out.append([workdir.name, changes(config, reference), result["label"],
+    out.append([workdir.name, changes(config, reference), _search(result),
                 f"{result['bleu']:.2f}", f"{result['chrf']:.2f}", *common])
   return out
 

@@ -72,6 +72,8 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   for group in chosen:
     selected = group[0]
     label = selected.label if len(runs) == 1 else f"ensemble{len(runs)}_{selected.label}"
+    if decode_overrides:  # (another decoding of the same model: its own .hyp file and label)
+      label += "+" + ",".join(decode_overrides)
     model, params = trained_run.members(runs, list(group))
     evaluator = Evaluator(eval_set, model, run.tokenizer, decode, run.mesh)
     t0 = time.time()

@@ -125,3 +125,19 @@ def test_an_ensemble_refuses_runs_with_different_tokenizers(tiny_run, tmp_path):
                                             rf"of --workdir={tiny_run} .*one vocabulary"):
     evaluate_checkpoints([tiny_run, other], split="val", max_sentences=8,
                          output_dir=str(tmp_path / "x"))
+
+
+def test_another_decoding_of_a_model_gets_its_own_label_and_file(tiny_run, tmp_path):
+  out = tmp_path / "out"
+  plain, _ = evaluate_checkpoints(tiny_run, split="val", checkpoint="20", max_sentences=8,
+                                  output_dir=str(out))
+  mbr, _ = evaluate_checkpoints(tiny_run, split="val", checkpoint="20", max_sentences=8,
+                                decode_overrides=["mbr=chrf", "mbr_candidates=2"],
+                                output_dir=str(out))
+  assert plain[0]["label"] == "step_20"
+  assert mbr[0]["label"] == "step_20+mbr=chrf,mbr_candidates=2"
+  assert mbr[0]["decode"]["mbr"] == "chrf"
+  assert sorted(p.name for p in out.glob("*.hyp")) == ["step_20+mbr=chrf,mbr_candidates=2.hyp",
+                                                       "step_20.hyp"]
+  assert [r["label"] for r in json.loads((out / "results.json").read_text())] == [
+      "step_20", "step_20+mbr=chrf,mbr_candidates=2"]

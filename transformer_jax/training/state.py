@@ -32,9 +32,10 @@ class TrainState(train_state.TrainState):
 class EmaTrainState(TrainState):
   """A TrainState with `ema_params`, the exponential moving average of the parameters
   (config.optimizer.ema_decay > 0; Polyak averaging, Marian's --exponential-smoothing),
-  sharded like them and saved with them: ema(t) = d * ema(t-1) + (1 - d) * params(t), from
-  the initial parameters. (A class of its own: the states, and so the checkpoints, of runs
-  without it stay what they were.)"""
+  sharded like them and saved with them: ema(t) = d(t) * ema(t-1) + (1 - d(t)) * params(t)
+  from the initial parameters, d(t) = min(decay, (1 + t) / (10 + t)) (step.ema_decay_at).
+  (A class of its own: the states, and so the checkpoints, of runs without it stay what they
+  were.)"""
   ema_params: Any = None
   ema_decay: float = struct.field(pytree_node=False, default=0.0)
 

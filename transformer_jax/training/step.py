@@ -30,6 +30,15 @@ def training_loss_sums(model, params, batch, rngs, label_smoothing: float, mesh=
       compute_dtype(model.config), model.config.loss_tile_tokens, mesh, BATCH_AXES)
 
 
+def ema_decay_at(decay: float, step):
+  """The moving average's decay at update `step` (1-based): min(decay, (1 + step) / (10 +
+  step)), as TensorFlow's ExponentialMovingAverage with num_updates, so that the first
+  updates are not averaged with the initial weights for thousands of steps (0.999 alone
+  still gives them 37% of the weight after 1,000 steps)."""
+  step = jnp.asarray(step, jnp.float32)
+  return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
+
+
 def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoothing: float,
                num_micro_batches: int = 1, nonfinite_at_step: int = 0, mesh=None):
   """One optimizer step; returns the new state and metric sums with their denominators.
@@ -72,7 +81,7 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   updated = state.replace(step=step, params=optax.apply_updates(state.params, updates),
                           opt_state=opt_state)
   if getattr(state, "ema_params", None) is not None:  # (the parameters' moving average)
-    d = state.ema_decay
+    d = ema_decay_at(state.ema_decay, step)
     updated = updated.replace(ema_params=jax.tree_util.tree_map(
         lambda e, p: d * e + (1.0 - d) * p, state.ema_params, updated.params))
   new_state = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old),

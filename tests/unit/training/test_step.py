@@ -73,9 +73,15 @@ def test_nonfinite_update_is_not_applied_and_is_counted():
                             np.asarray(jax.tree_util.tree_leaves(new.params)[0]))
 
 
+def test_the_moving_average_decay_warms_up_to_the_configured_one():
+  assert float(train_lib.ema_decay_at(0.999, 1)) == pytest.approx(2 / 11)
+  assert float(train_lib.ema_decay_at(0.999, 1000)) == pytest.approx(1001 / 1010)
+  assert float(train_lib.ema_decay_at(0.999, 100_000)) == pytest.approx(0.999)
+
+
 def test_the_moving_average_after_k_steps_equals_its_closed_form():
-  """ema_k = d^k p_0 + (1 - d) sum_i d^(k-i) p_i over the parameters p_i after each step; a
-  skipped (non-finite) update leaves it as it was."""
+  """ema_k = prod_t d_t p_0 + sum_i (1 - d_i) prod_{t>i} d_t p_i over the parameters p_i after
+  each step, d_t = min(d, (1 + t) / (10 + t)); a skipped (non-finite) update leaves it."""
   d = 0.9
   cfg, model, state = tiny_setup(**{"optimizer.ema_decay": d, "optimizer.learning_rate": 1e-2})
   step = jax.jit(functools.partial(train_lib.train_step, model=model, label_smoothing=0.0,
@@ -85,10 +91,12 @@ def test_the_moving_average_after_k_steps_equals_its_closed_form():
     state, _ = step(state, fixed_batch(seed=i), jax.random.PRNGKey(i))
     history.append(state.params)
   k = len(history) - 1
+  decays = [min(d, (1 + t) / (10 + t)) for t in range(k + 1)]  # decays[t]: at update t
+  assert decays[1:] == pytest.approx([2 / 11, 3 / 12, 4 / 13])  # (warming up; d = 0.9 later)
   expected = jax.tree_util.tree_map(
-      lambda *ps: d ** k * np.asarray(ps[0], np.float64) + (1 - d) * sum(
-          d ** (k - i) * np.asarray(p, np.float64) for i, p in enumerate(ps) if i > 0),
-      *history)
+      lambda *ps: np.prod(decays[1:]) * np.asarray(ps[0], np.float64) + sum(
+          (1 - decays[i]) * np.prod(decays[i + 1:]) * np.asarray(p, np.float64)
+          for i, p in enumerate(ps) if i > 0), *history)
   for got, want in zip(jax.tree_util.tree_leaves(state.ema_params),
                        jax.tree_util.tree_leaves(expected)):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)

@@ -357,7 +357,8 @@ def _test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, flo
   t0 = time.time()
   score, hyps = Evaluator(eval_set, model, tok, cfg.decode, mesh).bleu(params)
   seconds = time.time() - t0
-  label, out_dir = f"step_{step}", layout.eval_dir(workdir, cfg.data.test_split)
+  label = f"step_{step}" + ("_ema" if cfg.optimizer.ema_decay else "")  # (as evaluate labels)
+  out_dir = layout.eval_dir(workdir, cfg.data.test_split)
   layout.write_lines(out_dir / f"{label}.hyp", hyps)
   layout.write_results(out_dir, [layout.result_record(
       label, [step], cfg.data.test_split, score, len(hyps), seconds, cfg.decode)])

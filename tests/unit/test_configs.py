@@ -19,12 +19,20 @@ def _paper_sizes(cfg):
           m.dropout_rate, m.pre_layer_norm)
 
 
+def _paper_blocks(cfg):
+  """The paper's block and training choices, which the issue-17 variants leave as they were."""
+  m, o = cfg.model, cfg.optimizer
+  return (m.norm, m.ffn_activation, m.positional_encoding, m.kv_heads == m.num_heads,
+          o.schedule, o.ema_decay)
+
+
 def test_paper_configs_have_the_paper_sizes_data_and_batch():
   base = from_config_dict(wmt_base.get_config())
   big = from_config_dict(wmt_big.get_config())
   assert _paper_sizes(base) == (6, 6, 512, 8, 2048, 0.1, False)
   assert _paper_sizes(big) == (6, 6, 1024, 16, 4096, 0.3, False)
   for cfg in (base, big):
+    assert _paper_blocks(cfg) == ("layernorm", "relu", "sinusoidal", True, "inverse_sqrt", 0.0)
     assert cfg.model.vocab_size == 32000 and cfg.data.tokenizer_max_chars == 10_000_000
     assert (cfg.data.dataset, cfg.data.train_split) == ("wmt17_translate/de-en", "train")
     # newstest2014 is the test split of TFDS's wmt14 (wmt17's is newstest2017).

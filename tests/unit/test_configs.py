@@ -2,12 +2,13 @@
 
 import pytest
 
-from configs import default, tatoeba_deen, tiny, wmt_base, wmt_big
+from configs import default, multi30k_modern, tatoeba_deen, tiny, wmt_base, wmt_big
 from transformer_jax.config.parse import from_config_dict
 
 
 @pytest.mark.parametrize("get_config", [default.get_config, tiny.get_config, wmt_base.get_config,
-                                        wmt_big.get_config, tatoeba_deen.get_config])
+                                        wmt_big.get_config, tatoeba_deen.get_config,
+                                        multi30k_modern.get_config])
 def test_shipped_configs_build(get_config):
   cfg = from_config_dict(get_config())
   assert cfg.model.d_model % cfg.model.num_heads == 0

@@ -141,9 +141,11 @@ def load(workdir: str | Path) -> TrainedRun:
   return TrainedRun(workdir, cfg, tokenizer, Transformer(cfg.model), mesh)
 
 
-def load_ensemble(workdirs: list[str | Path]) -> list[TrainedRun]:
-  """Several runs to decode as one ensemble: each loaded, all with one tokenizer (the same
-  fingerprint), else a CheckpointError naming the run whose vocabulary differs."""
+def load_ensemble(workdirs: str | Path | list[str | Path]) -> list[TrainedRun]:
+  """One run, or several to decode as one ensemble: each loaded, all with one tokenizer (the
+  same fingerprint), else a CheckpointError naming the run whose vocabulary differs."""
+  if isinstance(workdirs, (str, Path)):
+    workdirs = [workdirs]
   runs = [load(w) for w in workdirs]
   first = runs[0]
   for run in runs[1:]:

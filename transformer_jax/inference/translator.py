@@ -26,7 +26,7 @@ class Translator:
 
   def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
                decode_overrides=()):
-    runs = trained_run.load_ensemble([workdir] if isinstance(workdir, str) else workdir)
+    runs = trained_run.load_ensemble(workdir)
     self.run = runs[0]
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
     self.model, self.params = trained_run.members(

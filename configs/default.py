@@ -80,6 +80,15 @@ def get_config():
   config.data.prefetch_buffer_size = 64
   config.data.pretokenize = True        # ids tokenized once, cached by corpus + tokenizer
   config.data.num_workers = 0           # grain worker processes packing batches; 0 = in-process
+  # Several training corpora mixed by weight, each NAME = ConfigDict(dataset=, data_dir=,
+  # source_lang=, target_lang=, split=, weight=, tag=, eval_split=, test_split=) ("" = the
+  # key above); empty = the one corpus above. configs/multilingual.py shows one.
+  config.data.corpora = ml_collections.ConfigDict()
+  # Rules dropping training pairs of a local corpus when it is prepared (0/False = off), each
+  # counted, with examples, in cleaning.json beside the prepared data.
+  config.data.cleaning = ml_collections.ConfigDict(dict(
+      empty=False, max_words=0, max_length_ratio=0.0, identical=False, duplicates=False,
+      min_letter_fraction=0.0, examples=3))
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.learning_rate = 2e-3  # peak

@@ -22,7 +22,8 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_multi_string("workdir", None, "A training workdir; several: an ensemble (one "
                             "tokenizer; results go to the first's eval/).", flag_values=fv,
                             required=True)
-  flags.DEFINE_string("split", "", "Split of the run's data (default: its test split).",
+  flags.DEFINE_string("split", "", "Split of the run's data, or NAME.SPLIT of a mixture's "
+                      "corpus (default: its test split, and each corpus's test_split).",
                       flag_values=fv)
   flags.DEFINE_multi_string("checkpoint", ["latest"], "latest | best | all | STEP | average:N "
                             "| steps:A,B,... [:ema | :raw]; repeat to compare several",
@@ -44,11 +45,12 @@ def evaluate(args: runner.Args):
   # (writing into the workdir: one writer at a time; --output_dir elsewhere only reads it)
   with (lock.hold(args.workdir[0], "evaluate") if not args.output_dir
         else contextlib.nullcontext()):
-    results, out_dir = evaluate_checkpoints(
+    results, out_dirs = evaluate_checkpoints(
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
         args.max_sentences, args.decode, args.lowercase, args.output_dir)
   print(format_table(results))
-  print(f"wrote {out_dir}/results.json")
+  for out_dir in out_dirs:
+    print(f"wrote {out_dir}/results.json")
 
 
 def main(argv=None):

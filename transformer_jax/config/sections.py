@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from transformer_jax.config.corpora import CleaningConfig, CorpusConfig, parse_nested
 from transformer_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")     # the device mesh's axes, in mesh_shape's order
@@ -140,11 +141,23 @@ class DataConfig:
                                 # False: tokenize the text at every epoch (the older path)
   num_workers: int              # grain worker processes packing batches (0 = in-process);
                                 # the batch order depends on it: keep it to resume exactly
+  corpora: dict = dataclasses.field(default_factory=dict)  # NAME -> CorpusConfig: train on a
+                                # mixture of these instead of the corpus above ({} = that one)
+  cleaning: object = dataclasses.field(default_factory=CleaningConfig)  # CleaningConfig
 
   def __post_init__(self):
     if self.source_lang == self.target_lang:
       raise ConfigError(f"config.data.source_lang and target_lang are both "
                         f"{self.source_lang!r}")
+    object.__setattr__(self, "cleaning", parse_nested(CleaningConfig, self.cleaning,
+                                                      "config.data.cleaning"))
+    if not isinstance(self.corpora, dict):
+      raise ConfigError("config.data.corpora must be a section of named corpora")
+    object.__setattr__(self, "corpora", {
+        name: parse_nested(CorpusConfig, entry, f"config.data.corpora.{name}").resolved(
+            name, self) for name, entry in self.corpora.items()})
+    if self.corpora and not self.pretokenize:
+      raise ConfigError("config.data.corpora (a mixture) needs config.data.pretokenize=True")
     _check_positive("data", self, ("max_source_length", "max_target_length", "batch_size",
                                    "num_threads"))
     if self.num_workers < 0:

@@ -252,7 +252,8 @@ class CorpusSpec:
 def corpus_spec(cfg: DataConfig, dataset: str = "") -> CorpusSpec:
   """The corpus of `dataset` (default: the training dataset) with the splits it serves."""
   dataset = dataset or cfg.dataset
-  splits = [cfg.train_split] if dataset == cfg.dataset else []
+  # (with a mixture, config.data's own corpus serves evaluation only)
+  splits = [cfg.train_split] if dataset == cfg.dataset and not cfg.corpora else []
   splits += [split for split, ds in ((cfg.eval_split, cfg.eval_dataset),
                                      (cfg.test_split, cfg.test_dataset))
              if split and (ds or cfg.dataset) == dataset]

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from transformer_jax.config.sections import DataConfig
-from transformer_jax.data import corpus
+from transformer_jax.data import corpus, mixture
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import DataError
 
@@ -32,12 +32,14 @@ class EvalSet:
     return len(self.sources)
 
   @classmethod
-  def from_pairs(cls, sources: list[str], references: list[str], tokenizer: Tokenizer
-                 ) -> "EvalSet":
-    """Tokenized sources (and references; [] when translating without them)."""
+  def from_pairs(cls, sources: list[str], references: list[str], tokenizer: Tokenizer,
+                 source_prefix: list[int] | tuple[int, ...] = ()) -> "EvalSet":
+    """Tokenized sources, each after `source_prefix` (a tag's id), and references ([] when
+    translating without them)."""
     references = references or [""] * len(sources)
+    prefix = list(source_prefix)
     return cls(list(sources), list(references),
-               [np.asarray(tokenizer.encode(s), np.int32) for s in sources],
+               [np.asarray(prefix + tokenizer.encode(s), np.int32) for s in sources],
                [np.asarray(tokenizer.encode(r), np.int32) for r in references])
 
   def with_prefixes(self, prefixes: list[str], tokenizer: Tokenizer) -> "EvalSet":
@@ -76,16 +78,43 @@ def _pad(seqs: list[np.ndarray], rows: int, max_len: int, bucket: int, min_lengt
 
 
 def load_eval_set(cfg: DataConfig, split: str, tokenizer: Tokenizer,
-                  max_sentences: int = 0, dataset: str = "") -> EvalSet:
-  """Reads a whole split (eval/test sets are small) in file order, tokenized."""
+                  max_sentences: int = 0, dataset: str = "", spec: corpus.CorpusSpec | None = None,
+                  source_prefix: list[int] | tuple[int, ...] = ()) -> EvalSet:
+  """Reads a whole split (eval/test sets are small) in file order, tokenized; of `spec` when
+  given (a mixture's corpus), each source after `source_prefix`."""
   sources, references = [], []
-  for src, ref in corpus.iterate_pairs(corpus.corpus_spec(cfg, dataset), split):
+  for src, ref in corpus.iterate_pairs(spec or corpus.corpus_spec(cfg, dataset), split):
     sources.append(src)
     references.append(ref)
     if max_sentences and len(sources) >= max_sentences:
       break
   if not sources:
     raise DataError(f"split {split!r} of {dataset or cfg.dataset} is empty")
-  log.info("Loaded %d %s pairs from split %r", len(sources), dataset or cfg.dataset, split)
-  return EvalSet.from_pairs(sources, references, tokenizer)
+  log.info("Loaded %d %s pairs from split %r", len(sources),
+           spec.local_folder if spec else dataset or cfg.dataset, split)
+  return EvalSet.from_pairs(sources, references, tokenizer, source_prefix)
 
+
+def direction_sets(cfg: DataConfig, tokenizer: Tokenizer, kind: str, max_sentences: int = 0
+                   ) -> dict[str, EvalSet]:
+  """The `kind` ("eval" or "test") split of each of a mixture's corpora that names one, by
+  name `NAME.SPLIT` (one per direction of a multilingual model), its tag before each source."""
+  out = {}
+  for name, entry in cfg.corpora.items():
+    split = entry.eval_split if kind == "eval" else entry.test_split
+    if split:
+      out[f"{name}.{split}"] = load_eval_set(
+          cfg, split, tokenizer, max_sentences, spec=mixture.spec_of(entry, cfg, (split,)),
+          source_prefix=mixture.source_prefix(cfg, name, tokenizer))
+  return out
+
+
+
+def test_sets(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, EvalSet]:
+  """The test sets: `test_split` (named by it) and each mixture corpus's (`NAME.SPLIT`)."""
+  sets = {}
+  if cfg.test_split:
+    sets[cfg.test_split] = load_eval_set(cfg, cfg.test_split, tokenizer,
+                                         dataset=cfg.test_dataset)
+  sets.update(direction_sets(cfg, tokenizer, "test"))
+  return sets

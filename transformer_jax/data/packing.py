@@ -6,7 +6,9 @@ flat ids. Pairs are taken in stream order and each goes into the first row with 
 sides; a batch is complete when the next pair fits no row (that pair opens the next batch), as
 grain's FirstFitPackIterDataset does, without its per-token Python work. Rows hold `inputs`,
 `targets`, their `*_positions` (restarting at 0 in every pair) and `*_segment_ids` (1, 2, ... per
-row; 0 is padding), all int32, plus the batch's counts of filtered pairs (`STATS_KEYS`).
+row; 0 is padding), all int32, plus the batch's counts of filtered pairs (`STATS_KEYS`) and,
+for a mixture (chunks with each pair's `corpus`), the pairs drawn from each corpus and the
+tokens it put into the batch (`CORPUS_KEYS`).
 
 The iterator's state is the chunk iterator's state before the current chunk and the position in
 it, so a restored iterator makes exactly the batches that would have followed.
@@ -21,24 +23,32 @@ from transformer_jax.data.tokenized import EMPTY, KEEP, TOO_LONG
 
 # Per-batch counts of the pairs the batch consumed from the stream (0-d int64 arrays).
 STATS_KEYS = ("pairs_kept", "pairs_empty", "pairs_too_long")
+# ... and of a mixture, per corpus (int64 arrays, one entry per corpus).
+CORPUS_KEYS = ("corpus_pairs", "corpus_tokens")
 
 
 def chunk(codes: np.ndarray, src: tuple[np.ndarray, np.ndarray],
-          tgt: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
-  """A chunk of the stream: `codes` of all its pairs, (flat ids, lengths) of the kept ones."""
-  return {"codes": codes, "src_ids": src[0], "src_len": src[1], "tgt_ids": tgt[0],
-          "tgt_len": tgt[1]}
+          tgt: tuple[np.ndarray, np.ndarray], corpus: np.ndarray | None = None
+          ) -> dict[str, np.ndarray]:
+  """A chunk of the stream: `codes` of all its pairs, (flat ids, lengths) of the kept ones;
+  in a mixture, the `corpus` index of each of its pairs."""
+  out = {"codes": codes, "src_ids": src[0], "src_len": src[1], "tgt_ids": tgt[0],
+         "tgt_len": tgt[1]}
+  if corpus is not None:
+    out["corpus"] = corpus
+  return out
 
 
 class PackedBatches(grain.IterDataset):
   """Batches of `rows` rows of `lengths` = (source, target) tokens from a chunk dataset."""
 
-  def __init__(self, parent: grain.IterDataset, rows: int, lengths: tuple[int, int]):
+  def __init__(self, parent: grain.IterDataset, rows: int, lengths: tuple[int, int],
+               num_corpora: int = 0):
     super().__init__(parent)
-    self.rows, self.lengths = rows, lengths
+    self.rows, self.lengths, self.num_corpora = rows, lengths, num_corpora
 
   def __iter__(self) -> _PackedIterator:
-    return _PackedIterator(self._parent.__iter__(), self.rows, self.lengths)
+    return _PackedIterator(self._parent.__iter__(), self.rows, self.lengths, self.num_corpora)
 
   def __str__(self) -> str:
     return f"PackedBatches(rows={self.rows}, lengths={self.lengths})"
@@ -55,6 +65,9 @@ class _Chunk:
     self.tgt_start = np.cumsum(data["tgt_len"]) - data["tgt_len"]
     self.src_len = data["src_len"].tolist()  # (Python ints: the packing loop reads them one
     self.tgt_len = data["tgt_len"].tolist()  # at a time)
+    if "corpus" in data:
+      self.kept_corpus = data["corpus"][self.kept]
+      self.kept_tokens = data["src_len"] + data["tgt_len"]
 
   @property
   def size(self) -> int:
@@ -63,9 +76,10 @@ class _Chunk:
 
 class _PackedIterator(grain.DatasetIterator):
 
-  def __init__(self, parent: grain.DatasetIterator, rows: int, lengths: tuple[int, int]):
+  def __init__(self, parent: grain.DatasetIterator, rows: int, lengths: tuple[int, int],
+               num_corpora: int = 0):
     super().__init__(parent)
-    self.rows, self.lengths = rows, lengths
+    self.rows, self.lengths, self.num_corpora = rows, lengths, num_corpora
     self._chunk: _Chunk | None = None
     self._position = 0   # the next pair of the current chunk
     self._next_kept = 0  # ... and the index of the next kept pair in it
@@ -81,6 +95,7 @@ class _PackedIterator(grain.DatasetIterator):
     used_segments = np.zeros(rows, np.int64)
     placed = []  # per chunk touched: (chunk, kept indices, rows, src offsets, tgt offsets, segs)
     codes_seen = np.zeros(3, np.int64)
+    drawn, tokens = np.zeros(self.num_corpora, np.int64), np.zeros(self.num_corpora, np.int64)
     while True:
       if self._chunk is None or self._position == self._chunk.size:
         self._read_chunk()
@@ -107,6 +122,11 @@ class _PackedIterator(grain.DatasetIterator):
       # Every pair up to the one that did not fit (or to the chunk's end) is consumed.
       end = c.kept[self._next_kept] if full else c.size
       codes_seen += np.bincount(c.data["codes"][self._position:end], minlength=3)
+      if self.num_corpora:
+        drawn += np.bincount(c.data["corpus"][self._position:end], minlength=self.num_corpora)
+        if picks:
+          tokens += np.bincount(c.kept_corpus[picks], c.kept_tokens[picks],
+                                self.num_corpora).astype(np.int64)
       self._position = end
       if picks:
         placed.append((c, np.asarray(picks), np.asarray(at_row), np.asarray(at_src),
@@ -116,6 +136,8 @@ class _PackedIterator(grain.DatasetIterator):
     batch = _assemble(placed, rows, self.lengths)
     for key, code in zip(STATS_KEYS, (KEEP, EMPTY, TOO_LONG)):
       batch[key] = np.asarray(codes_seen[code], np.int64)
+    if self.num_corpora:
+      batch["corpus_pairs"], batch["corpus_tokens"] = drawn, tokens
     return batch
 
   def get_state(self) -> dict:

@@ -22,7 +22,7 @@ from absl import flags
 from grain.experimental import FirstFitPackIterDataset
 
 from transformer_jax.config.sections import DataConfig
-from transformer_jax.data import corpus, packing, tokenized
+from transformer_jax.data import corpus, mixture, packing, tokenized
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError, DataError
 
@@ -32,11 +32,14 @@ CHUNK_PAIRS = 1024
 
 @dataclasses.dataclass
 class FilterCounts:
-  """Pairs taken from the stream: kept, and filtered out (empty side, or too long)."""
+  """Pairs taken from the stream: kept, and filtered out (empty side, or too long); in a
+  mixture, the pairs drawn from each corpus and the tokens each gave."""
   cfg: DataConfig = dataclasses.field(repr=False)
   kept: int = 0
   empty: int = 0
   too_long: int = 0
+  corpus_pairs: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+  corpus_tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
   @property
   def filtered(self) -> int:
@@ -87,6 +90,8 @@ class TrainPipeline:
   dataset: grain.IterDataset
   filter: FilterCounts
   num_examples: int  # pairs in this host's shard of the training split (one epoch)
+  corpus_names: tuple[str, ...] = ()  # a mixture's corpora
+  corpus_sizes: tuple[int, ...] = ()  # ... and the pairs in this host's shard of each
 
   def take_stats(self, batch: dict) -> dict:
     """`batch` without the pre-tokenized path's per-batch counts, which go into `filter`."""
@@ -95,19 +100,24 @@ class TrainPipeline:
     return batch
 
   @staticmethod
-  def split_stats(batch: dict) -> tuple[dict, tuple[int, int, int] | None]:
-    """(the model's batch, its (kept, empty, too long) counts or None on the text path)."""
+  def split_stats(batch: dict) -> tuple[dict, dict | None]:
+    """(the model's batch, its counts: STATS_KEYS and CORPUS_KEYS, or None on the text
+    path)."""
     if packing.STATS_KEYS[0] not in batch:
       return batch, None  # (the text path counts as it filters)
     batch = dict(batch)
-    return batch, tuple(int(batch.pop(key)) for key in packing.STATS_KEYS)
+    return batch, {key: batch.pop(key) for key in packing.STATS_KEYS + packing.CORPUS_KEYS
+                   if key in batch}
 
-  def count(self, stats: tuple[int, int, int] | None):
+  def count(self, stats: dict | None):
     """Adds a batch's counts (from `split_stats`) when the batch is used."""
     if stats is not None:
-      self.filter.kept += stats[0]
-      self.filter.empty += stats[1]
-      self.filter.too_long += stats[2]
+      self.filter.kept += int(stats["pairs_kept"])
+      self.filter.empty += int(stats["pairs_empty"])
+      self.filter.too_long += int(stats["pairs_too_long"])
+      if "corpus_pairs" in stats:
+        self.filter.corpus_pairs = self.filter.corpus_pairs + stats["corpus_pairs"]
+        self.filter.corpus_tokens = self.filter.corpus_tokens + stats["corpus_tokens"]
 
   @property
   def epochs(self) -> float | None:
@@ -128,6 +138,8 @@ def train_pipeline(cfg: DataConfig, tokenizer: Tokenizer, seed: int,
   if cfg.batch_size % process_count:
     raise ConfigError(f"config.data.batch_size={cfg.batch_size} is not divisible by the "
                       f"{process_count} processes")
+  if cfg.corpora:
+    return _mixture(cfg, tokenizer, seed, process_index, process_count)
   if cfg.pretokenize:
     return _pretokenized(cfg, tokenizer, seed, process_index, process_count)
   return _text(cfg, tokenizer, seed, process_index, process_count)
@@ -196,17 +208,45 @@ def _pretokenized(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_inde
   ahead = max(-(-cfg.prefetch_buffer_size // chunk), cfg.num_threads)  # (chunks; it counts pairs)
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.num_threads,
                                             prefetch_buffer_size=ahead))
-  ds = packing.PackedBatches(ds, cfg.batch_size // process_count,
-                             (cfg.max_source_length, cfg.max_target_length))
+  return TrainPipeline(_packed(ds, cfg, process_count), counts, kept + empty + too_long)
+
+
+def _packed(chunks: grain.IterDataset, cfg: DataConfig, process_count: int,
+            num_corpora: int = 0) -> grain.IterDataset:
+  """Batches packed from the chunk stream, in grain worker processes if asked for."""
+  ds = packing.PackedBatches(chunks, cfg.batch_size // process_count,
+                             (cfg.max_source_length, cfg.max_target_length), num_corpora)
   if cfg.num_workers:
     if not flags.FLAGS.is_parsed():  # (grain's workers read its absl flags: their defaults)
       flags.FLAGS(["transformer_jax"], known_only=True)
     ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.num_workers))
-  return TrainPipeline(ds, counts, kept + empty + too_long)
+  return ds
+
+
+def _mixture(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: int,
+             process_count: int) -> TrainPipeline:
+  """The pre-tokenized path over a mixture of corpora (`data.mixture`)."""
+  members = mixture.members(cfg, tokenizer, process_index, process_count)
+  order = mixture.mixed_order([m.store.num_pairs for m in members],
+                              [m.weight for m in members], seed, process_index, process_count)
+  ds = order.batch(CHUNK_PAIRS).map(mixture.ReadMixedChunk(members, cfg))
+  ahead = max(-(-cfg.prefetch_buffer_size // CHUNK_PAIRS), cfg.num_threads)
+  ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.num_threads,
+                                            prefetch_buffer_size=ahead))
+  counts = FilterCounts(cfg, corpus_pairs=np.zeros(len(members), np.int64),
+                        corpus_tokens=np.zeros(len(members), np.int64))
+  return TrainPipeline(_packed(ds, cfg, process_count, len(members)), counts,
+                       sum(sum(m.counts) for m in members),
+                       tuple(m.name for m in members),
+                       tuple(sum(m.counts) for m in members))
 
 
 def training_sentences(cfg: DataConfig) -> Iterator[str]:
-  """Both sides of every training pair, streamed (for tokenizer training)."""
+  """Both sides of every training pair (of every corpus of a mixture), streamed (for tokenizer
+  training)."""
+  if cfg.corpora:
+    yield from mixture.training_sentences(cfg)
+    return
   for src, tgt in corpus.iterate_pairs(corpus.corpus_spec(cfg), cfg.train_split):
     yield src
     yield tgt

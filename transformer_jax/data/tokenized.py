@@ -70,23 +70,27 @@ class TokenizedSplit:
     return np.frombuffer(data, self.id_dtype).astype(np.int32)
 
 
-def filter_codes(src_len: np.ndarray, tgt_len: np.ndarray, cfg: DataConfig) -> np.ndarray:
-  """KEEP, EMPTY (a side is EOS only) or TOO_LONG for each pair, as the text pipeline filters."""
+def filter_codes(src_len: np.ndarray, tgt_len: np.ndarray, cfg: DataConfig,
+                 source_extra: int = 0) -> np.ndarray:
+  """KEEP, EMPTY (a side is EOS only) or TOO_LONG for each pair, as the text pipeline filters;
+  sources are `source_extra` tokens (a tag) longer in the batches than `src_len` counts."""
   codes = np.full(len(src_len), KEEP, np.int8)
-  codes[(src_len > cfg.max_source_length) | (tgt_len > cfg.max_target_length)] = TOO_LONG
+  codes[(src_len + source_extra > cfg.max_source_length)
+        | (tgt_len > cfg.max_target_length)] = TOO_LONG
   codes[(src_len <= 1) | (tgt_len <= 1)] = EMPTY
   return codes
 
 
 def count_codes(split: TokenizedSplit, cfg: DataConfig, shard: slice = slice(None),
-                block: int = 1 << 16) -> np.ndarray:
-  """How many pairs of `shard` each filter code has (read in blocks: bounded memory)."""
+                block: int = 1 << 16, source_extra: int = 0) -> np.ndarray:
+  """How many pairs of `shard` each filter code has (read in blocks: bounded memory), each
+  source `source_extra` tokens longer than stored (a tag)."""
   counts = np.zeros(3, np.int64)
   step = shard.step or 1
   for start in range(0, split.num_pairs, block):
     stop = min(start + block, split.num_pairs)
     codes = filter_codes(split.lengths("source", start, stop),
-                         split.lengths("target", start, stop), cfg)
+                         split.lengths("target", start, stop), cfg, source_extra)
     first = ((shard.start or 0) - start) % step  # (the shard's first pair in this block)
     counts += np.bincount(codes[first::step], minlength=3)
   return counts
@@ -101,10 +105,12 @@ def fingerprint(spec: corpus.CorpusSpec, split: str, tok: Tokenizer) -> str:
   return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def tokenized_split(cfg: DataConfig, tok: Tokenizer, split: str | None = None) -> TokenizedSplit:
-  """The split (default: the training split) as token ids, written on first use."""
+def tokenized_split(cfg: DataConfig, tok: Tokenizer, split: str | None = None,
+                    spec: corpus.CorpusSpec | None = None) -> TokenizedSplit:
+  """The split (default: the training split) of `spec` (default: the training corpus) as
+  token ids, written on first use."""
   split = split or cfg.train_split
-  spec = corpus.corpus_spec(cfg)
+  spec = spec or corpus.corpus_spec(cfg)
   fp = fingerprint(spec, split, tok)  # (prepares the corpus, under the lock, first)
   folder = Path(spec.cache_dir) / "tokenized" / fp
   with corpus.preparation_lock(spec.cache_dir):

@@ -55,6 +55,16 @@ class Tokenizer:
     """`encode` of each text, on SentencePiece's threads."""
     return [ids + [EOS_ID] for ids in self.sp.encode(texts, num_threads=os.cpu_count() or 1)]
 
+  def tag_id(self, tag: str, where: str) -> int:
+    """The id of reserved token `tag` (a piece of its own); an error naming `where` (the
+    config key that asks for it) when the tokenizer lacks it."""
+    i = self.sp.piece_to_id(tag)
+    if i == UNK_ID or self.sp.id_to_piece(i) != tag:
+      raise DataError(f"{where}={tag!r}: tokenizer {self.path or '<bytes>'} has no piece "
+                      f"{tag!r} (a tokenizer trained by this run reserves every tag; one "
+                      "given by config.data.tokenizer_path must have been trained with it)")
+    return i
+
   def decode(self, ids) -> str:
     """Detokenized text of ids, stopping at the first EOS and skipping padding."""
     out = []
@@ -79,8 +89,8 @@ class Tokenizer:
 
 
 def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
-                    max_sentences: int = 1_000_000, seed: int = 0, max_chars: int = 0
-                    ) -> Tokenizer:
+                    max_sentences: int = 1_000_000, seed: int = 0, max_chars: int = 0,
+                    tags: tuple[str, ...] = ()) -> Tokenizer:
   """Trains a joint unigram SentencePiece model on a sample of `sentences`; writes `path`.
 
   The sample (`training_sample`): up to `max_sentences` sentences drawn uniformly in one
@@ -96,7 +106,8 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
         sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
         model_type="unigram", character_coverage=1.0, pad_id=PAD_ID, eos_id=EOS_ID,
         unk_id=UNK_ID, bos_id=-1, num_threads=os.cpu_count() or 1,
-        hard_vocab_limit=False, minloglevel=2)
+        hard_vocab_limit=False, minloglevel=2,
+        **({"user_defined_symbols": list(tags)} if tags else {}))
   except RuntimeError as e:
     if "smaller than required_chars" in str(e):  # "... 20 vs 92. Increase vocab_size ..."
       needed = str(e).split("required_chars.")[1].split(".")[0].strip()
@@ -113,11 +124,11 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
 
 
 def load_or_train(path: str | Path, sentences_fn, vocab_size: int, max_sentences: int,
-                  seed: int = 0, max_chars: int = 0) -> Tokenizer:
+                  seed: int = 0, max_chars: int = 0, tags: tuple[str, ...] = ()) -> Tokenizer:
   """Loads the tokenizer at `path`, or trains it on `sentences_fn()` when it is not there yet."""
   if Path(path).is_file():
     return Tokenizer.load(path)
-  return train_tokenizer(sentences_fn(), vocab_size, path, max_sentences, seed, max_chars)
+  return train_tokenizer(sentences_fn(), vocab_size, path, max_sentences, seed, max_chars, tags)
 
 
 def training_sample(sentences: Iterable[str], max_sentences: int, seed: int = 0,

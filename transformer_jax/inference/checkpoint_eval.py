@@ -16,7 +16,7 @@ from pathlib import Path
 
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
-from transformer_jax.data.eval_sets import EvalSet, load_eval_set
+from transformer_jax.data.eval_sets import EvalSet, direction_sets, load_eval_set, test_sets
 from transformer_jax.errors import UsageError
 from transformer_jax.evaluation.evaluator import Evaluator
 from transformer_jax.evaluation.scoring import lowercase_bleu
@@ -27,9 +27,11 @@ from transformer_jax.workdir import layout
 log = logging.getLogger(__name__)
 
 
-def _eval_set(run: trained_run.TrainedRun, split: str, source_file: str, reference_file: str,
-              max_sentences: int) -> tuple[EvalSet, str]:
-  """The evaluation set and its name: the given files, or a split of the run's data."""
+def _eval_sets(run: trained_run.TrainedRun, split: str, source_file: str, reference_file: str,
+               max_sentences: int) -> dict[str, EvalSet]:
+  """The evaluation sets by name: the given files; a split of the run's data (or of a mixture
+  corpus, `NAME.SPLIT`); by default its test sets (`test_split` and each direction's of a
+  multilingual run), else its validation split."""
   cfg = run.cfg
   if source_file or reference_file:
     if not (source_file and reference_file):
@@ -38,28 +40,47 @@ def _eval_set(run: trained_run.TrainedRun, split: str, source_file: str, referen
     if max_sentences:
       pairs = pairs[:max_sentences]
     sources, references = [a for a, _ in pairs], [b for _, b in pairs]
-    return (EvalSet.from_pairs(sources, references, run.tokenizer),
-            Path(source_file).name.removesuffix(".gz"))
-  split = split or cfg.data.test_split or cfg.data.eval_split
+    return {Path(source_file).name.removesuffix(".gz"):
+            EvalSet.from_pairs(sources, references, run.tokenizer)}
+  if not split:
+    sets = test_sets(cfg.data, run.tokenizer)
+    if sets:
+      return {name: _first(eval_set, max_sentences) for name, eval_set in sets.items()}
+    split = cfg.data.eval_split
+  directions = {**direction_sets(cfg.data, run.tokenizer, "eval", max_sentences),
+                **direction_sets(cfg.data, run.tokenizer, "test", max_sentences)}
+  if split in directions:
+    return {split: directions[split]}
   dataset = (cfg.data.test_dataset if split == cfg.data.test_split else
              cfg.data.eval_dataset if split == cfg.data.eval_split else "")
-  return load_eval_set(cfg.data, split, run.tokenizer, max_sentences, dataset), split
+  return {split: load_eval_set(cfg.data, split, run.tokenizer, max_sentences, dataset)}
+
+
+def _first(eval_set: EvalSet, n: int) -> EvalSet:
+  if not n or n >= len(eval_set):
+    return eval_set
+  return EvalSet(eval_set.sources[:n], eval_set.references[:n], eval_set.source_ids[:n],
+                 eval_set.target_ids[:n])
 
 
 def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] = "latest",
                          source_file: str = "", reference_file: str = "",
                          max_sentences: int = 0, decode_overrides=(), lowercase: bool = False,
-                         output_dir: str = "") -> tuple[list[dict], Path]:
+                         output_dir: str = "") -> tuple[list[dict], list[Path]]:
   """Scores the selected checkpoint(s) of a workdir, or of several as an ensemble (each
-  selection then names one model per run); returns one result record each (see
-  `layout.result_record`) and the folder they were written to (the first run's)."""
+  selection then names one model per run), on each evaluation set (`_eval_sets`); returns one
+  result record per model and set (see `layout.result_record`) and the folders they were
+  written to (in the first run's eval/, or output_dir: of several sets, a folder each)."""
   workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
   runs = trained_run.load_ensemble(workdirs)
   run = runs[0]
   decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
-  eval_set, name = _eval_set(run, split, source_file, reference_file, max_sentences)
-  out_dir = Path(output_dir) if output_dir else layout.eval_dir(workdirs[0], name)
-  layout.check_writable(out_dir)  # (before decoding: its results would have nowhere to go)
+  sets = _eval_sets(run, split, source_file, reference_file, max_sentences)
+  out_dirs = {name: (Path(output_dir) / name if output_dir and len(sets) > 1 else
+                     Path(output_dir) if output_dir else layout.eval_dir(workdirs[0], name))
+              for name in sets}
+  for out_dir in out_dirs.values():
+    layout.check_writable(out_dir)  # (before decoding: its results would have nowhere to go)
   selections = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
   chosen = []  # (one Selected per run) per model to score
   for selection in selections:
@@ -69,30 +90,38 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
                        "ensemble takes one of each")
     chosen += list(zip(*per_run))
   results = []
-  for group in chosen:
-    selected = group[0]
-    label = selected.label if len(runs) == 1 else f"ensemble{len(runs)}_{selected.label}"
-    if decode_overrides:  # (another decoding of the same model: its own .hyp file and label)
-      label += "+" + ",".join(decode_overrides)
-    model, params = trained_run.members(runs, list(group))
-    evaluator = Evaluator(eval_set, model, run.tokenizer, decode, run.mesh)
-    t0 = time.time()
-    score, hyps = evaluator.bleu(params)
-    result = layout.result_record(label, selected.steps, name, score, len(hyps),
-                                  time.time() - t0, decode)
-    if len(runs) > 1:
-      result["ensemble"] = [str(r.workdir) for r in runs]
-    if lowercase:
-      result["bleu_lowercase"], result["bleu_lowercase_signature"] = lowercase_bleu(
-          hyps, eval_set.references)
-    layout.write_lines(out_dir / f"{label}.hyp", hyps)
-    log.info("%s: %s%s", label, score,
-             f"  lowercase BLEU {result['bleu_lowercase']:.2f}" if lowercase else "")
-    results.append(result)
-  layout.write_results(out_dir, results)
-  if "all" in selections and results:
-    _write_by_step(results, out_dir)
-  return results, out_dir
+  for name, eval_set in sets.items():
+    set_results = [_score(runs, group, eval_set, name, decode, decode_overrides, lowercase,
+                          out_dirs[name]) for group in chosen]
+    layout.write_results(out_dirs[name], set_results)
+    if "all" in selections and set_results:
+      _write_by_step(set_results, out_dirs[name])
+    results += set_results
+  return results, list(out_dirs.values())
+
+
+def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, lowercase: bool,
+           out_dir: Path) -> dict:
+  """The result record of one model (a Selected per run) on one set; its .hyp written."""
+  selected = group[0]
+  label = selected.label if len(runs) == 1 else f"ensemble{len(runs)}_{selected.label}"
+  if decode_overrides:  # (another decoding of the same model: its own .hyp file and label)
+    label += "+" + ",".join(decode_overrides)
+  model, params = trained_run.members(runs, list(group))
+  evaluator = Evaluator(eval_set, model, runs[0].tokenizer, decode, runs[0].mesh)
+  t0 = time.time()
+  score, hyps = evaluator.bleu(params)
+  result = layout.result_record(label, selected.steps, name, score, len(hyps),
+                                time.time() - t0, decode)
+  if len(runs) > 1:
+    result["ensemble"] = [str(r.workdir) for r in runs]
+  if lowercase:
+    result["bleu_lowercase"], result["bleu_lowercase_signature"] = lowercase_bleu(
+        hyps, eval_set.references)
+  layout.write_lines(out_dir / f"{label}.hyp", hyps)
+  log.info("%s on %s: %s%s", label, name, score,
+           f"  lowercase BLEU {result['bleu_lowercase']:.2f}" if lowercase else "")
+  return result
 
 
 def _write_by_step(results: list[dict], out_dir: Path):
@@ -108,9 +137,13 @@ def _write_by_step(results: list[dict], out_dir: Path):
 def format_table(results: list[dict]) -> str:
   """The results side by side: checkpoint, BLEU, chrF, sentences/s."""
   width = max(len(r["label"]) for r in results)
-  lines = [f"{'checkpoint':<{width}}  {'BLEU':>6}  {'chrF':>6}  sent/s"]
+  several = len({r["data"] for r in results}) > 1  # (a column naming each set)
+  set_width = max(len(r["data"]) for r in results) + 2 if several else 0
+  lines = [f"{'set':<{set_width}}"[:set_width] + f"{'checkpoint':<{width}}  {'BLEU':>6}  "
+           f"{'chrF':>6}  sent/s"]
   for r in results:
-    lines.append(f"{r['label']:<{width}}  {r['bleu']:6.2f}  {r['chrf']:6.2f}  "
+    lines.append(f"{r['data']:<{set_width}}"[:set_width] + f"{r['label']:<{width}}  "
+                 f"{r['bleu']:6.2f}  {r['chrf']:6.2f}  "
                  f"{r['sentences_per_sec']:6.1f}"
                  + (f"  (lowercase BLEU {r['bleu_lowercase']:.2f})" if "bleu_lowercase" in r
                     else ""))

@@ -13,35 +13,31 @@ import jax
 import numpy as np
 
 from transformer_jax.config.sections import TrainConfig
-from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.data.pipeline import train_pipeline
 from transformer_jax.errors import ConfigError
-from transformer_jax.evaluation.evaluator import (
-    Evaluator,
-    ValidationCancelled,
-    sample_translations,
-)
+from transformer_jax.evaluation.evaluator import ValidationCancelled
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel import numerics
 from transformer_jax.reporting import plots
 from transformer_jax.reporting.metrics import (
-    METRICS_FILE,
-    MetricWriter,
-    sum_metrics,
-    truncate_metrics,
+  METRICS_FILE,
+  MetricWriter,
+  sum_metrics,
+  truncate_metrics,
 )
 from transformer_jax.reporting.progress import Progress
+from transformer_jax.training import validation
 from transformer_jax.training.optimizer import cooldown_scale, learning_rate_schedule
 from transformer_jax.training.preemption import Faults, Preemption
 from transformer_jax.training.prefetch import DevicePrefetch
 from transformer_jax.training.state import count_params, initialise, state_init
 from transformer_jax.training.step import train_step
 from transformer_jax.training.stopping import (
-    EarlyStopping,
-    NonFiniteGuard,
-    TimeBudget,
-    WallClockIntervals,
+  EarlyStopping,
+  NonFiniteGuard,
+  TimeBudget,
+  WallClockIntervals,
 )
 from transformer_jax.workdir import layout, lock
 from transformer_jax.workdir.checkpoints import Checkpointer, abstract_like
@@ -122,9 +118,7 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
         out_shardings=(state_sharding, mesh_lib.replicated(mesh)),
         donate_argnums=(0,))
     lr_fn = learning_rate_schedule(cfg.optimizer, cfg.num_train_steps)
-    evaluator = Evaluator(load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
-                                        cfg.data.eval_dataset), model, tok, cfg.decode, mesh,
-                          cancelled=preemption.signalled_here)
+    evaluators = validation.evaluators(cfg, model, tok, mesh, preemption.signalled_here)
     # (before the writer appends: the records of steps this run redoes go)
     history = truncate_metrics(workdir / METRICS_FILE, start_step)
     writer = MetricWriter(workdir, resumed_at=start_step)
@@ -144,7 +138,7 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
       None = cut short by SIGTERM (marked, so the resumed run validates `step` first)."""
       faults.before_validation(step)
       try:
-        bleu = _validate(evaluator, state.eval_params, step, writer,
+        bleu = validation.validate(evaluators, state.eval_params, step, writer,
                          cfg.decode.num_samples_to_log, final)
       except ValidationCancelled:
         log.warning("SIGTERM during the validation of step %d: validation stopped (the "
@@ -231,8 +225,8 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
       log.warning("Preempted: checkpoint saved at step %d in %s; rerun the same command to "
                   "resume", step, ckpt.directory)
       final["preempted_at_step"] = step
-    elif cfg.data.test_split:
-      final.update(_test(cfg, workdir, model, state.eval_params, tok, mesh, writer,
+    elif cfg.data.test_split or any(c.test_split for c in cfg.data.corpora.values()):
+      final.update(validation.test(cfg, workdir, model, state.eval_params, tok, mesh, writer,
                          int(jax.device_get(state.step))))
     plots.plot_metrics(workdir)
     writer.close()
@@ -311,6 +305,10 @@ def _restore_counts(pipeline, history: list[dict]):
   for key, field in (("data/filtered_empty", "empty"), ("data/filtered_too_long", "too_long"),
                      ("data/pairs_kept", "kept")):
     setattr(pipeline.filter, field, int(_last_logged(history, key, 0)))
+  for field in ("pairs", "tokens"):
+    setattr(pipeline.filter, f"corpus_{field}", np.asarray(
+        [int(_last_logged(history, f"data/corpus/{name}/{field}", 0))
+         for name in pipeline.corpus_names], np.int64))
 
 
 def _train_metrics(acc, elapsed: float, real_tokens: int, learning_rate: float, skipped: int,
@@ -320,7 +318,8 @@ def _train_metrics(acc, elapsed: float, real_tokens: int, learning_rate: float, 
   data_filter = pipeline.filter
   epochs = {} if pipeline.epochs is None else {"data/epochs": pipeline.epochs,
                                                "data/pairs_kept": data_filter.kept}
-  return {**epochs, "train/loss": acc["loss_sum"] / n, "train/nll": acc["nll_sum"] / n,
+  return {**epochs, **_corpus_metrics(pipeline),
+          "train/loss": acc["loss_sum"] / n, "train/nll": acc["nll_sum"] / n,
           "train/grad_norm": acc["grad_norm"] / max(acc["steps"] - acc["nonfinite_steps"], 1.0),
           "train/learning_rate": learning_rate,
           "train/skipped_steps": skipped,
@@ -331,44 +330,15 @@ def _train_metrics(acc, elapsed: float, real_tokens: int, learning_rate: float, 
           "data/filtered_too_long": data_filter.too_long}
 
 
-def _validate(evaluator: Evaluator, params, step: int, writer: MetricWriter, samples: int,
-              final: dict) -> float:
-  """Validation BLEU, chrF and loss, logged and written; returns the BLEU."""
-  t_eval = time.time()
-  log.info("step %d: validating on %d sentences", step, len(evaluator.eval_set))
-  score, hyps = evaluator.bleu(params)
-  eval_metrics = {"eval/loss": evaluator.loss(params), "eval/bleu": score.bleu,
-                  "eval/chrf": score.chrf}
-  writer.write(step, eval_metrics)
-  text = sample_translations(evaluator.eval_set, hyps, samples)
-  if text:
-    log.info("eval sample translations:\n%s", text)
-  writer.write_text(step, "eval/samples", text)
-  log.info("step %d: eval loss %.4f, %s [%.1fs]", step, eval_metrics["eval/loss"], score,
-           time.time() - t_eval)
-  final.update(eval_metrics)
-  return score.bleu
-
-
-def _test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, float]:
-  """BLEU on the test split; the translations and results.json go to eval/<test split>/ as
-  `evaluate` writes them."""
-  eval_set = load_eval_set(cfg.data, cfg.data.test_split, tok, dataset=cfg.data.test_dataset)
-  t0 = time.time()
-  score, hyps = Evaluator(eval_set, model, tok, cfg.decode, mesh).bleu(params)
-  seconds = time.time() - t0
-  label = f"step_{step}" + ("_ema" if cfg.optimizer.ema_decay else "")  # (as evaluate labels)
-  out_dir = layout.eval_dir(workdir, cfg.data.test_split)
-  layout.write_lines(out_dir / f"{label}.hyp", hyps)
-  layout.write_results(out_dir, [layout.result_record(
-      label, [step], cfg.data.test_split, score, len(hyps), seconds, cfg.decode)])
-  result = {"test/bleu": score.bleu, "test/chrf": score.chrf,
-            "perf/test_decode_sentences_per_sec": len(hyps) / seconds}
-  writer.write(step, result)
-  samples = sample_translations(eval_set, hyps, cfg.decode.num_samples_to_log)
-  if samples:
-    log.info("test sample translations:\n%s", samples)
-  if jax.process_index() == 0:
-    print(f"\n{cfg.data.test_split} ({len(hyps)} sentences, beam {cfg.decode.beam_size}, "
-          f"{len(hyps) / seconds:.1f} sent/s):\n  {score}\n{samples}", flush=True)
-  return result
+def _corpus_metrics(pipeline) -> dict[str, float]:
+  """A mixture's per-corpus counts: pairs drawn, tokens given, epochs, share of the pairs."""
+  counts = pipeline.filter
+  total = max(int(counts.corpus_pairs.sum()), 1)
+  out = {}
+  for i, name in enumerate(pipeline.corpus_names):
+    pairs = int(counts.corpus_pairs[i])
+    out.update({f"data/corpus/{name}/pairs": pairs,
+                f"data/corpus/{name}/tokens": int(counts.corpus_tokens[i]),
+                f"data/corpus/{name}/epochs": pairs / max(pipeline.corpus_sizes[i], 1),
+                f"data/corpus/{name}/share": pairs / total})
+  return out

@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 
 from transformer_jax.config.sections import TrainConfig
-from transformer_jax.data import corpus, tokenized, tokenizer
+from transformer_jax.data import corpus, mixture, tokenized, tokenizer
 from transformer_jax.data.pipeline import training_sentences
 from transformer_jax.errors import ConfigError
 from transformer_jax.workdir import layout
@@ -25,7 +25,8 @@ def load_tokenizer(cfg: TrainConfig, workdir: Path) -> tokenizer.Tokenizer:
   with layout.naming_recorded_fingerprint(workdir):
     tok = tokenizer.load_or_train(path, lambda: training_sentences(cfg.data),
                                   cfg.model.vocab_size, cfg.data.tokenizer_max_sentences,
-                                  cfg.seed, cfg.data.tokenizer_max_chars)
+                                  cfg.seed, cfg.data.tokenizer_max_chars,
+                                  tuple(mixture.tags(cfg.data)))
   if tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"tokenizer {path} has {tok.vocab_size} pieces but "
                       f"config.model.vocab_size={cfg.model.vocab_size}")

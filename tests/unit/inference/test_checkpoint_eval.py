@@ -23,7 +23,7 @@ def workdir(tiny_run, tmp_path):
 
 
 def test_evaluate_reproduces_the_bleu_logged_in_training(workdir):
-  results, out = evaluate_checkpoints(workdir, split="val", checkpoint="20", max_sentences=32)
+  results, (out,) = evaluate_checkpoints(workdir, split="val", checkpoint="20", max_sentences=32)
   assert results[0]["steps"] == [20] and out == workdir / "eval" / "val"
   assert results[0]["bleu"] == pytest.approx(helpers.logged(workdir, "eval/bleu", 20), abs=1e-6)
   assert results[0]["chrf"] == pytest.approx(helpers.logged(workdir, "eval/chrf", 20), abs=1e-6)
@@ -105,7 +105,7 @@ def test_the_evaluate_tool_prints_the_table_and_says_what_is_wrong(tiny_run, tmp
 def test_an_ensemble_of_a_run_with_itself_scores_as_the_run(tiny_run, tmp_path):
   alone, _ = evaluate_checkpoints(tiny_run, split="val", checkpoint="20", max_sentences=8,
                                   output_dir=str(tmp_path / "alone"))
-  pair, out = evaluate_checkpoints([tiny_run, tiny_run], split="val", checkpoint="20",
+  pair, (out,) = evaluate_checkpoints([tiny_run, tiny_run], split="val", checkpoint="20",
                                    max_sentences=8, output_dir=str(tmp_path / "pair"))
   assert pair[0]["label"] == "ensemble2_step_20" and pair[0]["ensemble"] == [str(tiny_run)] * 2
   assert pair[0]["bleu"] == alone[0]["bleu"] and pair[0]["chrf"] == alone[0]["chrf"]

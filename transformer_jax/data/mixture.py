@@ -1,0 +1,134 @@
+"""Training on a mixture of corpora (`config.data.corpora`), each with a weight and a tag.
+
+Each corpus is tokenized once (its own `data.tokenized` store) and read in its own order: its
+pairs (this host's shard) shuffled anew every epoch with a seed of its own, repeated. The
+mixture interleaves these streams by weight with grain's `MapDataset.mix`: deterministic
+proportional interleaving (not independent draws), so any stretch of the stream holds each
+corpus's share of pairs to within a pair or two, the same for every seed; the seed shuffles
+within each corpus. Position i of the stream is a pure function of i, so the iterator state
+(and exact resume) is that of the one-corpus path. A tagged corpus has its tag's id (a piece of
+its own in the tokenizer) prepended to every source, after EOS-counted length filtering that
+counts it. The weights are shares of the pairs drawn, before length filtering; the metrics
+report what each corpus gave (`data/corpus/NAME/...`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import grain
+import numpy as np
+
+from transformer_jax.config.corpora import CorpusConfig
+from transformer_jax.config.sections import DataConfig
+from transformer_jax.data import corpus, tokenized
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.errors import DataError
+
+
+def spec_of(entry: CorpusConfig, cfg: DataConfig, splits: tuple[str, ...] = ()
+            ) -> corpus.CorpusSpec:
+  """Where a mixture's corpus lives, serving `splits` (default: its training split)."""
+  return corpus.CorpusSpec(entry.dataset, entry.data_dir, entry.source_lang, entry.target_lang,
+                           splits or (entry.split,), cfg.cache_dir or corpus.DEFAULT_CACHE_DIR)
+
+
+def tags(cfg: DataConfig) -> list[str]:
+  """The mixture's distinct tags, in config order (the tokenizer reserves a piece for each)."""
+  return list(dict.fromkeys(entry.tag for entry in cfg.corpora.values() if entry.tag))
+
+
+def source_prefix(cfg: DataConfig, name: str, tok: Tokenizer) -> list[int]:
+  """The ids put before every source of corpus `name`: its tag's, or none."""
+  tag = cfg.corpora[name].tag
+  return [tok.tag_id(tag, f"config.data.corpora.{name}.tag")] if tag else []
+
+
+def training_sentences(cfg: DataConfig) -> Iterator[str]:
+  """Both sides of every training pair of every corpus (for tokenizer training)."""
+  for entry in cfg.corpora.values():
+    for src, tgt in corpus.iterate_pairs(spec_of(entry, cfg), entry.split):
+      yield src
+      yield tgt
+
+
+class _Tagged:
+  """Maps a corpus's pair index j to (corpus index, j) (picklable, for grain's workers)."""
+
+  def __init__(self, index: int):
+    self.index = index
+
+  def __call__(self, j):
+    return np.int32(self.index), np.int64(j)
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+  """A corpus of the mixture, ready to read."""
+  name: str
+  store: tokenized.TokenizedSplit
+  prefix: tuple[int, ...]    # ids prepended to each source (the tag)
+  weight: float
+  counts: tuple[int, int, int]  # this host's shard: kept, empty, too long
+
+
+def members(cfg: DataConfig, tok: Tokenizer, process_index: int, process_count: int
+            ) -> list[Member]:
+  """The mixture's corpora tokenized (once, cached) and counted; an error naming a corpus
+  that has no usable pair."""
+  out = []
+  for name, entry in cfg.corpora.items():
+    store = tokenized.tokenized_split(cfg, tok, entry.split, spec_of(entry, cfg))
+    prefix = tuple(source_prefix(cfg, name, tok))
+    counts = tokenized.count_codes(store, cfg, slice(process_index, None, process_count),
+                                   source_extra=len(prefix)).tolist()
+    if counts[0] == 0:
+      raise DataError(f"config.data.corpora.{name}: no usable training pair in split "
+                      f"{entry.split!r} of {entry.data_dir or entry.dataset} "
+                      f"({counts[1]} with an empty side, {counts[2]} too long)")
+    out.append(Member(name, store, prefix, entry.weight, tuple(counts)))
+  return out
+
+
+def mixed_order(sizes: list[int], weights: list[float], seed: int, process_index: int,
+                process_count: int) -> grain.MapDataset:
+  """(corpus index, pair index) of the mixed stream of this host's shards, endless."""
+  streams = [grain.MapDataset.range(n)[process_index::process_count]
+             .shuffle(seed=(seed * 1_000_003 + i) % 2**31).repeat().map(_Tagged(i))
+             for i, n in enumerate(sizes)]
+  return grain.MapDataset.mix(streams, weights)
+
+
+class ReadMixedChunk:
+  """Reads and filters a chunk of (corpus, pair) indices from the corpora's stores, tags
+  prepended (picklable, for grain's worker processes)."""
+
+  def __init__(self, members_: list[Member], cfg: DataConfig):
+    self.members, self.cfg = members_, cfg
+
+  def __call__(self, picked) -> dict[str, np.ndarray]:
+    which, indices = (np.asarray(a) for a in picked)
+    codes = np.empty(len(which), np.int8)
+    src: list[np.ndarray] = [np.empty(0, np.int32)] * len(which)
+    tgt: list[np.ndarray] = list(src)
+    for c, member in enumerate(self.members):
+      at = np.flatnonzero(which == c)
+      if not len(at):
+        continue
+      (s0, s1), (t0, t1) = (member.store.bounds(side, indices[at]) for side in tokenized.SIDES)
+      member_codes = tokenized.filter_codes(s1 - s0, t1 - t0, self.cfg, len(member.prefix))
+      codes[at] = member_codes
+      kept = member_codes == tokenized.KEEP
+      for side, out, start, end, prefix in (("source", src, s0, s1, member.prefix),
+                                            ("target", tgt, t0, t1, ())):
+        ids = member.store.read_ids(side, start[kept], end[kept])
+        pieces = np.split(ids, np.cumsum(end[kept] - start[kept])[:-1])
+        for position, piece in zip(at[kept], pieces):
+          out[position] = np.concatenate([np.asarray(prefix, np.int32), piece]) if prefix \
+              else piece
+    kept = np.flatnonzero(codes == tokenized.KEEP)
+    flat = [(np.concatenate([side[i] for i in kept]) if len(kept) else np.empty(0, np.int32),
+             np.asarray([len(side[i]) for i in kept], np.int64)) for side in (src, tgt)]
+    return {"codes": codes, "src_ids": flat[0][0], "src_len": flat[0][1],
+            "tgt_ids": flat[1][0], "tgt_len": flat[1][1], "corpus": which.astype(np.int64)}

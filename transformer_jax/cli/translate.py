@@ -4,12 +4,11 @@ r"""Translates text with a trained run: stdin or a file in, stdout or a file out
   transformer-jax-translate --workdir=runs/default --input=in.de --output=out.en \
       [--checkpoint=best] [--decode=beam_size=5 --decode=nbest=4] [--prefix_file=prefixes.en]
   transformer-jax-translate --workdir=runs/seed1 --workdir=runs/seed2 ...   # an ensemble
-
 One output line per input line, in order; an empty input line gives an empty output line.
 Input is batched by length, with a progress bar on long inputs; on a terminal (or with
 --interactive) each line is translated as soon as it is entered. With nbest > 1 each input
 gives `nbest` lines `INDEX ||| translation ||| score` (an empty one: `INDEX |||  ||| 0.0000`).
-Input files may be gzipped (`.gz`).
+Input files may be gzipped (`.gz`). A multilingual run's direction: --source_tag='>>de<<'.
 """
 
 import sys
@@ -31,6 +30,8 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_string("output", "-", "Output file ('-' = stdout).", flag_values=fv)
   flags.DEFINE_string("prefix_file", "", "Target prefixes, one per input line (empty: none): "
                       "each translation starts with its prefix.", flag_values=fv)
+  flags.DEFINE_string("source_tag", "", "A tag of a multilingual/tagged run put before every "
+                      "source (e.g. '>>de<<').", flag_values=fv)
   flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, nbest, "
                             "greedy, sampling, temperature, ...); repeatable.", flag_values=fv)
   flags.DEFINE_bool("interactive", None, "Translate line by line as input arrives (default: "
@@ -40,7 +41,7 @@ def define_flags(fv: flags.FlagValues):
 def translate(args: runner.Args):
   from_stdin = args.input == "-"
   interactive = from_stdin and sys.stdin.isatty() if args.interactive is None else args.interactive
-  translator = Translator(args.workdir, args.checkpoint, args.decode)
+  translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag)
   lines = iter_lines(sys.stdin.buffer, "<stdin>") if from_stdin else read_lines(args.input)
   prefixes = list(read_lines(args.prefix_file)) if args.prefix_file else None
   out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")

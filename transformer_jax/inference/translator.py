@@ -3,6 +3,7 @@ batched by length, or line by line as it arrives."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Iterable
@@ -25,22 +26,30 @@ class Translator:
   first run's decoding settings apply, with `decode_overrides`."""
 
   def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
-               decode_overrides=()):
+               decode_overrides=(), source_tag: str = ""):
     runs = trained_run.load_ensemble(workdir)
     self.run = runs[0]
+    # (a tagged model's direction or data kind: the tag's id before every source)
+    self.source_prefix = [self.run.tokenizer.tag_id(source_tag, "--source_tag")] \
+        if source_tag else []
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
-    self.model, self.params = trained_run.members(
-        runs, [run.select_one(checkpoint, "translate") for run in runs])
+    selected = [run.select_one(checkpoint, "translate") for run in runs]
+    self.steps = [list(chosen.steps) for chosen in selected]  # (per run: the steps averaged)
+    self.labels = [chosen.label for chosen in selected]
+    self.model, self.params = trained_run.members(runs, selected)
 
   def translate(self, sentences: list[str], progress: bool = False,
-                prefixes: list[str] | None = None) -> list[list[tuple[str, float]]]:
+                prefixes: list[str] | None = None, seed: int | None = None
+                ) -> list[list[tuple[str, float]]]:
     """N-best (translation, score) lists, in input order; empty sentences give []. With
-    `prefixes` (line-aligned; "" = none) each translation starts with its prefix."""
+    `prefixes` (line-aligned; "" = none) each translation starts with its prefix; `seed`:
+    sampling's, instead of the decoding settings'."""
     results: list[list[tuple[str, float]]] = [[] for _ in sentences]
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     if not todo:
       return results
-    eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.run.tokenizer)
+    eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.run.tokenizer,
+                                  self.source_prefix)
     if prefixes is not None:
       eval_set = eval_set.with_prefixes([prefixes[i] for i in todo], self.run.tokenizer)
     if max(len(x) for x in eval_set.source_ids) > self.run.cfg.model.max_len:
@@ -48,8 +57,9 @@ class Translator:
     bar = None
     if progress:
       bar = tqdm(total=len(todo), unit="sent", file=sys.stderr)
+    decode = self.decode if seed is None else dataclasses.replace(self.decode, seed=seed)
     nbest = translate_nbest(self.model, self.params, eval_set, self.run.tokenizer,
-                            self.decode, self.run.mesh,
+                            decode, self.run.mesh,
                             on_batch=bar.update if bar is not None else None)
     if bar is not None:
       bar.close()

@@ -1,0 +1,168 @@
+"""Translating a whole text file into a parallel corpus folder: back-translation (a reverse
+model on target-language text) and distillation (a teacher, or an ensemble, on a corpus's
+source side) — the synthetic training data of a mixture.
+
+The output folder holds `{split}.{L1}` (the input, line for line) and `{split}.{L2}` (its
+translations) for the model's languages L1 -> L2, plus `translation.json`: the model
+(workdirs, checkpoint, tokenizer fingerprint), the decoding settings, the input's fingerprint,
+the counts, and the tag to use for it in a mixture. Every input line gives one line on each
+side: an empty line, one that is not UTF-8 or one longer than the model's positions gives an
+empty pair (which training drops) and is counted.
+
+The input is translated in blocks of `block_lines`, each on its own (its batches, its sampling
+seed), appended to both files and made durable before `progress.json` records it. A killed run
+rerun with the same command truncates the files to the last recorded block and goes on, so the
+folder ends byte for byte as an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from transformer_jax.errors import DataError, UsageError
+from transformer_jax.inference.translator import Translator
+
+log = logging.getLogger(__name__)
+
+RECORD, PROGRESS = "translation.json", "progress.json"
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+  if not path.is_file():
+    raise DataError(f"input file {path} does not exist")
+  with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+    for raw in f:
+      yield raw.rstrip(b"\r\n")
+
+
+def _file_fingerprint(path: Path) -> str:
+  st = path.stat()
+  return hashlib.sha256(f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()
+                        ).hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class Counts:
+  lines: int = 0
+  empty: int = 0
+  invalid: int = 0      # not UTF-8
+  too_long: int = 0     # more subwords than the model has positions
+
+
+def _usable(raw: bytes, translator: Translator, counts: Counts) -> str:
+  """The line's text when it can be translated, else "" (counted)."""
+  try:
+    text = raw.decode("utf-8").strip()
+  except UnicodeDecodeError:
+    counts.invalid += 1
+    return ""
+  if not text:
+    counts.empty += 1
+  elif len(translator.run.tokenizer.encode(text)) > translator.run.cfg.model.max_len:
+    counts.too_long += 1
+    return ""
+  return text
+
+
+def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: str,
+                     input_path: str, out: str, split: str = "train", tag: str = "",
+                     block_lines: int = 2048) -> dict:
+  """Translates `input_path` into the parallel folder `out` (resuming a killed run there);
+  returns the record written to `translation.json`."""
+  input_path, out = Path(input_path), Path(out)
+  run = translator.run
+  src_lang, tgt_lang = run.cfg.data.source_lang, run.cfg.data.target_lang
+  settings = {"workdirs": [str(Path(w).resolve()) for w in workdirs], "checkpoint": checkpoint,
+              "checkpoint_labels": translator.labels, "checkpoint_steps": translator.steps,
+              "tokenizer": run.tokenizer.fingerprint, "source_prefix": translator.source_prefix,
+              "decode": dataclasses.asdict(translator.decode),
+              "input": str(input_path.resolve()), "input_fingerprint":
+              _file_fingerprint(input_path) if input_path.is_file() else "",
+              "split": split, "languages": [src_lang, tgt_lang], "block_lines": block_lines}
+  files = {lang: out / f"{split}.{lang}" for lang in (src_lang, tgt_lang)}
+  done, sizes, counts = _resume(out, settings, files)
+  lines = _raw_lines(input_path)
+  for _ in range(done):
+    next(lines, None)
+  start, first = time.perf_counter(), done
+  handles = {lang: open(path, "ab") for lang, path in files.items()}
+  try:
+    while True:
+      block = [raw for _, raw in zip(range(block_lines), lines)]
+      if not block:
+        break
+      block_counts = Counts(lines=len(block))
+      texts = [_usable(raw, translator, block_counts) for raw in block]
+      seed = (translator.decode.seed * 1_000_003 + done // block_lines) % 2**31
+      hyps = translator.translate(texts, seed=seed)
+      for lang, side in ((src_lang, texts), (tgt_lang, [h[0][0] if h and t else ""
+                                                         for h, t in zip(hyps, texts)])):
+        handles[lang].write("".join(line.replace("\n", " ") + "\n" for line in side
+                                    ).encode("utf-8"))
+        handles[lang].flush()
+        os.fsync(handles[lang].fileno())
+        sizes[lang] = handles[lang].tell()
+      done += len(block)
+      for key in dataclasses.fields(Counts):
+        setattr(counts, key.name, getattr(counts, key.name) + getattr(block_counts, key.name))
+      _write_json(out / PROGRESS, {"settings": settings, "lines_done": done, "bytes": sizes,
+                                   "counts": dataclasses.asdict(counts)})
+      rate = (done - first) / max(time.perf_counter() - start, 1e-9)
+      log.info("translated %d lines (%.1f lines/s)", done, rate)
+  finally:
+    for handle in handles.values():
+      handle.close()
+  record = {**settings, "tag": tag, "counts": dataclasses.asdict(counts),
+            "files": {lang: path.name for lang, path in files.items()},
+            "use_in_a_mixture": {"data_dir": str(out.resolve()), "split": split, "tag": tag}}
+  _write_json(out / RECORD, record)
+  log.info("%s: %d lines (%d empty, %d not UTF-8, %d too long: empty pairs)", out,
+           counts.lines, counts.empty, counts.invalid, counts.too_long)
+  return record
+
+
+def _resume(out: Path, settings: dict, files: dict[str, Path]
+            ) -> tuple[int, dict[str, int], Counts]:
+  """(lines done, bytes of each file, counts) of a translation in `out` with these
+  settings, its files cut back to the last recorded block; an error for other settings."""
+  out.mkdir(parents=True, exist_ok=True)
+  progress = out / PROGRESS
+  if not progress.is_file():
+    if any(path.exists() for path in files.values()):
+      raise UsageError(f"--out={out} holds {', '.join(p.name for p in files.values())} not "
+                       "written by this tool: choose another folder")
+    for path in files.values():
+      path.write_bytes(b"")
+    return 0, dict.fromkeys(files, 0), Counts()
+  try:
+    state = json.loads(progress.read_text())
+    recorded, done, sizes = state["settings"], int(state["lines_done"]), state["bytes"]
+    counts = Counts(**state["counts"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise DataError(f"{progress} is damaged ({e}): delete {out} to translate again") from None
+  changed = [k for k in settings if recorded.get(k) != settings[k]]
+  if changed:
+    raise UsageError(f"--out={out} holds a translation with other {', '.join(changed)}: "
+                     "rerun it with the same arguments, or choose another folder")
+  for lang, path in files.items():
+    if not path.is_file() or path.stat().st_size < sizes[lang]:
+      raise DataError(f"{path} is shorter than {progress} records: delete {out} to translate "
+                      "again")
+    os.truncate(path, sizes[lang])  # (a block written after the last record is redone)
+  if done:
+    log.info("resuming %s after %d lines", out, done)
+  return done, dict(sizes), counts
+
+
+def _write_json(path: Path, value: dict):
+  tmp = path.with_name(f".{path.name}.tmp")
+  tmp.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n")
+  os.replace(tmp, path)

@@ -124,7 +124,8 @@ class DataConfig:
   source_lang: str
   target_lang: str
   train_split: str
-  eval_split: str               # validation loss and BLEU during training
+  eval_split: str               # validation loss and BLEU during training ("" in a mixture
+                                # whose corpora name theirs: their mean BLEU picks the best)
   test_split: str               # BLEU at the end of training ("" to skip)
   eval_dataset: str             # TFDS name of eval_split when it differs; "" = dataset
   test_dataset: str             # TFDS name of test_split when it differs; "" = dataset
@@ -156,6 +157,10 @@ class DataConfig:
     object.__setattr__(self, "corpora", {
         name: parse_nested(CorpusConfig, entry, f"config.data.corpora.{name}").resolved(
             name, self) for name, entry in self.corpora.items()})
+    if self.corpora and not (self.eval_split or any(c.eval_split
+                                                    for c in self.corpora.values())):
+      raise ConfigError("config.data.eval_split is '' and no corpus of config.data.corpora "
+                        "names an eval_split: nothing to validate on")
     if self.corpora and not self.pretokenize:
       raise ConfigError("config.data.corpora (a mixture) needs config.data.pretokenize=True")
     _check_positive("data", self, ("max_source_length", "max_target_length", "batch_size",

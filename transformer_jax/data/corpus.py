@@ -25,9 +25,11 @@ import tensorflow_datasets as tfds
 from array_record.python import array_record_module
 from tensorflow_datasets.core import example_serializer
 
+from transformer_jax.config.corpora import CleaningConfig
 from transformer_jax.config.sections import DataConfig
+from transformer_jax.data import cleaning as cleaning_lib
 from transformer_jax.data.text import read_lines
-from transformer_jax.errors import DataError
+from transformer_jax.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,8 @@ _NAME = "parallel_text"      # TFDS dataset name of prepared local corpora
 
 
 def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str, str],
-                  cache_dir: str) -> Path:
+                  cache_dir: str, cleaning: CleaningConfig | None = None,
+                  clean_split: str = "") -> Path:
   """Prepares (once) a local corpus as a TFDS array_record dataset; returns its folder.
 
   Streams each split's files into shards of PAIRS_PER_SHARD pairs in file order, then writes
@@ -128,13 +131,20 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   it. Memory stays bounded whatever the corpus size: TFDS's own GeneratorBasedBuilder writer
   holds up to 1 GB of examples (all of them when order is kept), so it is not used here. The
   dataset appears under its final name only when complete: an interrupted preparation is redone.
+  With `cleaning` rules active, `clean_split` goes through them (`data.cleaning`), and their
+  report is written beside the shards (`cleaning.json`) and logged.
   """
   folder, langs = Path(folder), tuple(sorted(langs))
-  name = f"{'-'.join(langs)}_{_fingerprint(folder, tuple(splits), langs)}"
+  active = cleaning.active if cleaning is not None and clean_split in splits else {}
+  name = f"{'-'.join(langs)}_{_fingerprint(folder, tuple(splits), langs)}" + _clean_key(active)
   out = Path(cache_dir) / _NAME / name / "1.0.0"
   if (out / "dataset_info.json").is_file():
     damage = _damage(out)
     if not damage:
+      for rep in cleaning_lib.read_reports(out):
+        log.info("cleaned %s of %s: %d of %d pairs kept (%s; %s)", rep["split"], folder,
+                 rep["pairs_kept"], rep["pairs_read"], ", ".join(
+                     f"{k} -{v}" for k, v in rep["dropped"].items()), out / cleaning_lib.REPORT)
       return out
     log.warning("prepared corpus %s is damaged (%s): preparing it again from %s", out, damage,
                 folder)
@@ -145,8 +155,18 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   tmp.mkdir()
   features = tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in langs})
   try:
-    split_infos = [_write_split(tmp, split, read_parallel(folder, split, langs), langs,
-                                features) for split in dict.fromkeys(splits)]
+    split_infos, reports = [], []
+    for split in dict.fromkeys(splits):
+      pairs = read_parallel(folder, split, langs)
+      if active and split == clean_split:
+        cleaner = cleaning_lib.Cleaner(cleaning)
+        pairs = (pair for pair in pairs if cleaner.keep(*pair))
+      split_infos.append(_write_split(tmp, split, pairs, langs, features))
+      if active and split == clean_split:
+        reports.append(cleaner.report(split, langs, str(folder.resolve())))
+        cleaning_lib.log_report(reports[-1])
+    if reports:
+      cleaning_lib.write_report(tmp, reports)
     tfds.folder_dataset.write_metadata(
         data_dir=tmp, features=features, split_infos=split_infos, check_data=False,
         description=f"Parallel text from {folder.resolve()}", disable_shuffling=True)
@@ -156,6 +176,13 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   shutil.rmtree(out, ignore_errors=True)
   os.replace(tmp, out)
   return out
+
+
+def _clean_key(active: dict) -> str:
+  """The part of a prepared corpus's name that says which cleaning rules made it."""
+  if not active:
+    return ""
+  return "_clean" + hashlib.sha1(json.dumps(active, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def _damage(out: Path) -> str:
@@ -243,6 +270,8 @@ class CorpusSpec:
   target_lang: str
   splits: tuple[str, ...]
   cache_dir: str
+  cleaning: CleaningConfig | None = None  # rules for the training split of a local corpus
+  train_split: str = ""
 
   @property
   def local_folder(self) -> Path:
@@ -258,7 +287,8 @@ def corpus_spec(cfg: DataConfig, dataset: str = "") -> CorpusSpec:
                                      (cfg.test_split, cfg.test_dataset))
              if split and (ds or cfg.dataset) == dataset]
   return CorpusSpec(dataset, cfg.data_dir, cfg.source_lang, cfg.target_lang,
-                    tuple(dict.fromkeys(splits)), cfg.cache_dir or DEFAULT_CACHE_DIR)
+                    tuple(dict.fromkeys(splits)), cfg.cache_dir or DEFAULT_CACHE_DIR,
+                    cfg.cleaning, cfg.train_split)
 
 
 def get_builder(spec: CorpusSpec) -> tfds.core.DatasetBuilder:
@@ -266,7 +296,11 @@ def get_builder(spec: CorpusSpec) -> tfds.core.DatasetBuilder:
   with preparation_lock(spec.cache_dir):
     if spec.dataset == "local":
       return tfds.builder_from_directory(os.fspath(prepare_local(
-          spec.local_folder, spec.splits, (spec.source_lang, spec.target_lang), spec.cache_dir)))
+          spec.local_folder, spec.splits, (spec.source_lang, spec.target_lang), spec.cache_dir,
+          spec.cleaning, spec.train_split)))
+    if spec.cleaning is not None and spec.cleaning.active and spec.train_split in spec.splits:
+      raise ConfigError(f"config.data.cleaning applies to local corpora, not to the TFDS "
+                        f"dataset {spec.dataset}: turn its rules off (or clean a local copy)")
     builder = tfds.builder(spec.dataset, data_dir=spec.cache_dir or None)
     builder.download_and_prepare(file_format="array_record")
     _check_prepared(builder, spec.splits)

@@ -110,7 +110,7 @@ def direction_sets(cfg: DataConfig, tokenizer: Tokenizer, kind: str, max_sentenc
 
 
 
-def test_sets(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, EvalSet]:
+def scoring_sets(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, EvalSet]:
   """The test sets: `test_split` (named by it) and each mixture corpus's (`NAME.SPLIT`)."""
   sets = {}
   if cfg.test_split:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
-from transformer_jax.data.eval_sets import EvalSet, direction_sets, load_eval_set, test_sets
+from transformer_jax.data.eval_sets import EvalSet, direction_sets, load_eval_set, scoring_sets
 from transformer_jax.errors import UsageError
 from transformer_jax.evaluation.evaluator import Evaluator
 from transformer_jax.evaluation.scoring import lowercase_bleu
@@ -43,7 +43,7 @@ def _eval_sets(run: trained_run.TrainedRun, split: str, source_file: str, refere
     return {Path(source_file).name.removesuffix(".gz"):
             EvalSet.from_pairs(sources, references, run.tokenizer)}
   if not split:
-    sets = test_sets(cfg.data, run.tokenizer)
+    sets = scoring_sets(cfg.data, run.tokenizer)
     if sets:
       return {name: _first(eval_set, max_sentences) for name, eval_set in sets.items()}
     split = cfg.data.eval_split

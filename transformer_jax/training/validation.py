@@ -10,7 +10,7 @@ import time
 
 import jax
 
-from transformer_jax.data.eval_sets import direction_sets, load_eval_set, test_sets
+from transformer_jax.data.eval_sets import direction_sets, load_eval_set, scoring_sets
 from transformer_jax.evaluation.evaluator import Evaluator, sample_translations
 from transformer_jax.reporting.metrics import MetricWriter
 from transformer_jax.workdir import layout
@@ -19,9 +19,12 @@ log = logging.getLogger(__name__)
 
 
 def evaluators(cfg, model, tok, mesh, cancelled) -> dict[str, Evaluator]:
-  """The validation sets' evaluators: "" (config.data.eval_split), then each corpus's."""
-  sets = {"": load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
-                            cfg.data.eval_dataset)}
+  """The validation sets' evaluators: "" (config.data.eval_split, unless ""), then each
+  corpus's."""
+  sets = {}
+  if cfg.data.eval_split or not cfg.data.corpora:
+    sets[""] = load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
+                             cfg.data.eval_dataset)
   sets.update(direction_sets(cfg.data, tok, "eval", cfg.eval_max_sentences))
   return {name: Evaluator(eval_set, model, tok, cfg.decode, mesh, cancelled=cancelled)
           for name, eval_set in sets.items()}
@@ -29,9 +32,10 @@ def evaluators(cfg, model, tok, mesh, cancelled) -> dict[str, Evaluator]:
 
 def validate(evaluators_: dict[str, Evaluator], params, step: int, writer: MetricWriter,
              samples: int, final: dict) -> float:
-  """Validation BLEU, chrF and loss on each set, logged and written; returns the main set's
-  BLEU (what the best checkpoint and early stopping follow)."""
-  bleu = 0.0
+  """Validation BLEU, chrF and loss on each set, logged and written; returns what the best
+  checkpoint and early stopping follow: the main set's BLEU, or without one (a multilingual
+  run whose config.data.eval_split is "") the mean over the corpora's sets."""
+  bleus = {}
   for name, evaluator in evaluators_.items():
     t_eval = time.time()
     prefix = f"eval/{name}/" if name else "eval/"
@@ -48,8 +52,8 @@ def validate(evaluators_: dict[str, Evaluator], params, step: int, writer: Metri
     log.info("step %d: %s loss %.4f, %s [%.1fs]", step, name or "eval",
              eval_metrics[f"{prefix}loss"], score, time.time() - t_eval)
     final.update(eval_metrics)
-    bleu = score.bleu if not name else bleu
-  return bleu
+    bleus[name] = score.bleu
+  return bleus[""] if "" in bleus else sum(bleus.values()) / len(bleus)
 
 
 def test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, float]:
@@ -57,7 +61,7 @@ def test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, floa
   `evaluate` writes them. Metrics: test/... for config.data.test_split, test/NAME.SPLIT/...
   for a corpus's."""
   result = {}
-  for name, eval_set in test_sets(cfg.data, tok).items():
+  for name, eval_set in scoring_sets(cfg.data, tok).items():
     t0 = time.time()
     score, hyps = Evaluator(eval_set, model, tok, cfg.decode, mesh).bleu(params)
     seconds = time.time() - t0

@@ -1,0 +1,94 @@
+"""Translating a file into a parallel folder (back-translation, distillation): line alignment
+whatever the lines, the record, resuming, and refusing to mix settings."""
+
+import json
+
+import pytest
+
+from tests import helpers
+from transformer_jax.data import corpus
+from transformer_jax.errors import UsageError
+from transformer_jax.inference.corpus_translation import translate_corpus
+from transformer_jax.inference.translator import Translator
+
+LINES = [b"Ein Hund rennt.", b"", b"Zwei M\xc3\xa4nner spielen Fu\xc3\x9fball.", b"\xff\xfe kaputt",
+         b"   ", (b"sehr " * 300).strip(), b"Eine Frau liest."]
+
+
+def _input(tmp_path, lines=LINES):
+  path = tmp_path / "mono.de"
+  path.write_bytes(b"".join(line + b"\n" for line in lines))
+  return path
+
+
+def test_every_input_line_gives_one_pair_and_the_record_says_what_made_it(tiny_run, tmp_path):
+  translator = Translator(str(tiny_run), "latest")
+  record = translate_corpus(translator, [str(tiny_run)], "latest", str(_input(tmp_path)),
+                            str(tmp_path / "out"), tag="<BT>", block_lines=3)
+  src = (tmp_path / "out" / "train.de").read_text().split("\n")[:-1]
+  tgt = (tmp_path / "out" / "train.en").read_text().split("\n")[:-1]
+  assert len(src) == len(tgt) == len(LINES)
+  # the usable lines as given (stripped), the others empty on both sides: training drops them
+  assert src == ["Ein Hund rennt.", "", "Zwei Männer spielen Fußball.", "", "", "",
+                 "Eine Frau liest."]
+  assert [bool(t) for t in tgt] == [bool(s) for s in src]
+  assert record["counts"] == {"lines": 7, "empty": 2, "invalid": 1, "too_long": 1}
+  assert record["tag"] == "<BT>" and record["checkpoint_labels"] == ["step_20"]
+  assert record["checkpoint_steps"] == [[20]] and record["languages"] == ["de", "en"]
+  assert record["decode"]["beam_size"] == translator.decode.beam_size
+  assert json.loads((tmp_path / "out" / "translation.json").read_text()) == record
+  # the folder is a corpus: its non-empty pairs read back through the corpus reader
+  pairs = [(a, b) for _, a, b in corpus.read_parallel(tmp_path / "out", "train", ("de", "en"))]
+  assert [a for a, _ in pairs] == src
+
+
+def test_a_rerun_after_a_crash_mid_block_ends_with_the_uninterrupted_files(tiny_run, tmp_path,
+                                                                          monkeypatch):
+  lines = [f"Ein Hund Nummer {i} rennt.".encode() for i in range(10)]
+  decode = ["sampling=true", "top_k=5"]  # (sampling: each block's seed must not depend on
+  translator = Translator(str(tiny_run), "latest", decode)  # where a run started)
+  args = ([str(tiny_run)], "latest", str(_input(tmp_path, lines)))
+  translate_corpus(translator, *args, str(tmp_path / "whole"), block_lines=3)
+
+  calls, real = [], translator.translate
+
+  def crash_on_third_block(texts, **kwargs):
+    calls.append(len(texts))
+    if len(calls) == 3:  # (the files hold a partial block's bytes past the last record)
+      with open(tmp_path / "cut" / "train.en", "a") as f:
+        f.write("half a block\n")
+      raise KeyboardInterrupt
+    return real(texts, **kwargs)
+
+  monkeypatch.setattr(translator, "translate", crash_on_third_block)
+  with pytest.raises(KeyboardInterrupt):
+    translate_corpus(translator, *args, str(tmp_path / "cut"), block_lines=3)
+  progress = json.loads((tmp_path / "cut" / "progress.json").read_text())
+  assert progress["lines_done"] == 6
+  monkeypatch.setattr(translator, "translate", real)
+  translate_corpus(translator, *args, str(tmp_path / "cut"), block_lines=3)
+  for name in ("train.de", "train.en", "translation.json"):
+    whole = (tmp_path / "whole" / name).read_bytes()
+    assert (tmp_path / "cut" / name).read_bytes() == whole.replace(b"/whole", b"/cut"), name
+
+
+def test_a_rerun_with_other_settings_is_refused_naming_them(tiny_run, tmp_path):
+  args = ([str(tiny_run)], "latest", str(_input(tmp_path)), str(tmp_path / "out"))
+  translate_corpus(Translator(str(tiny_run), "latest"), *args, block_lines=4)
+  with pytest.raises(UsageError, match=r"other decode, block_lines"):
+    translate_corpus(Translator(str(tiny_run), "latest", ["beam_size=1"]), *args, block_lines=2)
+  foreign = tmp_path / "foreign"
+  foreign.mkdir()
+  (foreign / "train.en").write_text("not ours\n")
+  with pytest.raises(UsageError, match="not written by this tool"):
+    translate_corpus(Translator(str(tiny_run), "latest"), *args[:3], str(foreign))
+
+
+def test_the_tool_runs_as_a_command_and_a_missing_input_is_one_line(tiny_run, tmp_path):
+  from transformer_jax.cli import translate_corpus as cli
+  status, out, err = helpers.run_tool(cli.main, f"--workdir={tiny_run}",
+                                      f"--input={_input(tmp_path)}", f"--out={tmp_path / 'o'}")
+  assert status == 0 and len((tmp_path / "o" / "train.en").read_text().splitlines()) == 7
+  status, _, err = helpers.run_tool(cli.main, f"--workdir={tiny_run}",
+                                    f"--input={tmp_path / 'absent.en'}", f"--out={tmp_path / 'p'}")
+  assert status == 1 and helpers.one_line_error(err).endswith("absent.en does not exist")

@@ -1,0 +1,74 @@
+"""One model for two directions (de->en and en->de, target-language tags on the source):
+it trains on both, validates and tests each, and `evaluate` scores each in one call."""
+
+import gzip
+import itertools
+
+import ml_collections
+import numpy as np
+import pytest
+
+from tests import helpers
+from transformer_jax.config.parse import from_config_dict
+from transformer_jax.data import corpus
+from transformer_jax.data.eval_sets import scoring_sets
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
+from transformer_jax.training.loop import train_and_evaluate
+
+TAGS = {"deen": ">>en<<", "ende": ">>de<<"}
+
+
+@pytest.fixture(scope="module")
+def bilingual(tmp_path_factory):
+  """A trained two-direction run (10 steps) and its config."""
+  tmp = tmp_path_factory.mktemp("multilingual")
+  folder = tmp / "corpus"
+  folder.mkdir()
+  for split, start, count in (("train", 0, 3000), ("test", 3000, 12)):
+    for lang in ("de", "en"):
+      lines = itertools.islice(corpus.read_lines(corpus.EMBEDDED_MULTI30K / f"train.{lang}.gz"),
+                               start, start + count)
+      (folder / f"{split}.{lang}.gz").write_bytes(
+          gzip.compress("".join(x + "\n" for x in lines).encode()))
+  c = helpers.tiny_config(**{**helpers.ONE_LAYER, "data.cache_dir": str(tmp / "tfds"),
+                             "data.data_dir": str(folder), "data.eval_split": "test",
+                             "num_train_steps": 10, "eval_every_steps": 10,
+                             "checkpoint_every_steps": 10})
+  c.data.corpora = ml_collections.ConfigDict({
+      "deen": dict(tag=TAGS["deen"], eval_split="test", test_split="test"),
+      "ende": dict(source_lang="en", target_lang="de", tag=TAGS["ende"], test_split="test")})
+  final = train_and_evaluate(from_config_dict(c), tmp / "run", c.to_dict())
+  return tmp / "run", from_config_dict(c), final, folder
+
+
+def test_each_direction_is_drawn_half_the_time_and_tested_with_its_tag(bilingual):
+  workdir, cfg, final, folder = bilingual
+  records = helpers.read_metrics(workdir)
+  shares = [r for r in records if "data/corpus/deen/share" in r][-1]
+  assert shares["data/corpus/deen/share"] == pytest.approx(0.5, abs=0.01)
+  assert shares["data/corpus/ende/share"] == pytest.approx(0.5, abs=0.01)
+  for key in ("eval/bleu", "eval/deen.test/bleu", "test/deen.test/bleu", "test/ende.test/bleu"):
+    assert np.isfinite(final[key]), key
+  tok = Tokenizer.load(workdir / "spm.model")
+  sets = scoring_sets(cfg.data, tok)
+  assert list(sets) == ["deen.test", "ende.test"]
+  german = list(corpus.read_lines(folder / "test.de.gz"))
+  assert sets["ende.test"].references == german and sets["deen.test"].sources == german
+  for name, eval_set in sets.items():  # (each source after its direction's tag, a piece)
+    tag_id = tok.tag_id(TAGS[name.split(".")[0]], name)
+    assert all(ids[0] == tag_id and tag_id not in ids[1:] for ids in eval_set.source_ids)
+  # validation of the main set and of the tagged de->en set: the same pairs, but only the
+  # latter has the tag the model was trained with
+  assert final["eval/bleu"] != final["eval/deen.test/bleu"] or \
+      final["eval/loss"] != final["eval/deen.test/loss"]
+
+
+def test_evaluate_scores_every_direction_in_one_call_as_training_did(bilingual):
+  workdir, _, final, _ = bilingual
+  results, out_dirs = evaluate_checkpoints(workdir, checkpoint="latest")
+  assert [r["data"] for r in results] == ["deen.test", "ende.test"]
+  assert [d.name for d in out_dirs] == ["deen.test", "ende.test"]
+  for r in results:
+    assert r["bleu"] == pytest.approx(final[f"test/{r['data']}/bleu"], abs=1e-9)
+    assert r["chrf"] == pytest.approx(final[f"test/{r['data']}/chrf"], abs=1e-9)

@@ -14,12 +14,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-# The tests also need the optional extras `wmt` (tensorflow-cpu: TFDS's WMT builders, mocked)
-# and `postgres` (psycopg2-binary: sweep storage on a PostgreSQL server).
+# The tests also need the optional extras `wmt` (tensorflow-cpu: TFDS's WMT builders, mocked),
+# `postgres` (psycopg2-binary: sweep storage on a PostgreSQL server) and `beam` (apache-beam:
+# corpus preparation as a pipeline, run on the DirectRunner).
 install-test: $(VENV)/.installed-test
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[test,wmt,postgres]'
+	$(PY) -m pip install -q -e '.[test,wmt,postgres,beam]'
 	touch $@
 
 # Train the default config (Multi30k de->en, embedded) and print test2016 BLEU + translations.

@@ -5,8 +5,8 @@ r"""Scores checkpoints of a trained run with sacreBLEU and chrF, side by side.
   transformer-jax-evaluate --workdir=runs/default --source_file=newstest.de \
       --reference_file=newstest.en
 
-Writes <workdir>/eval/<set>/<checkpoint>.hyp and adds to results.json there; with
---checkpoint=all also bleu_by_step.csv and bleu_by_step.png.
+Writes <workdir>/eval/<set>/<checkpoint>.hyp and adds to results.json there (a multilingual
+run: a set per direction); --checkpoint=all adds bleu_by_step.csv and .png.
 """
 
 import contextlib
@@ -49,8 +49,7 @@ def evaluate(args: runner.Args):
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
         args.max_sentences, args.decode, args.lowercase, args.output_dir)
   print(format_table(results))
-  for out_dir in out_dirs:
-    print(f"wrote {out_dir}/results.json")
+  print("\n".join(f"wrote {out_dir}/results.json" for out_dir in out_dirs))
 
 
 def main(argv=None):

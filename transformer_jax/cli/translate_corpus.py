@@ -17,6 +17,8 @@ mixture: config.data.corpora.NAME = dict(data_dir=FOLDER, tag=TAG, ...).
 from absl import flags
 
 from transformer_jax.cli import runner
+from transformer_jax.inference.corpus_translation import translate_corpus as run
+from transformer_jax.inference.translator import Translator
 
 
 def define_flags(fv: flags.FlagValues):
@@ -40,8 +42,6 @@ def define_flags(fv: flags.FlagValues):
 
 
 def translate_corpus(args: runner.Args):
-  from transformer_jax.inference.corpus_translation import translate_corpus as run
-  from transformer_jax.inference.translator import Translator
   translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag)
   run(translator, args.workdir, args.checkpoint, args.input, args.out, args.split, args.tag,
       args.block_lines)

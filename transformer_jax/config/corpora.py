@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from transformer_jax.config.checks import checked_kwargs
 from transformer_jax.errors import ConfigError
 
 
@@ -78,7 +79,6 @@ class CleaningConfig:
 
 def parse_nested(cls, values, where: str):
   """`cls` from a dict of config values (each key a field of the right type)."""
-  from transformer_jax.config.parse import checked_kwargs  # (parse imports the sections)
   if isinstance(values, cls):
     return values
   if not isinstance(values, dict):

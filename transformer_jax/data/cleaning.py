@@ -21,8 +21,8 @@ from transformer_jax.config.corpora import CleaningConfig
 log = logging.getLogger(__name__)
 
 REPORT = "cleaning.json"
-_BEFORE_DUPLICATES = CleaningConfig.RULES[:CleaningConfig.RULES.index("duplicates")]
-_AFTER_DUPLICATES = CleaningConfig.RULES[CleaningConfig.RULES.index("duplicates") + 1:]
+BEFORE_DUPLICATES = CleaningConfig.RULES[:CleaningConfig.RULES.index("duplicates")]
+AFTER_DUPLICATES = CleaningConfig.RULES[CleaningConfig.RULES.index("duplicates") + 1:]
 
 
 def _letter_fraction(text: str) -> float:
@@ -70,12 +70,12 @@ class Cleaner:
 
   def keep(self, line: int, a: str, b: str) -> bool:
     self.read += 1
-    rule = broken_rule(a, b, self.cfg, _BEFORE_DUPLICATES)
+    rule = broken_rule(a, b, self.cfg, BEFORE_DUPLICATES)
     if not rule and self.cfg.duplicates:
       key = pair_key(a, b)
       rule = "duplicates" if key in self._seen else ""
       self._seen.add(key)
-    rule = rule or broken_rule(a, b, self.cfg, _AFTER_DUPLICATES)
+    rule = rule or broken_rule(a, b, self.cfg, AFTER_DUPLICATES)
     if not rule:
       return True
     self.dropped[rule] += 1

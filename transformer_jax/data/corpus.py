@@ -123,7 +123,7 @@ _NAME = "parallel_text"      # TFDS dataset name of prepared local corpora
 
 def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str, str],
                   cache_dir: str, cleaning: CleaningConfig | None = None,
-                  clean_split: str = "") -> Path:
+                  clean_split: str = "", write_splits=None) -> Path:
   """Prepares (once) a local corpus as a TFDS array_record dataset; returns its folder.
 
   Streams each split's files into shards of PAIRS_PER_SHARD pairs in file order, then writes
@@ -132,7 +132,9 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   holds up to 1 GB of examples (all of them when order is kept), so it is not used here. The
   dataset appears under its final name only when complete: an interrupted preparation is redone.
   With `cleaning` rules active, `clean_split` goes through them (`data.cleaning`), and their
-  report is written beside the shards (`cleaning.json`) and logged.
+  report is written beside the shards (`cleaning.json`) and logged. `write_splits` writes
+  the shards (default `write_splits`, in this process; `data.beam.beam_writer`: a Beam
+  pipeline making the same files).
   """
   folder, langs = Path(folder), tuple(sorted(langs))
   active = cleaning.active if cleaning is not None and clean_split in splits else {}
@@ -155,16 +157,11 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   tmp.mkdir()
   features = tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in langs})
   try:
-    split_infos, reports = [], []
-    for split in dict.fromkeys(splits):
-      pairs = read_parallel(folder, split, langs)
-      if active and split == clean_split:
-        cleaner = cleaning_lib.Cleaner(cleaning)
-        pairs = (pair for pair in pairs if cleaner.keep(*pair))
-      split_infos.append(_write_split(tmp, split, pairs, langs, features))
-      if active and split == clean_split:
-        reports.append(cleaner.report(split, langs, str(folder.resolve())))
-        cleaning_lib.log_report(reports[-1])
+    split_infos, reports = (write_splits or _write_splits)(
+        tmp, folder, tuple(dict.fromkeys(splits)), langs, features,
+        cleaning if active else None, clean_split)
+    for rep in reports:
+      cleaning_lib.log_report(rep)
     if reports:
       cleaning_lib.write_report(tmp, reports)
     tfds.folder_dataset.write_metadata(
@@ -176,6 +173,21 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   shutil.rmtree(out, ignore_errors=True)
   os.replace(tmp, out)
   return out
+
+
+def _write_splits(tmp: Path, folder: Path, splits: tuple[str, ...], langs: tuple[str, str],
+                  features, cleaning: CleaningConfig | None, clean_split: str):
+  """Writes each split's shards in this process; returns (TFDS SplitInfos, cleaning reports)."""
+  split_infos, reports = [], []
+  for split in splits:
+    pairs = read_parallel(folder, split, langs)
+    if cleaning is not None and split == clean_split:
+      cleaner = cleaning_lib.Cleaner(cleaning)
+      pairs = (pair for pair in pairs if cleaner.keep(*pair))
+    split_infos.append(_write_split(tmp, split, pairs, langs, features))
+    if cleaning is not None and split == clean_split:
+      reports.append(cleaner.report(split, langs, str(folder.resolve())))
+  return split_infos, reports
 
 
 def _clean_key(active: dict) -> str:
@@ -236,6 +248,16 @@ def _check_prepared(builder, splits: tuple[str, ...]):
                       "keeps its downloads)")
 
 
+def serialize_pair(features, langs: tuple[str, str], a: str, b: str) -> bytes:
+  """A pair as a prepared corpus stores it (a TFDS example of its two texts)."""
+  serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
+  return serializer.serialize_example(features.encode_example({langs[0]: a, langs[1]: b}))
+
+
+def shard_path(out: Path, split: str, index: int, count: int) -> Path:
+  return out / f"{_NAME}-{split}.array_record-{index:05d}-of-{count:05d}"
+
+
 def _write_split(out: Path, split: str, pairs: Iterator[tuple[int, str, str]],
                  langs: tuple[str, str], features) -> tfds.core.SplitInfo:
   """Writes one split's pairs as numbered array_record shards; returns its TFDS SplitInfo."""
@@ -252,10 +274,13 @@ def _write_split(out: Path, split: str, pairs: Iterator[tuple[int, str, str]],
     writer.write(serializer.serialize_example(features.encode_example({langs[0]: a,
                                                                        langs[1]: b})))
     lengths[-1] += 1
+  if writer is None:
+    raise DataError(f"no pair of split {split!r} is left after cleaning: see the rules' "
+                    "counts above")
   writer.close()
   num_bytes = 0
   for i in range(len(lengths)):  # the TFDS shard names hold the shard count, known only now
-    final = out / f"{_NAME}-{split}.array_record-{i:05d}-of-{len(lengths):05d}"
+    final = shard_path(out, split, i, len(lengths))
     os.replace(out / f"{split}.{i}.tmp", final)
     num_bytes += final.stat().st_size
   return tfds.core.SplitInfo(name=split, shard_lengths=lengths, num_bytes=num_bytes)
@@ -291,13 +316,14 @@ def corpus_spec(cfg: DataConfig, dataset: str = "") -> CorpusSpec:
                     cfg.cleaning, cfg.train_split)
 
 
-def get_builder(spec: CorpusSpec) -> tfds.core.DatasetBuilder:
-  """Prepares (once, cached) and returns the TFDS builder for the corpus."""
+def get_builder(spec: CorpusSpec, write_splits=None) -> tfds.core.DatasetBuilder:
+  """Prepares (once, cached) and returns the TFDS builder for the corpus (a local one's
+  shards written by `write_splits`: see `prepare_local`)."""
   with preparation_lock(spec.cache_dir):
     if spec.dataset == "local":
       return tfds.builder_from_directory(os.fspath(prepare_local(
           spec.local_folder, spec.splits, (spec.source_lang, spec.target_lang), spec.cache_dir,
-          spec.cleaning, spec.train_split)))
+          spec.cleaning, spec.train_split, write_splits)))
     if spec.cleaning is not None and spec.cleaning.active and spec.train_split in spec.splits:
       raise ConfigError(f"config.data.cleaning applies to local corpora, not to the TFDS "
                         f"dataset {spec.dataset}: turn its rules off (or clean a local copy)")

@@ -45,19 +45,30 @@ def _wait_for(path: Path, timeout_s: float = 600.0):
     time.sleep(1.0)
 
 
-def prepare(cfg: TrainConfig, workdir: str | Path) -> tuple[dict[str, int], tokenizer.Tokenizer]:
-  """Prepares every dataset the config reads, then its tokenizer, then (with
-  config.data.pretokenize) the training split as token ids; returns the pairs in each
-  `dataset:split` (and in the tokenized split) and the tokenizer."""
+def prepare(cfg: TrainConfig, workdir: str | Path, write_splits=None
+            ) -> tuple[dict[str, int], tokenizer.Tokenizer]:
+  """Prepares every dataset the config reads (local ones' shards written by `write_splits`,
+  e.g. a Beam pipeline: `data.beam`), then its tokenizer, then (with config.data.pretokenize)
+  the training split(s) as token ids; returns the pairs in each `dataset:split` (and in the
+  tokenized splits) and the tokenizer."""
   d = cfg.data
+  specs = [corpus.corpus_spec(d, dataset) for dataset in dict.fromkeys(
+      [d.dataset, d.eval_dataset or d.dataset, d.test_dataset or d.dataset])]
+  specs += [mixture.spec_of(entry, d, tuple(dict.fromkeys(
+      filter(None, (entry.split, entry.eval_split, entry.test_split)))))
+      for entry in d.corpora.values()]
   sizes = {}
-  for dataset in dict.fromkeys([d.dataset, d.eval_dataset or d.dataset,
-                                d.test_dataset or d.dataset]):
-    spec = corpus.corpus_spec(d, dataset)
-    builder = corpus.get_builder(spec)
+  for spec in specs:
+    if not spec.splits:
+      continue
+    builder = corpus.get_builder(spec, write_splits)
+    where = spec.data_dir or spec.dataset if spec.dataset == "local" else spec.dataset
     for split in spec.splits:
-      sizes[f"{dataset}:{split}"] = len(builder.as_data_source(split=split))
+      sizes[f"{where}:{split}"] = len(builder.as_data_source(split=split))
   tok = load_tokenizer(cfg, Path(workdir))
-  if d.pretokenize:
+  if d.pretokenize and not d.corpora:
     sizes[f"{d.dataset}:{d.train_split} as token ids"] = tokenized.tokenized_split(d, tok).num_pairs
+  for name, entry in d.corpora.items():
+    store = tokenized.tokenized_split(d, tok, entry.split, mixture.spec_of(entry, d))
+    sizes[f"corpus {name} ({entry.split}) as token ids"] = store.num_pairs
   return sizes, tok

@@ -1,0 +1,92 @@
+"""Preparing a local corpus with an Apache Beam pipeline (DirectRunner): the same shards,
+byte for byte, and the same cleaning report as the single-process preparation; and the
+command-line path that a cluster run takes."""
+
+import gzip
+import json
+import random
+
+import pytest
+
+from tests import helpers
+from transformer_jax.config.corpora import CleaningConfig
+from transformer_jax.data import cleaning, corpus
+from transformer_jax.data.beam import beam_writer, line_shards, read_shard
+
+RULES = CleaningConfig(empty=True, max_words=20, max_length_ratio=2.5, identical=True,
+                       duplicates=True, min_letter_fraction=0.5, examples=3)
+
+
+def _corpus(folder, n=2600, gz=False):
+  """n pairs of Multi30k with crafted breakers of each rule sprinkled in, duplicates included."""
+  rng = random.Random(0)
+  base = list(zip(corpus.read_lines(corpus.EMBEDDED_MULTI30K / "train.de.gz"),
+                  corpus.read_lines(corpus.EMBEDDED_MULTI30K / "train.en.gz")))[:n]
+  pairs = []
+  for i, pair in enumerate(base):
+    pairs.append(pair)
+    if i % 97 == 0:
+      pairs.append(rng.choice([("", "empty"), ("x " * 30, "x " * 30), ("Bild", "Bild"),
+                               ("1 2 3 4", "5 6 7 8"), ("ein kurzer satz", "a " * 12),
+                               pairs[rng.randrange(len(pairs))]]))
+  folder.mkdir()
+  for side, lang in enumerate(("de", "en")):
+    for split, part in (("train", pairs), ("val", base[:30])):
+      data = "".join(p[side].strip() + "\n" for p in part).encode()
+      path = folder / (f"{split}.{lang}" + (".gz" if gz else ""))
+      path.write_bytes(gzip.compress(data) if gz else data)
+  return pairs
+
+
+def test_input_shards_read_back_every_line_once(tmp_path):
+  pairs = _corpus(tmp_path / "c")
+  shards = line_shards(tmp_path / "c" / "train.de", tmp_path / "c" / "train.en", 500)
+  assert len(shards) == -(-len(pairs) // 500)
+  read = [t for s in shards for t in read_shard(s)]
+  assert read == list(corpus.read_parallel(tmp_path / "c", "train", ("de", "en")))
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzipped"])
+def test_the_beam_preparation_writes_the_same_shards_and_report_as_one_process(tmp_path, gz,
+                                                                              monkeypatch):
+  monkeypatch.setattr(corpus, "PAIRS_PER_SHARD", 1000)  # (several output shards)
+  _corpus(tmp_path / "c", gz=gz)
+  args = (tmp_path / "c", ("train", "val"), ("de", "en"))
+  one = corpus.prepare_local(*args, str(tmp_path / "one"), RULES, "train")
+  beam = corpus.prepare_local(*args, str(tmp_path / "beam"), RULES, "train",
+                              beam_writer("DirectRunner", ["--direct_num_workers=1"],
+                                          lines_per_shard=700))
+  one_report, = json.loads((one / cleaning.REPORT).read_text())
+  beam_report, = json.loads((beam / cleaning.REPORT).read_text())
+  assert beam_report == one_report
+  assert set(one_report["dropped"]) == set(RULES.active) and all(
+      one_report["dropped"].values())  # (every rule dropped something)
+  shards = sorted(p.name for p in one.glob("parallel_text-*"))
+  assert len([s for s in shards if "-train." in s]) == 3
+  assert sorted(p.name for p in beam.glob("parallel_text-*")) == shards
+  for name in shards:
+    assert (beam / name).read_bytes() == (one / name).read_bytes(), name
+  one_info, beam_info = (json.loads((d / "dataset_info.json").read_text())["splits"]
+                         for d in (one, beam))
+  assert beam_info == one_info
+
+
+def test_prepare_data_with_a_beam_runner_then_one_process_finds_it_prepared(tmp_path):
+  _corpus(tmp_path / "c", n=800)
+  from transformer_jax.cli import prepare_data
+  flags = [f"--config.data.{k}={v}" for k, v in (
+      ("data_dir", tmp_path / "c"), ("cache_dir", tmp_path / "cache"), ("eval_split", "val"),
+      ("cleaning.duplicates", True), ("cleaning.identical", True))]
+  status, out, err = helpers.run_tool(
+      prepare_data.main, "--config=configs/tiny.py", *flags, f"--workdir={tmp_path / 'run'}",
+      "--beam_runner=DirectRunner", "--beam_option=--direct_num_workers=1")
+  assert status == 0, err
+  prepared, = (tmp_path / "cache" / "parallel_text").glob("de-en_*_clean*/1.0.0")
+  report, = json.loads((prepared / cleaning.REPORT).read_text())
+  assert report["dropped"]["duplicates"] > 0 and report["dropped"]["identical"] > 0
+  assert f":train: {report['pairs_kept']:,} pairs" in out
+  # a second preparation (in one process) finds it prepared: the same folder, untouched
+  before = {p.name: p.stat().st_mtime_ns for p in prepared.iterdir()}
+  status, out, _ = helpers.run_tool(prepare_data.main, "--config=configs/tiny.py", *flags,
+                                    f"--workdir={tmp_path / 'run'}")
+  assert status == 0 and {p.name: p.stat().st_mtime_ns for p in prepared.iterdir()} == before

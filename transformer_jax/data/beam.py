@@ -1,0 +1,204 @@
+"""Preparing a local corpus with Apache Beam: for corpora past one machine (OPUS-scale), the
+same cleaning rules and the same prepared dataset, shard for shard, as `corpus.prepare_local`
+makes in one process.
+
+`beam_writer(runner, options)` is a `write_splits` for `corpus.prepare_local`. Per split:
+1. the driver indexes both files in one sequential pass: the byte offsets of every
+   `lines_per_shard`-th line (gzipped files cannot be sought in: each is one input shard);
+2. workers read the input shards (both files from those offsets), apply the rules before
+   "duplicates" (`cleaning.broken_rule`), group the survivors by `cleaning.pair_key` keeping
+   each pair's first line (the rest count as duplicates), then apply the rules after it;
+3. each survivor's rank in file order is its input shard's offset (a side input of the
+   per-shard counts) plus its place in the shard, so the output shards hold exactly the
+   pairs, in the order and the shard boundaries, that `prepare_local` writes;
+4. counts and the first examples of each rule (smallest line numbers) come back to the driver
+   for the same cleaning report.
+`cache_dir` must be a filesystem every worker writes to (local for DirectRunner, NFS for a
+cluster runner).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import math
+import os
+from pathlib import Path
+
+from transformer_jax.config.corpora import CleaningConfig
+from transformer_jax.data import cleaning as cleaning_lib
+from transformer_jax.data import corpus
+from transformer_jax.errors import ConfigError, DataError
+
+LINES_PER_SHARD = 100_000  # input lines a worker reads at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class LineShard:
+  """Lines first_line .. first_line + count - 1 (1-based) of both files, from these offsets."""
+  index: int
+  first_line: int
+  count: int
+  paths: tuple[str, str]
+  offsets: tuple[int, int]
+
+
+def line_shards(path_a: Path, path_b: Path, lines_per_shard: int) -> list[LineShard]:
+  """The input shards of two line-aligned files (one sequential pass over each)."""
+  paths = (str(path_a), str(path_b))
+  if any(p.endswith(".gz") for p in paths):
+    count = sum(1 for _ in corpus.read_aligned(path_a, path_b))
+    return [LineShard(0, 1, count, paths, (0, 0))]
+  starts = []
+  for path in paths:
+    offsets, position, lines = [], 0, 0
+    with open(path, "rb") as f:
+      for raw in f:
+        if lines % lines_per_shard == 0:
+          offsets.append(position)
+        position += len(raw)
+        lines += 1
+    starts.append((offsets, lines))
+  (offsets_a, lines_a), (offsets_b, lines_b) = starts
+  if lines_a != lines_b:
+    raise DataError(f"parallel files have different line counts: {path_a} has {lines_a} lines, "
+                    f"{path_b} has {lines_b}")
+  return [LineShard(i, 1 + i * lines_per_shard, min(lines_per_shard, lines_a - i * lines_per_shard),
+                    paths, (offsets_a[i], offsets_b[i])) for i in range(len(offsets_a))]
+
+
+def read_shard(shard: LineShard):
+  """(line number, text a, text b) of the shard's lines, as `corpus.read_parallel` reads them."""
+  opener = gzip.open if shard.paths[0].endswith(".gz") else open
+  with opener(shard.paths[0], "rb") as fa, \
+       (gzip.open if shard.paths[1].endswith(".gz") else open)(shard.paths[1], "rb") as fb:
+    fa.seek(shard.offsets[0])
+    fb.seek(shard.offsets[1])
+    for k in range(shard.count):
+      line = shard.first_line + k
+      texts = []
+      for f, path in ((fa, shard.paths[0]), (fb, shard.paths[1])):
+        raw = f.readline()
+        try:
+          texts.append(raw.decode("utf-8").strip())
+        except UnicodeDecodeError as e:
+          raise DataError(f"{path}:{line}: not valid UTF-8 ({e.reason} at byte {e.start})"
+                          ) from None
+      yield line, texts[0], texts[1]
+
+
+def _write_shard(item, out: str, split: str, langs, total: int):
+  """Writes output shard `index` of its (rank, a, b) pairs; returns (index, pairs, bytes)."""
+  import tensorflow_datasets as tfds
+  from array_record.python import array_record_module
+  index, ranked = item
+  features = tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in langs})
+  count = math.ceil(total / corpus.PAIRS_PER_SHARD)
+  path = corpus.shard_path(Path(out), split, index, count)
+  writer = array_record_module.ArrayRecordWriter(os.fspath(path), "group_size:1")
+  ranked = sorted(ranked)
+  for _, a, b in ranked:
+    writer.write(corpus.serialize_pair(features, langs, a, b))
+  writer.close()
+  return index, len(ranked), path.stat().st_size
+
+
+def _ranked(item, counts: dict):
+  """(output shard, (rank, a, b)) of an input shard's survivors."""
+  index, pairs = item
+  start = sum(counts.get(j, 0) for j in range(index))
+  for k, (_, a, b) in enumerate(sorted(pairs)):
+    yield (start + k) // corpus.PAIRS_PER_SHARD, (start + k, a, b)
+
+
+def _split_graph(p, tmp: Path, folder: Path, split: str, langs, cfg: CleaningConfig | None,
+                 lines_per_shard: int):
+  import apache_beam as beam
+  shards = line_shards(corpus.corpus_file(folder, split, langs[0]),
+                       corpus.corpus_file(folder, split, langs[1]), lines_per_shard)
+  pairs = (p | f"{split}/shards" >> beam.Create(shards) | f"{split}/spread" >> beam.Reshuffle()
+           | f"{split}/read" >> beam.FlatMap(read_shard))
+  dropped = []
+  if cfg is not None:
+    before, after = cleaning_lib.BEFORE_DUPLICATES, cleaning_lib.AFTER_DUPLICATES
+    judged = pairs | f"{split}/rules" >> beam.Map(
+        lambda t: (cleaning_lib.broken_rule(t[1], t[2], cfg, before), t))
+    dropped.append(judged | f"{split}/broken" >> beam.Filter(lambda rt: rt[0]))
+    pairs = judged | f"{split}/passed" >> beam.Filter(lambda rt: not rt[0]) | \
+        f"{split}/untag" >> beam.Values()
+    if cfg.duplicates:
+      groups = (pairs | f"{split}/key" >> beam.Map(lambda t: (cleaning_lib.pair_key(t[1], t[2]), t))
+                | f"{split}/same" >> beam.GroupByKey())
+      dropped.append(groups | f"{split}/repeats" >> beam.FlatMap(
+          lambda kv: [("duplicates", t) for t in sorted(kv[1])[1:]]))
+      pairs = groups | f"{split}/first" >> beam.Map(lambda kv: min(kv[1]))
+    judged = pairs | f"{split}/rules_after" >> beam.Map(
+        lambda t: (cleaning_lib.broken_rule(t[1], t[2], cfg, after), t))
+    dropped.append(judged | f"{split}/broken_after" >> beam.Filter(lambda rt: rt[0]))
+    pairs = judged | f"{split}/kept" >> beam.Filter(lambda rt: not rt[0]) | \
+        f"{split}/untag_after" >> beam.Values()
+  per_shard = pairs | f"{split}/by_shard" >> beam.Map(
+      lambda t: ((t[0] - 1) // lines_per_shard, t))
+  counts = per_shard | f"{split}/count" >> beam.combiners.Count.PerKey()
+  total = (counts | f"{split}/counts" >> beam.Values()
+           | f"{split}/total" >> beam.CombineGlobally(sum))
+  written = (per_shard | f"{split}/group" >> beam.GroupByKey()
+             | f"{split}/rank" >> beam.FlatMap(_ranked, beam.pvalue.AsDict(counts))
+             | f"{split}/out_shards" >> beam.GroupByKey()
+             | f"{split}/write" >> beam.Map(_write_shard, str(tmp), split, langs,
+                                            beam.pvalue.AsSingleton(total)))
+  summary = {"written": beam.pvalue.AsList(written),
+             "read": beam.pvalue.AsSingleton(p | f"{split}/n" >> beam.Create(
+                 [sum(s.count for s in shards)]))}
+  if dropped:
+    drops = dropped | f"{split}/drops" >> beam.Flatten()
+    summary["dropped"] = beam.pvalue.AsDict(
+        drops | f"{split}/ones" >> beam.Map(lambda rt: (rt[0], 1))
+        | f"{split}/per_rule" >> beam.CombinePerKey(sum))
+    summary["examples"] = beam.pvalue.AsDict(
+        drops | f"{split}/smallest" >> beam.combiners.Top.SmallestPerKey(max(cfg.examples, 1)))
+  (p | f"{split}/once" >> beam.Create([None])
+   | f"{split}/summary" >> beam.Map(_write_summary, str(tmp / f".beam-{split}.json"), **summary))
+
+
+def _write_summary(_, path: str, written, read, dropped=None, examples=None):
+  Path(path).write_text(json.dumps({
+      "written": sorted(written), "read": read, "dropped": dropped or {},
+      "examples": {k: [list(t) for t in v] for k, v in (examples or {}).items()}}))
+
+
+def beam_writer(runner: str = "DirectRunner", options: list[str] | tuple[str, ...] = (),
+                lines_per_shard: int = LINES_PER_SHARD):
+  """A `write_splits` for `corpus.prepare_local` that runs one Beam pipeline for all splits."""
+  try:
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+  except ImportError:
+    raise ConfigError("preparing with Beam needs apache-beam: pip install "
+                      "'transformer_jax[beam]'") from None
+
+  def write_splits(tmp: Path, folder: Path, splits, langs, features, cfg, clean_split):
+    import tensorflow_datasets as tfds
+    with beam.Pipeline(runner=runner, options=PipelineOptions(list(options))) as p:
+      for split in splits:
+        _split_graph(p, tmp, folder, split, langs, cfg if split == clean_split else None,
+                     lines_per_shard)
+    infos, reports = [], []
+    for split in splits:
+      summary = json.loads((tmp / f".beam-{split}.json").read_text())
+      (tmp / f".beam-{split}.json").unlink()
+      if not summary["written"]:
+        raise DataError(f"no pair of split {split!r} is left after cleaning")
+      infos.append(tfds.core.SplitInfo(name=split,
+                                       shard_lengths=[n for _, n, _ in summary["written"]],
+                                       num_bytes=sum(b for _, _, b in summary["written"])))
+      if cfg is not None and split == clean_split:
+        dropped = {rule: summary["dropped"].get(rule, 0) for rule in cfg.active}
+        examples = {rule: summary["examples"].get(rule, [])[:cfg.examples]
+                    for rule in cfg.active}
+        reports.append(cleaning_lib.report(cfg, split, langs, str(folder.resolve()),
+                                           summary["read"], dropped, examples))
+    return infos, reports
+
+  return write_splits

@@ -237,9 +237,10 @@ def one_line_error(stderr: str) -> str:
 
 
 def train_process(workdir: Path, cache: Path, *overrides: str, tokenizer: Path | None = None,
-                  fault: str = "", check: bool = True, timeout: float = 300, env=None):
-  """`python train.py --config=configs/tiny.py` in a subprocess (with the shared TFDS cache
-  and, when given, a trained tokenizer copied into the workdir)."""
+                  fault: str = "", check: bool = True, timeout: float = 300, env=None,
+                  config: str = "configs/tiny.py"):
+  """`python train.py --config=configs/tiny.py` (or `config`) in a subprocess (with the shared
+  TFDS cache and, when given, a trained tokenizer copied into the workdir)."""
   if tokenizer is not None:
     workdir.mkdir(parents=True, exist_ok=True)
     if not (workdir / "spm.model").exists():
@@ -248,7 +249,7 @@ def train_process(workdir: Path, cache: Path, *overrides: str, tokenizer: Path |
   env.pop(FAULTS_ENV, None)
   if fault:
     env[FAULTS_ENV] = fault
-  cmd = [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+  cmd = [sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}",
          f"--config.data.cache_dir={cache}", *overrides]
   r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
   if check:

@@ -24,6 +24,7 @@ from tests.helpers import ROOT
 from tests.helpers import assert_bitwise_equal as _assert_bitwise_equal
 from tests.helpers import checkpoint_steps as _steps
 from tests.helpers import saved_state as _state
+from transformer_jax.data import corpus
 from transformer_jax.errors import CheckpointError
 from transformer_jax.inference import averaging, trained_run
 
@@ -284,6 +285,40 @@ def test_the_moving_average_survives_sigkill_and_resume_bit_for_bit(train, tmp_p
   _assert_bitwise_equal(loaded.params(raw), state["params"])
   with pytest.raises(CheckpointError, match="average keeps both the weights and their moving"):
     averaging.average_to_workdir(run, "average:2:raw", tmp_path / "avg")
+
+
+MIXTURE_CONFIG = """
+import ml_collections
+from configs import tiny
+
+def get_config():
+  config = tiny.get_config()
+  config.data.corpora = ml_collections.ConfigDict({
+      "multi30k": dict(weight=3.0), "first500": dict(data_dir="%s", weight=1.0)})
+  return config
+"""
+
+
+def test_a_mixture_survives_sigkill_and_resume_bit_for_bit_with_its_counts(train, tmp_path):
+  folder = tmp_path / "first500"
+  folder.mkdir()
+  for lang in ("de", "en"):
+    lines = list(corpus.read_lines(corpus.EMBEDDED_MULTI30K / f"train.{lang}.gz"))[:500]
+    (folder / f"train.{lang}").write_text("".join(x + "\n" for x in lines))
+  config = tmp_path / "mixture.py"
+  config.write_text(MIXTURE_CONFIG % folder)
+  ref, run = tmp_path / "ref", tmp_path / "run"
+  train(ref, config=str(config))
+  r = train(run, config=str(config), fault="sigkill@6", check=False)
+  assert r.returncode == -signal.SIGKILL
+  train(run, config=str(config))
+  _assert_bitwise_equal(_state(run), _state(ref))
+  counts = [{k: v for k, v in rec.items() if k.startswith("data/")}
+            for rec in helpers.read_metrics(run) if "train/loss" in rec]
+  assert counts == [{k: v for k, v in rec.items() if k.startswith("data/")}
+                    for rec in helpers.read_metrics(ref) if "train/loss" in rec]
+  assert counts[-1]["data/corpus/multi30k/share"] == pytest.approx(0.75, abs=0.01)
+  assert counts[-1]["data/corpus/first500/pairs"] > 0
 
 
 def test_damaged_newest_checkpoints_fall_back_and_are_kept_aside(reference, train, tmp_path):

@@ -92,3 +92,17 @@ def test_the_tool_runs_as_a_command_and_a_missing_input_is_one_line(tiny_run, tm
   status, _, err = helpers.run_tool(cli.main, f"--workdir={tiny_run}",
                                     f"--input={tmp_path / 'absent.en'}", f"--out={tmp_path / 'p'}")
   assert status == 1 and helpers.one_line_error(err).endswith("absent.en does not exist")
+
+
+def test_distillation_by_an_ensemble_records_its_members_and_matches_one_copy(tiny_run, tmp_path):
+  # An ensemble of a run with itself averages equal log-probabilities: the translations of
+  # the one model, written by the same tool (the teacher's source side in, a distilled
+  # folder out).
+  source = _input(tmp_path, [b"Ein Hund rennt.", b"Zwei Frauen lesen.", b"Ein Kind spielt."])
+  one = translate_corpus(Translator(str(tiny_run), "latest"), [str(tiny_run)], "latest",
+                         str(source), str(tmp_path / "one"), tag="")
+  two = translate_corpus(Translator([str(tiny_run)] * 2, "latest"), [str(tiny_run)] * 2,
+                         "latest", str(source), str(tmp_path / "two"), tag="")
+  assert two["workdirs"] == [str(tiny_run)] * 2 and two["checkpoint_steps"] == [[20], [20]]
+  assert (tmp_path / "two" / "train.en").read_text() == (tmp_path / "one" / "train.en").read_text()
+  assert one["tag"] == two["tag"] == ""

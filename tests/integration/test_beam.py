@@ -17,6 +17,11 @@ RULES = CleaningConfig(empty=True, max_words=20, max_length_ratio=2.5, identical
                        duplicates=True, min_letter_fraction=0.5, examples=3)
 
 
+# Two worker processes: the shards must not depend on which process wrote a pair (protobuf's
+# map order does, unless serialized deterministically).
+WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+
+
 def _corpus(folder, n=2600, gz=False):
   """n pairs of Multi30k with crafted breakers of each rule sprinkled in, duplicates included."""
   rng = random.Random(0)
@@ -54,8 +59,7 @@ def test_the_beam_preparation_writes_the_same_shards_and_report_as_one_process(t
   args = (tmp_path / "c", ("train", "val"), ("de", "en"))
   one = corpus.prepare_local(*args, str(tmp_path / "one"), RULES, "train")
   beam = corpus.prepare_local(*args, str(tmp_path / "beam"), RULES, "train",
-                              beam_writer("DirectRunner", ["--direct_num_workers=1"],
-                                          lines_per_shard=700))
+                              beam_writer("DirectRunner", WORKERS, lines_per_shard=700))
   one_report, = json.loads((one / cleaning.REPORT).read_text())
   beam_report, = json.loads((beam / cleaning.REPORT).read_text())
   assert beam_report == one_report

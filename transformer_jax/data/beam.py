@@ -88,32 +88,32 @@ def read_shard(shard: LineShard):
       yield line, texts[0], texts[1]
 
 
-def _write_shard(item, out: str, split: str, langs, total: int):
+def _write_shard(item, out: str, split: str, langs, per_shard: int, total: int):
   """Writes output shard `index` of its (rank, a, b) pairs; returns (index, pairs, bytes)."""
   import tensorflow_datasets as tfds
   from array_record.python import array_record_module
   index, ranked = item
   features = tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in langs})
-  count = math.ceil(total / corpus.PAIRS_PER_SHARD)
+  count = math.ceil(total / per_shard)
   path = corpus.shard_path(Path(out), split, index, count)
   writer = array_record_module.ArrayRecordWriter(os.fspath(path), "group_size:1")
-  ranked = sorted(ranked)
+  ranked, serializer = sorted(ranked), corpus.pair_serializer(features)
   for _, a, b in ranked:
-    writer.write(corpus.serialize_pair(features, langs, a, b))
+    writer.write(corpus.serialize_pair(serializer, features, langs, a, b))
   writer.close()
   return index, len(ranked), path.stat().st_size
 
 
-def _ranked(item, counts: dict):
+def _ranked(item, counts: dict, per_shard: int):
   """(output shard, (rank, a, b)) of an input shard's survivors."""
   index, pairs = item
   start = sum(counts.get(j, 0) for j in range(index))
   for k, (_, a, b) in enumerate(sorted(pairs)):
-    yield (start + k) // corpus.PAIRS_PER_SHARD, (start + k, a, b)
+    yield (start + k) // per_shard, (start + k, a, b)
 
 
 def _split_graph(p, tmp: Path, folder: Path, split: str, langs, cfg: CleaningConfig | None,
-                 lines_per_shard: int):
+                 lines_per_shard: int, pairs_per_shard: int):
   import apache_beam as beam
   shards = line_shards(corpus.corpus_file(folder, split, langs[0]),
                        corpus.corpus_file(folder, split, langs[1]), lines_per_shard)
@@ -144,10 +144,11 @@ def _split_graph(p, tmp: Path, folder: Path, split: str, langs, cfg: CleaningCon
   total = (counts | f"{split}/counts" >> beam.Values()
            | f"{split}/total" >> beam.CombineGlobally(sum))
   written = (per_shard | f"{split}/group" >> beam.GroupByKey()
-             | f"{split}/rank" >> beam.FlatMap(_ranked, beam.pvalue.AsDict(counts))
+             | f"{split}/rank" >> beam.FlatMap(_ranked, beam.pvalue.AsDict(counts),
+                                               pairs_per_shard)
              | f"{split}/out_shards" >> beam.GroupByKey()
              | f"{split}/write" >> beam.Map(_write_shard, str(tmp), split, langs,
-                                            beam.pvalue.AsSingleton(total)))
+                                            pairs_per_shard, beam.pvalue.AsSingleton(total)))
   summary = {"written": beam.pvalue.AsList(written),
              "read": beam.pvalue.AsSingleton(p | f"{split}/n" >> beam.Create(
                  [sum(s.count for s in shards)]))}
@@ -170,7 +171,8 @@ def _write_summary(_, path: str, written, read, dropped=None, examples=None):
 
 def beam_writer(runner: str = "DirectRunner", options: list[str] | tuple[str, ...] = (),
                 lines_per_shard: int = LINES_PER_SHARD):
-  """A `write_splits` for `corpus.prepare_local` that runs one Beam pipeline for all splits."""
+  """A `write_splits` for `corpus.prepare_local` that runs one Beam pipeline for all splits
+  (output shards of `corpus.PAIRS_PER_SHARD` pairs, as the driver has it)."""
   try:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -183,7 +185,7 @@ def beam_writer(runner: str = "DirectRunner", options: list[str] | tuple[str, ..
     with beam.Pipeline(runner=runner, options=PipelineOptions(list(options))) as p:
       for split in splits:
         _split_graph(p, tmp, folder, split, langs, cfg if split == clean_split else None,
-                     lines_per_shard)
+                     lines_per_shard, corpus.PAIRS_PER_SHARD)
     infos, reports = [], []
     for split in splits:
       summary = json.loads((tmp / f".beam-{split}.json").read_text())

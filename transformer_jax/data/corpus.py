@@ -248,10 +248,15 @@ def _check_prepared(builder, splits: tuple[str, ...]):
                       "keeps its downloads)")
 
 
-def serialize_pair(features, langs: tuple[str, str], a: str, b: str) -> bytes:
-  """A pair as a prepared corpus stores it (a TFDS example of its two texts)."""
-  serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
-  return serializer.serialize_example(features.encode_example({langs[0]: a, langs[1]: b}))
+def serialize_pair(serializer, features, langs: tuple[str, str], a: str, b: str) -> bytes:
+  """A pair as a prepared corpus stores it: a TFDS example of its two texts, serialized with
+  the feature map in key order (protobuf's default map order differs between processes)."""
+  example = serializer.get_tf_example(features.encode_example({langs[0]: a, langs[1]: b}))
+  return example.SerializeToString(deterministic=True)
+
+
+def pair_serializer(features):
+  return example_serializer.ExampleSerializer(features.get_serialized_info())
 
 
 def shard_path(out: Path, split: str, index: int, count: int) -> Path:
@@ -261,7 +266,7 @@ def shard_path(out: Path, split: str, index: int, count: int) -> Path:
 def _write_split(out: Path, split: str, pairs: Iterator[tuple[int, str, str]],
                  langs: tuple[str, str], features) -> tfds.core.SplitInfo:
   """Writes one split's pairs as numbered array_record shards; returns its TFDS SplitInfo."""
-  serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
+  serializer = pair_serializer(features)
   lengths: list[int] = []
   writer = None
   for _, a, b in pairs:
@@ -271,8 +276,7 @@ def _write_split(out: Path, split: str, pairs: Iterator[tuple[int, str, str]],
       writer = array_record_module.ArrayRecordWriter(
           os.fspath(out / f"{split}.{len(lengths)}.tmp"), "group_size:1")
       lengths.append(0)
-    writer.write(serializer.serialize_example(features.encode_example({langs[0]: a,
-                                                                       langs[1]: b})))
+    writer.write(serialize_pair(serializer, features, langs, a, b))
     lengths[-1] += 1
   if writer is None:
     raise DataError(f"no pair of split {split!r} is left after cleaning: see the rules' "

@@ -1,17 +1,19 @@
-"""Preparing a local corpus with an Apache Beam pipeline (DirectRunner): the same shards,
-byte for byte, and the same cleaning report as the single-process preparation; and the
-command-line path that a cluster run takes."""
+"""Preparing a local corpus with Apache Beam pipelines (DirectRunner, two worker processes):
+the same shards, byte for byte, and the same cleaning report as the single-process
+preparation, the same token-id store; and the command-line path that a cluster run takes."""
 
 import gzip
 import json
 import random
+import shutil
 
 import pytest
 
 from tests import helpers
 from transformer_jax.config.corpora import CleaningConfig
-from transformer_jax.data import cleaning, corpus
-from transformer_jax.data.beam import beam_writer, line_shards, read_shard
+from transformer_jax.data import cleaning, corpus, tokenized
+from transformer_jax.data.beam import beam_tokenizer, beam_writer, line_shards, read_shard
+from transformer_jax.data.tokenizer import train_tokenizer
 
 RULES = CleaningConfig(empty=True, max_words=20, max_length_ratio=2.5, identical=True,
                        duplicates=True, min_letter_fraction=0.5, examples=3)
@@ -94,3 +96,21 @@ def test_prepare_data_with_a_beam_runner_then_one_process_finds_it_prepared(tmp_
   status, out, _ = helpers.run_tool(prepare_data.main, "--config=configs/tiny.py", *flags,
                                     f"--workdir={tmp_path / 'run'}")
   assert status == 0 and {p.name: p.stat().st_mtime_ns for p in prepared.iterdir()} == before
+
+
+def test_tokenizing_with_beam_writes_the_same_id_store(tmp_path):
+  _corpus(tmp_path / "c", n=1500)
+  cfg = helpers.section("data", data_dir=str(tmp_path / "c"), eval_split="val", test_split="",
+                        cache_dir=str(tmp_path / "cache"))
+  spec = corpus.corpus_spec(cfg)
+  tok = train_tokenizer((s for pair in corpus.iterate_pairs(spec, "train") for s in pair), 300,
+                        tmp_path / "spm.model")
+  one = tokenized.tokenized_split(cfg, tok)
+  folder = one.folder
+  shutil.move(folder, tmp_path / "one")  # (the next call writes it again, with Beam)
+  beam = tokenized.tokenized_split(cfg, tok, write_ids=beam_tokenizer(
+      "DirectRunner", WORKERS, pairs_per_task=400))
+  assert beam.folder == folder and beam.num_pairs == one.num_pairs > 1500
+  for name in ("source.ids", "source.offsets", "target.ids", "target.offsets", "meta.json"):
+    assert (folder / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+  assert not list(folder.glob("*.0000*"))  # (the part files are gone)

@@ -7,8 +7,8 @@ Training does the same on first use; running it apart is for big corpora and man
 prepare WMT into a shared `config.data.cache_dir` and train the tokenizer into the shared
 workdir on one machine, then start every host's training with the same flags (they read,
 nothing is written twice). Prints each split's size and the tokenizer's pieces. With
---beam_runner, local corpora are cleaned and written by an Apache Beam pipeline (the same
-files; see transformer_jax/data/beam.py), e.g. on a cluster:
+--beam_runner, local corpora are cleaned and written, and training splits tokenized, by
+Apache Beam pipelines (the same files; see transformer_jax/data/beam.py), e.g. on a cluster:
   transformer-jax-prepare-data --config=... --workdir=... --beam_runner=FlinkRunner \
       --beam_option=--flink_master=HOST:8081 --beam_option=--environment_type=LOOPBACK
 """
@@ -19,7 +19,7 @@ from absl import flags
 
 from transformer_jax.cli import runner
 from transformer_jax.config.parse import from_config_dict
-from transformer_jax.data.beam import beam_writer
+from transformer_jax.data.beam import beam_tokenizer, beam_writer
 from transformer_jax.workdir.preparation import prepare
 
 
@@ -36,10 +36,9 @@ def define_flags(fv: flags.FlagValues):
 
 def prepare_data(args: runner.Args):
   start = time.perf_counter()
-  writer = None
-  if args.beam_runner:
-    writer = beam_writer(args.beam_runner, args.beam_option)
-  sizes, tok = prepare(from_config_dict(args.configs["config"]), args.workdir, writer)
+  writers = ((beam_writer(args.beam_runner, args.beam_option),
+              beam_tokenizer(args.beam_runner, args.beam_option)) if args.beam_runner else ())
+  sizes, tok = prepare(from_config_dict(args.configs["config"]), args.workdir, *writers)
   for name, size in sizes.items():
     print(f"{name}: {size:,} pairs")
   print(f"tokenizer: {tok.path} ({tok.vocab_size:,} pieces); "

@@ -13,6 +13,9 @@ makes in one process.
    pairs, in the order and the shard boundaries, that `prepare_local` writes;
 4. counts and the first examples of each rule (smallest line numbers) come back to the driver
    for the same cleaning report.
+`beam_tokenizer(runner, options)` is a `write_ids` for `tokenized.tokenized_split`: workers
+tokenize ranges of the prepared split into part files, the driver concatenates them in order
+and adds the offsets, so the id store equals the one-process store byte for byte.
 `cache_dir` must be a filesystem every worker writes to (local for DirectRunner, NFS for a
 cluster runner).
 """
@@ -29,6 +32,7 @@ from pathlib import Path
 from transformer_jax.config.corpora import CleaningConfig
 from transformer_jax.data import cleaning as cleaning_lib
 from transformer_jax.data import corpus
+from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError, DataError
 
 LINES_PER_SHARD = 100_000  # input lines a worker reads at a time
@@ -169,16 +173,73 @@ def _write_summary(_, path: str, written, read, dropped=None, examples=None):
       "examples": {k: [list(t) for t in v] for k, v in (examples or {}).items()}}))
 
 
-def beam_writer(runner: str = "DirectRunner", options: list[str] | tuple[str, ...] = (),
-                lines_per_shard: int = LINES_PER_SHARD):
-  """A `write_splits` for `corpus.prepare_local` that runs one Beam pipeline for all splits
-  (output shards of `corpus.PAIRS_PER_SHARD` pairs, as the driver has it)."""
+def _beam():
   try:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
   except ImportError:
     raise ConfigError("preparing with Beam needs apache-beam: pip install "
                       "'transformer_jax[beam]'") from None
+  return beam, PipelineOptions
+
+
+def _tokenize_range(item, builder_dir: str, split: str, langs, model_proto: bytes,
+                    id_dtype: str, out: str):
+  """Tokenizes pairs start..end of the prepared split into part files `index`."""
+  import numpy as np
+  import tensorflow_datasets as tfds
+  index, start, end = item
+  source = tfds.builder_from_directory(builder_dir).as_data_source(split=split)
+  examples = source.__getitems__(range(start, end))
+  tok = Tokenizer(model_proto)
+  for side, lang in zip(("source", "target"), langs):
+    ids = tok.encode_batch([corpus.as_text(ex[lang]) for ex in examples])
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    (Path(out) / f"{side}.lengths.{index:06d}").write_bytes(lengths.tobytes())
+    (Path(out) / f"{side}.ids.{index:06d}").write_bytes(
+        np.fromiter((i for seq in ids for i in seq), id_dtype, int(lengths.sum())).tobytes())
+  return index
+
+
+def beam_tokenizer(runner: str = "DirectRunner", options: list[str] | tuple[str, ...] = (),
+                   pairs_per_task: int = LINES_PER_SHARD):
+  """A `write_ids` for `tokenized.tokenized_split` that tokenizes in a Beam pipeline."""
+  beam, pipeline_options = _beam()
+
+  def write_ids(tmp: Path, spec, split: str, tok: Tokenizer, total: int, id_dtype: str):
+    import numpy as np
+    builder_dir = str(corpus.get_builder(spec).data_dir)
+    tasks = [(i, start, min(start + pairs_per_task, total))
+             for i, start in enumerate(range(0, total, pairs_per_task))]
+    with beam.Pipeline(runner=runner, options=pipeline_options(list(options))) as p:
+      _ = (p | "ranges" >> beam.Create(tasks) | "spread" >> beam.Reshuffle()
+           | "tokenize" >> beam.Map(_tokenize_range, builder_dir, split,
+                                    (spec.source_lang, spec.target_lang), tok.model_proto,
+                                    id_dtype, str(tmp)))
+    ends = {}
+    for side in ("source", "target"):
+      position = 0
+      with open(tmp / f"{side}.ids", "wb") as ids, open(tmp / f"{side}.offsets", "wb") as offs:
+        offs.write(np.zeros(1, np.int64).tobytes())
+        for i, _, _ in tasks:
+          lengths_part, ids_part = (tmp / f"{side}.lengths.{i:06d}", tmp / f"{side}.ids.{i:06d}")
+          lengths = np.frombuffer(lengths_part.read_bytes(), np.int64)
+          offs.write((position + np.cumsum(lengths)).tobytes())
+          position += int(lengths.sum())
+          ids.write(ids_part.read_bytes())
+          lengths_part.unlink()
+          ids_part.unlink()
+      ends[side] = position
+    return total, ends
+
+  return write_ids
+
+
+def beam_writer(runner: str = "DirectRunner", options: list[str] | tuple[str, ...] = (),
+                lines_per_shard: int = LINES_PER_SHARD):
+  """A `write_splits` for `corpus.prepare_local` that runs one Beam pipeline for all splits
+  (output shards of `corpus.PAIRS_PER_SHARD` pairs, as the driver has it)."""
+  beam, PipelineOptions = _beam()  # noqa: N806 (a class)
 
   def write_splits(tmp: Path, folder: Path, splits, langs, features, cfg, clean_split):
     import tensorflow_datasets as tfds

@@ -106,16 +106,17 @@ def fingerprint(spec: corpus.CorpusSpec, split: str, tok: Tokenizer) -> str:
 
 
 def tokenized_split(cfg: DataConfig, tok: Tokenizer, split: str | None = None,
-                    spec: corpus.CorpusSpec | None = None) -> TokenizedSplit:
+                    spec: corpus.CorpusSpec | None = None, write_ids=None) -> TokenizedSplit:
   """The split (default: the training split) of `spec` (default: the training corpus) as
-  token ids, written on first use."""
+  token ids, written on first use (by `write_ids`: default `_write_ids`, in this process;
+  `data.beam.beam_tokenizer`: a Beam pipeline writing the same files)."""
   split = split or cfg.train_split
   spec = spec or corpus.corpus_spec(cfg)
   fp = fingerprint(spec, split, tok)  # (prepares the corpus, under the lock, first)
   folder = Path(spec.cache_dir) / "tokenized" / fp
   with corpus.preparation_lock(spec.cache_dir):
     if not (folder / "meta.json").is_file():
-      _write(folder, spec, split, tok, fp)
+      _write(folder, spec, split, tok, fp, write_ids or _write_ids)
   return _open(folder)
 
 
@@ -133,7 +134,8 @@ def _open(folder: Path) -> TokenizedSplit:
   return store
 
 
-def _write(folder: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, fp: str):
+def _write(folder: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, fp: str,
+           write_ids):
   """Tokenizes `split` into `folder`, streamed, with progress in the log (the caller holds the
   preparation lock; the corpus is prepared already, so reading it takes no lock)."""
   start, total = time.perf_counter(), len(corpus.get_source(spec, split))
@@ -144,7 +146,7 @@ def _write(folder: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, fp
   tmp = folder.with_name(f".incomplete-{fp}-{os.getpid()}")
   tmp.mkdir()
   try:
-    done, ends = _write_ids(tmp, spec, split, tok, total, id_dtype)
+    done, ends = write_ids(tmp, spec, split, tok, total, id_dtype)
     (tmp / "meta.json").write_text(json.dumps(
         {"format_version": FORMAT_VERSION, "num_pairs": done, "id_dtype": id_dtype,
          "tokenizer": tok.fingerprint, "dataset": spec.dataset, "split": split,

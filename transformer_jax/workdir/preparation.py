@@ -45,12 +45,12 @@ def _wait_for(path: Path, timeout_s: float = 600.0):
     time.sleep(1.0)
 
 
-def prepare(cfg: TrainConfig, workdir: str | Path, write_splits=None
+def prepare(cfg: TrainConfig, workdir: str | Path, write_splits=None, write_ids=None
             ) -> tuple[dict[str, int], tokenizer.Tokenizer]:
   """Prepares every dataset the config reads (local ones' shards written by `write_splits`,
   e.g. a Beam pipeline: `data.beam`), then its tokenizer, then (with config.data.pretokenize)
-  the training split(s) as token ids; returns the pairs in each `dataset:split` (and in the
-  tokenized splits) and the tokenizer."""
+  the training split(s) as token ids (by `write_ids`); returns the pairs in each
+  `dataset:split` (and in the tokenized splits) and the tokenizer."""
   d = cfg.data
   specs = [corpus.corpus_spec(d, dataset) for dataset in dict.fromkeys(
       [d.dataset, d.eval_dataset or d.dataset, d.test_dataset or d.dataset])]
@@ -67,8 +67,9 @@ def prepare(cfg: TrainConfig, workdir: str | Path, write_splits=None
       sizes[f"{where}:{split}"] = len(builder.as_data_source(split=split))
   tok = load_tokenizer(cfg, Path(workdir))
   if d.pretokenize and not d.corpora:
-    sizes[f"{d.dataset}:{d.train_split} as token ids"] = tokenized.tokenized_split(d, tok).num_pairs
+    sizes[f"{d.dataset}:{d.train_split} as token ids"] = tokenized.tokenized_split(
+        d, tok, write_ids=write_ids).num_pairs
   for name, entry in d.corpora.items():
-    store = tokenized.tokenized_split(d, tok, entry.split, mixture.spec_of(entry, d))
+    store = tokenized.tokenized_split(d, tok, entry.split, mixture.spec_of(entry, d), write_ids)
     sizes[f"corpus {name} ({entry.split}) as token ids"] = store.num_pairs
   return sizes, tok

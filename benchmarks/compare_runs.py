@@ -1,6 +1,7 @@
 """A table of finished training runs side by side, from the files they wrote: what each
 changes against the first (config keys), its test-set sacreBLEU and chrF (training's final
-test and every later `evaluate` of that set: EMA/raw weights, ensembles, MBR), the best
+test and every later `evaluate` of that set: EMA/raw weights, ensembles, MBR; a multilingual
+run: each direction's test set), the best
 validation BLEU, the steps trained, the median training tokens/s and the training minutes.
 
   python benchmarks/compare_runs.py runs/baseline runs/rotary runs/swiglu ...
@@ -59,10 +60,13 @@ def rows(workdir: Path, reference: dict) -> list[list[str]]:
   common = [f"{max(evals):.2f}" if evals else "", str(steps),
             f"{statistics.median(speeds):,.0f}" if speeds else "", f"{minutes:.1f}"]
   out = []
-  results = workdir / "eval" / split / "results.json"
-  for result in json.loads(results.read_text()) if results.is_file() else []:
-    out.append([workdir.name, changes(config, reference), _search(result),
-                f"{result['bleu']:.2f}", f"{result['chrf']:.2f}", *common])
+  sets = [split] + [f"{name}.{c['test_split']}" for name, c in
+                    config["data"].get("corpora", {}).items() if c.get("test_split")]
+  for name in filter(None, sets):  # (a multilingual run: each direction's test set too)
+    results = workdir / "eval" / name / "results.json"
+    for result in json.loads(results.read_text()) if results.is_file() else []:
+      out.append([workdir.name, changes(config, reference), name, _search(result),
+                  f"{result['bleu']:.2f}", f"{result['chrf']:.2f}", *common])
   return out
 
 
@@ -72,7 +76,7 @@ def main():
   args = parser.parse_args()
   reference = json.loads((args.workdirs[0] / "config.json").read_text())
   print(f"machine: {hardware.describe_machine()}\n")
-  header = ["run", "changes", "model", "test BLEU", "test chrF", "best val BLEU", "steps",
+  header = ["run", "changes", "test set", "model", "test BLEU", "test chrF", "best val BLEU", "steps",
             "tokens/s", "train min"]
   print("| " + " | ".join(header) + " |")
   print("|" + "---|" * len(header))

@@ -89,6 +89,7 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
               "split": split, "languages": [src_lang, tgt_lang], "block_lines": block_lines}
   files = {lang: out / f"{split}.{lang}" for lang in (src_lang, tgt_lang)}
   done, sizes, counts = _resume(out, settings, files)
+  total = sum(1 for _ in _raw_lines(input_path))  # (one pass, for the ETA)
   lines = _raw_lines(input_path)
   for _ in range(done):
     next(lines, None)
@@ -116,7 +117,8 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
       _write_json(out / PROGRESS, {"settings": settings, "lines_done": done, "bytes": sizes,
                                    "counts": dataclasses.asdict(counts)})
       rate = (done - first) / max(time.perf_counter() - start, 1e-9)
-      log.info("translated %d lines (%.1f lines/s)", done, rate)
+      log.info("translated %d/%d lines (%.1f%%, %.1f lines/s, ETA %s)", done, total,
+               100 * done / max(total, 1), rate, _clock((total - done) / max(rate, 1e-9)))
   finally:
     for handle in handles.values():
       handle.close()
@@ -160,6 +162,11 @@ def _resume(out: Path, settings: dict, files: dict[str, Path]
   if done:
     log.info("resuming %s after %d lines", out, done)
   return done, dict(sizes), counts
+
+
+def _clock(seconds: float) -> str:
+  seconds = int(seconds)
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def _write_json(path: Path, value: dict):

@@ -10,9 +10,10 @@ side: an empty line, one that is not UTF-8 or one longer than the model's positi
 empty pair (which training drops) and is counted.
 
 The input is translated in blocks of `block_lines`, each on its own (its batches, its sampling
-seed), appended to both files and made durable before `progress.json` records it. A killed run
-rerun with the same command truncates the files to the last recorded block and goes on, so the
-folder ends byte for byte as an uninterrupted run's.
+seed), appended to both files (`.NAME.partial` until the last block, so a corpus reader never
+takes half a folder) and made durable before `progress.json` records it. A killed run rerun
+with the same command truncates the files to the last recorded block and goes on, so the
+folder ends byte for byte as an uninterrupted run's; a finished one is left as it is.
 """
 
 from __future__ import annotations
@@ -87,8 +88,19 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
               "input": str(input_path.resolve()), "input_fingerprint":
               _file_fingerprint(input_path) if input_path.is_file() else "",
               "split": split, "languages": [src_lang, tgt_lang], "block_lines": block_lines}
-  files = {lang: out / f"{split}.{lang}" for lang in (src_lang, tgt_lang)}
-  done, sizes, counts = _resume(out, settings, files)
+  final = {lang: out / f"{split}.{lang}" for lang in (src_lang, tgt_lang)}
+  if (out / RECORD).is_file() and all(p.is_file() for p in final.values()):
+    record = json.loads((out / RECORD).read_text())
+    changed = [k for k in settings if record.get(k) != settings[k]] + (
+        ["tag"] if record.get("tag") != tag else [])
+    if not changed:
+      log.info("%s holds this translation already (%s)", out, out / RECORD)
+      return record
+    raise UsageError(f"--out={out} holds a finished translation with other "
+                     f"{', '.join(changed)}: choose another folder")
+  # (written under other names until complete: a corpus reader never sees half a folder)
+  files = {lang: out / f".{path.name}.partial" for lang, path in final.items()}
+  done, sizes, counts = _resume(out, settings, files, final)
   total = sum(1 for _ in _raw_lines(input_path))  # (one pass, for the ETA)
   lines = _raw_lines(input_path)
   for _ in range(done):
@@ -122,8 +134,10 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
   finally:
     for handle in handles.values():
       handle.close()
+  for lang, path in files.items():
+    os.replace(path, final[lang])
   record = {**settings, "tag": tag, "counts": dataclasses.asdict(counts),
-            "files": {lang: path.name for lang, path in files.items()},
+            "files": {lang: path.name for lang, path in final.items()},
             "use_in_a_mixture": {"data_dir": str(out.resolve()), "split": split, "tag": tag}}
   _write_json(out / RECORD, record)
   log.info("%s: %d lines (%d empty, %d not UTF-8, %d too long: empty pairs)", out,
@@ -131,15 +145,15 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
   return record
 
 
-def _resume(out: Path, settings: dict, files: dict[str, Path]
+def _resume(out: Path, settings: dict, files: dict[str, Path], final: dict[str, Path]
             ) -> tuple[int, dict[str, int], Counts]:
   """(lines done, bytes of each file, counts) of a translation in `out` with these
   settings, its files cut back to the last recorded block; an error for other settings."""
   out.mkdir(parents=True, exist_ok=True)
   progress = out / PROGRESS
   if not progress.is_file():
-    if any(path.exists() for path in files.values()):
-      raise UsageError(f"--out={out} holds {', '.join(p.name for p in files.values())} not "
+    if any(path.exists() for path in final.values()):
+      raise UsageError(f"--out={out} holds {', '.join(p.name for p in final.values())} not "
                        "written by this tool: choose another folder")
     for path in files.values():
       path.write_bytes(b"")

@@ -55,7 +55,7 @@ def test_a_rerun_after_a_crash_mid_block_ends_with_the_uninterrupted_files(tiny_
   def crash_on_third_block(texts, **kwargs):
     calls.append(len(texts))
     if len(calls) == 3:  # (the files hold a partial block's bytes past the last record)
-      with open(tmp_path / "cut" / "train.en", "a") as f:
+      with open(tmp_path / "cut" / ".train.en.partial", "a") as f:
         f.write("half a block\n")
       raise KeyboardInterrupt
     return real(texts, **kwargs)
@@ -65,11 +65,18 @@ def test_a_rerun_after_a_crash_mid_block_ends_with_the_uninterrupted_files(tiny_
     translate_corpus(translator, *args, str(tmp_path / "cut"), block_lines=3)
   progress = json.loads((tmp_path / "cut" / "progress.json").read_text())
   assert progress["lines_done"] == 6
+  assert not (tmp_path / "cut" / "train.en").exists()  # (not a corpus before it is complete)
   monkeypatch.setattr(translator, "translate", real)
   translate_corpus(translator, *args, str(tmp_path / "cut"), block_lines=3)
   for name in ("train.de", "train.en", "translation.json"):
     whole = (tmp_path / "whole" / name).read_bytes()
     assert (tmp_path / "cut" / name).read_bytes() == whole.replace(b"/whole", b"/cut"), name
+  assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == [
+      "progress.json", "train.de", "train.en", "translation.json"]
+  # a finished folder: the same command again leaves it as it is
+  before = (tmp_path / "cut" / "train.en").stat().st_mtime_ns
+  translate_corpus(translator, *args, str(tmp_path / "cut"), block_lines=3)
+  assert (tmp_path / "cut" / "train.en").stat().st_mtime_ns == before
 
 
 def test_a_rerun_with_other_settings_is_refused_naming_them(tiny_run, tmp_path):

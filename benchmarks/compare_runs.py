@@ -76,8 +76,8 @@ def main():
   args = parser.parse_args()
   reference = json.loads((args.workdirs[0] / "config.json").read_text())
   print(f"machine: {hardware.describe_machine()}\n")
-  header = ["run", "changes", "test set", "model", "test BLEU", "test chrF", "best val BLEU", "steps",
-            "tokens/s", "train min"]
+  header = ["run", "changes", "test set", "model", "test BLEU", "test chrF", "best val BLEU",
+            "steps", "tokens/s", "train min"]
   print("| " + " | ".join(header) + " |")
   print("|" + "---|" * len(header))
   for workdir in args.workdirs:

@@ -142,8 +142,8 @@ class DataConfig:
                                 # False: tokenize the text at every epoch (the older path)
   num_workers: int              # grain worker processes packing batches (0 = in-process);
                                 # the batch order depends on it: keep it to resume exactly
-  corpora: dict = dataclasses.field(default_factory=dict)  # NAME -> CorpusConfig: train on a
-                                # mixture of these instead of the corpus above ({} = that one)
+  corpora: dict = dataclasses.field(default_factory=dict, hash=False)  # NAME -> CorpusConfig:
+                                # train on a mixture of these, not the corpus above ({} = it)
   cleaning: object = dataclasses.field(default_factory=CleaningConfig)  # CleaningConfig
 
   def __post_init__(self):

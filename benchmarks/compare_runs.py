@@ -31,10 +31,15 @@ def _flat(config: dict, prefix: str = "") -> dict:
 IGNORED = ("data.cache_dir", "data.tokenizer_path")  # (where things are, not what is trained)
 
 
+def _short(key: str) -> str:
+  """A key as the table shows it: its last part, or a mixture corpus's `corpora.NAME.KEY`."""
+  return key.removeprefix("data.") if key.startswith("data.corpora.") else key.split(".")[-1]
+
+
 def changes(config: dict, reference: dict) -> str:
   """The config keys whose values differ from the reference run's, as key=value."""
   a, b = _flat(config), _flat(reference)
-  diff = [f"{k.split('.')[-1]}={a[k]}" for k in sorted(a)
+  diff = [f"{_short(k)}={a[k]}" for k in sorted(a)
           if k not in IGNORED and a.get(k) != b.get(k)]
   return ", ".join(diff) or "(the reference)"
 

@@ -22,8 +22,10 @@ cluster runner).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
+import itertools
 import json
 import math
 import os
@@ -32,6 +34,7 @@ from pathlib import Path
 from transformer_jax.config.corpora import CleaningConfig
 from transformer_jax.data import cleaning as cleaning_lib
 from transformer_jax.data import corpus
+from transformer_jax.data.text import iter_lines
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError, DataError
 
@@ -74,22 +77,14 @@ def line_shards(path_a: Path, path_b: Path, lines_per_shard: int) -> list[LineSh
 
 def read_shard(shard: LineShard):
   """(line number, text a, text b) of the shard's lines, as `corpus.read_parallel` reads them."""
-  opener = gzip.open if shard.paths[0].endswith(".gz") else open
-  with opener(shard.paths[0], "rb") as fa, \
-       (gzip.open if shard.paths[1].endswith(".gz") else open)(shard.paths[1], "rb") as fb:
-    fa.seek(shard.offsets[0])
-    fb.seek(shard.offsets[1])
-    for k in range(shard.count):
-      line = shard.first_line + k
-      texts = []
-      for f, path in ((fa, shard.paths[0]), (fb, shard.paths[1])):
-        raw = f.readline()
-        try:
-          texts.append(raw.decode("utf-8").strip())
-        except UnicodeDecodeError as e:
-          raise DataError(f"{path}:{line}: not valid UTF-8 ({e.reason} at byte {e.start})"
-                          ) from None
-      yield line, texts[0], texts[1]
+  with contextlib.ExitStack() as stack:
+    sides = []
+    for path, offset in zip(shard.paths, shard.offsets):
+      f = stack.enter_context((gzip.open if path.endswith(".gz") else open)(path, "rb"))
+      f.seek(offset)
+      sides.append(itertools.islice(iter_lines(f, path, shard.first_line), shard.count))
+    for line, (a, b) in enumerate(zip(*sides), start=shard.first_line):
+      yield line, a, b
 
 
 def _write_shard(item, out: str, split: str, langs, per_shard: int, total: int):

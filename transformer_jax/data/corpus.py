@@ -181,11 +181,11 @@ def _write_splits(tmp: Path, folder: Path, splits: tuple[str, ...], langs: tuple
   split_infos, reports = [], []
   for split in splits:
     pairs = read_parallel(folder, split, langs)
-    if cleaning is not None and split == clean_split:
-      cleaner = cleaning_lib.Cleaner(cleaning)
+    cleaner = cleaning_lib.Cleaner(cleaning) if cleaning and split == clean_split else None
+    if cleaner is not None:
       pairs = (pair for pair in pairs if cleaner.keep(*pair))
     split_infos.append(_write_split(tmp, split, pairs, langs, features))
-    if cleaning is not None and split == clean_split:
+    if cleaner is not None:
       reports.append(cleaner.report(split, langs, str(folder.resolve())))
   return split_infos, reports
 

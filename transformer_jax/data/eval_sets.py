@@ -88,10 +88,10 @@ def load_eval_set(cfg: DataConfig, split: str, tokenizer: Tokenizer,
     references.append(ref)
     if max_sentences and len(sources) >= max_sentences:
       break
+  where = spec.local_folder if spec else dataset or cfg.dataset
   if not sources:
-    raise DataError(f"split {split!r} of {dataset or cfg.dataset} is empty")
-  log.info("Loaded %d %s pairs from split %r", len(sources),
-           spec.local_folder if spec else dataset or cfg.dataset, split)
+    raise DataError(f"split {split!r} of {where} is empty")
+  log.info("Loaded %d %s pairs from split %r", len(sources), where, split)
   return EvalSet.from_pairs(sources, references, tokenizer, source_prefix)
 
 
@@ -99,22 +99,34 @@ def direction_sets(cfg: DataConfig, tokenizer: Tokenizer, kind: str, max_sentenc
                    ) -> dict[str, EvalSet]:
   """The `kind` ("eval" or "test") split of each of a mixture's corpora that names one, by
   name `NAME.SPLIT` (one per direction of a multilingual model), its tag before each source."""
-  out = {}
+  return {f"{name}.{split}": _corpus_set(cfg, name, split, tokenizer, max_sentences)
+          for name, split in ((name, entry.eval_split if kind == "eval" else entry.test_split)
+                              for name, entry in cfg.corpora.items()) if split}
+
+
+def direction_set(cfg: DataConfig, set_name: str, tokenizer: Tokenizer, max_sentences: int = 0
+                  ) -> EvalSet | None:
+  """The set `NAME.SPLIT` (a mixture corpus's eval or test split) if the config has one."""
   for name, entry in cfg.corpora.items():
-    split = entry.eval_split if kind == "eval" else entry.test_split
-    if split:
-      out[f"{name}.{split}"] = load_eval_set(
-          cfg, split, tokenizer, max_sentences, spec=mixture.spec_of(entry, cfg, (split,)),
-          source_prefix=mixture.source_prefix(cfg, name, tokenizer))
-  return out
+    for split in filter(None, (entry.eval_split, entry.test_split)):
+      if set_name == f"{name}.{split}":
+        return _corpus_set(cfg, name, split, tokenizer, max_sentences)
+  return None
 
 
+def _corpus_set(cfg: DataConfig, name: str, split: str, tokenizer: Tokenizer,
+                max_sentences: int) -> EvalSet:
+  return load_eval_set(cfg, split, tokenizer, max_sentences,
+                       spec=mixture.spec_of(cfg.corpora[name], cfg, (split,)),
+                       source_prefix=mixture.source_prefix(cfg, name, tokenizer))
 
-def scoring_sets(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, EvalSet]:
+
+def scoring_sets(cfg: DataConfig, tokenizer: Tokenizer, max_sentences: int = 0
+                 ) -> dict[str, EvalSet]:
   """The test sets: `test_split` (named by it) and each mixture corpus's (`NAME.SPLIT`)."""
   sets = {}
   if cfg.test_split:
-    sets[cfg.test_split] = load_eval_set(cfg, cfg.test_split, tokenizer,
+    sets[cfg.test_split] = load_eval_set(cfg, cfg.test_split, tokenizer, max_sentences,
                                          dataset=cfg.test_dataset)
-  sets.update(direction_sets(cfg, tokenizer, "test"))
+  sets.update(direction_sets(cfg, tokenizer, "test", max_sentences))
   return sets

@@ -22,7 +22,7 @@ import numpy as np
 
 from transformer_jax.config.corpora import CorpusConfig
 from transformer_jax.config.sections import DataConfig
-from transformer_jax.data import corpus, tokenized
+from transformer_jax.data import corpus, packing, tokenized
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import DataError
 
@@ -129,7 +129,8 @@ class ReadMixedChunk:
           out[position] = np.concatenate([np.asarray(prefix, np.int32), piece]) if prefix \
               else piece
     kept = np.flatnonzero(codes == tokenized.KEEP)
-    flat = [(np.concatenate([side[i] for i in kept]) if len(kept) else np.empty(0, np.int32),
-             np.asarray([len(side[i]) for i in kept], np.int64)) for side in (src, tgt)]
-    return {"codes": codes, "src_ids": flat[0][0], "src_len": flat[0][1],
-            "tgt_ids": flat[1][0], "tgt_len": flat[1][1], "corpus": which.astype(np.int64)}
+    src_flat, tgt_flat = ((np.concatenate([side[i] for i in kept]) if len(kept)
+                           else np.empty(0, np.int32),
+                           np.asarray([len(side[i]) for i in kept], np.int64))
+                          for side in (src, tgt))
+    return packing.chunk(codes, src_flat, tgt_flat, which.astype(np.int64))

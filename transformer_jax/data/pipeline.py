@@ -203,12 +203,16 @@ def _pretokenized(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_inde
         f"({empty + too_long} in this host's shard): "
         + dataclasses.replace(counts, empty=empty, too_long=too_long).summary())
   chunk = min(CHUNK_PAIRS, kept + empty + too_long)
-  ds = _order(store.num_pairs, seed, process_index, process_count).batch(chunk)
-  ds = ds.map(_ReadChunk(store, cfg))
-  ahead = max(-(-cfg.prefetch_buffer_size // chunk), cfg.num_threads)  # (chunks; it counts pairs)
-  ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.num_threads,
-                                            prefetch_buffer_size=ahead))
+  ds = _chunks(_order(store.num_pairs, seed, process_index, process_count), chunk,
+               _ReadChunk(store, cfg), cfg)
   return TrainPipeline(_packed(ds, cfg, process_count), counts, kept + empty + too_long)
+
+
+def _chunks(order: grain.MapDataset, chunk: int, read, cfg: DataConfig) -> grain.IterDataset:
+  """Chunks of `chunk` indices of `order`, read (and filtered) by `read` in reader threads."""
+  ahead = max(-(-cfg.prefetch_buffer_size // chunk), cfg.num_threads)  # (chunks; it counts pairs)
+  return order.batch(chunk).map(read).to_iter_dataset(
+      grain.ReadOptions(num_threads=cfg.num_threads, prefetch_buffer_size=ahead))
 
 
 def _packed(chunks: grain.IterDataset, cfg: DataConfig, process_count: int,
@@ -229,10 +233,7 @@ def _mixture(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: in
   members = mixture.members(cfg, tokenizer, process_index, process_count)
   order = mixture.mixed_order([m.store.num_pairs for m in members],
                               [m.weight for m in members], seed, process_index, process_count)
-  ds = order.batch(CHUNK_PAIRS).map(mixture.ReadMixedChunk(members, cfg))
-  ahead = max(-(-cfg.prefetch_buffer_size // CHUNK_PAIRS), cfg.num_threads)
-  ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.num_threads,
-                                            prefetch_buffer_size=ahead))
+  ds = _chunks(order, CHUNK_PAIRS, mixture.ReadMixedChunk(members, cfg), cfg)
   counts = FilterCounts(cfg, corpus_pairs=np.zeros(len(members), np.int64),
                         corpus_tokens=np.zeros(len(members), np.int64))
   return TrainPipeline(_packed(ds, cfg, process_count, len(members)), counts,

@@ -11,10 +11,11 @@ from typing import BinaryIO
 from transformer_jax.errors import DataError
 
 
-def iter_lines(stream: BinaryIO, name: str) -> Iterator[str]:
+def iter_lines(stream: BinaryIO, name: str, first_line: int = 1) -> Iterator[str]:
   """The stripped lines of a binary stream, one at a time (standard input is read as it comes).
-  Invalid UTF-8 is a DataError naming `name` and the line."""
-  for number, raw in enumerate(stream, start=1):
+  Invalid UTF-8 is a DataError naming `name` and the line (counted from `first_line`: the
+  number of the stream's first line in its file)."""
+  for number, raw in enumerate(stream, start=first_line):
     try:
       yield raw.decode("utf-8").strip()
     except UnicodeDecodeError as e:

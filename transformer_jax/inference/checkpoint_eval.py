@@ -16,7 +16,7 @@ from pathlib import Path
 
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
-from transformer_jax.data.eval_sets import EvalSet, direction_sets, load_eval_set, scoring_sets
+from transformer_jax.data.eval_sets import EvalSet, direction_set, load_eval_set, scoring_sets
 from transformer_jax.errors import UsageError
 from transformer_jax.evaluation.evaluator import Evaluator
 from transformer_jax.evaluation.scoring import lowercase_bleu
@@ -43,24 +43,16 @@ def _eval_sets(run: trained_run.TrainedRun, split: str, source_file: str, refere
     return {Path(source_file).name.removesuffix(".gz"):
             EvalSet.from_pairs(sources, references, run.tokenizer)}
   if not split:
-    sets = scoring_sets(cfg.data, run.tokenizer)
+    sets = scoring_sets(cfg.data, run.tokenizer, max_sentences)
     if sets:
-      return {name: _first(eval_set, max_sentences) for name, eval_set in sets.items()}
+      return sets
     split = cfg.data.eval_split
-  directions = {**direction_sets(cfg.data, run.tokenizer, "eval", max_sentences),
-                **direction_sets(cfg.data, run.tokenizer, "test", max_sentences)}
-  if split in directions:
-    return {split: directions[split]}
+  direction = direction_set(cfg.data, split, run.tokenizer, max_sentences)
+  if direction is not None:
+    return {split: direction}
   dataset = (cfg.data.test_dataset if split == cfg.data.test_split else
              cfg.data.eval_dataset if split == cfg.data.eval_split else "")
   return {split: load_eval_set(cfg.data, split, run.tokenizer, max_sentences, dataset)}
-
-
-def _first(eval_set: EvalSet, n: int) -> EvalSet:
-  if not n or n >= len(eval_set):
-    return eval_set
-  return EvalSet(eval_set.sources[:n], eval_set.references[:n], eval_set.source_ids[:n],
-                 eval_set.target_ids[:n])
 
 
 def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] = "latest",

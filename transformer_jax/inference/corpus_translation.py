@@ -30,6 +30,7 @@ from pathlib import Path
 
 from transformer_jax.errors import DataError, UsageError
 from transformer_jax.inference.translator import Translator
+from transformer_jax.reporting.progress import hms
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,7 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
   final = {lang: out / f"{split}.{lang}" for lang in (src_lang, tgt_lang)}
   if (out / RECORD).is_file() and all(p.is_file() for p in final.values()):
     record = json.loads((out / RECORD).read_text())
-    changed = [k for k in settings if record.get(k) != settings[k]] + (
-        ["tag"] if record.get("tag") != tag else [])
+    changed = _changed(record, {**settings, "tag": tag})
     if not changed:
       log.info("%s holds this translation already (%s)", out, out / RECORD)
       return record
@@ -130,7 +130,7 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
                                    "counts": dataclasses.asdict(counts)})
       rate = (done - first) / max(time.perf_counter() - start, 1e-9)
       log.info("translated %d/%d lines (%.1f%%, %.1f lines/s, ETA %s)", done, total,
-               100 * done / max(total, 1), rate, _clock((total - done) / max(rate, 1e-9)))
+               100 * done / max(total, 1), rate, hms((total - done) / max(rate, 1e-9)))
   finally:
     for handle in handles.values():
       handle.close()
@@ -164,7 +164,7 @@ def _resume(out: Path, settings: dict, files: dict[str, Path], final: dict[str, 
     counts = Counts(**state["counts"])
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise DataError(f"{progress} is damaged ({e}): delete {out} to translate again") from None
-  changed = [k for k in settings if recorded.get(k) != settings[k]]
+  changed = _changed(recorded, settings)
   if changed:
     raise UsageError(f"--out={out} holds a translation with other {', '.join(changed)}: "
                      "rerun it with the same arguments, or choose another folder")
@@ -178,9 +178,9 @@ def _resume(out: Path, settings: dict, files: dict[str, Path], final: dict[str, 
   return done, dict(sizes), counts
 
 
-def _clock(seconds: float) -> str:
-  seconds = int(seconds)
-  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+def _changed(recorded: dict, settings: dict) -> list[str]:
+  """The settings whose recorded values differ."""
+  return [k for k in settings if recorded.get(k) != settings[k]]
 
 
 def _write_json(path: Path, value: dict):

@@ -48,7 +48,7 @@ class Progress:
       parts.append(f"loss {metrics['train/loss']:.3f}")
     if "perf/tokens_per_sec" in metrics:
       parts.append(f"{metrics['perf/tokens_per_sec']:,.0f} tok/s")
-    parts += [f"elapsed {_hms(elapsed)}", f"ETA {_hms(eta)}{until}"]
+    parts += [f"elapsed {hms(elapsed)}", f"ETA {hms(eta)}{until}"]
     log.info("%s", " | ".join(parts))
 
   def close(self):
@@ -56,6 +56,7 @@ class Progress:
       self.bar.close()
 
 
-def _hms(seconds: float) -> str:
+def hms(seconds: float) -> str:
+  """Seconds as H:MM:SS."""
   seconds = int(seconds)
   return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -225,7 +225,7 @@ def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | Non
       log.warning("Preempted: checkpoint saved at step %d in %s; rerun the same command to "
                   "resume", step, ckpt.directory)
       final["preempted_at_step"] = step
-    elif cfg.data.test_split or any(c.test_split for c in cfg.data.corpora.values()):
+    else:  # (the test sets: config.data.test_split and each corpus's; none when none is named)
       final.update(validation.test(cfg, workdir, model, state.eval_params, tok, mesh, writer,
                          int(jax.device_get(state.step))))
     plots.plot_metrics(workdir)

@@ -137,6 +137,40 @@ def small_corpus(tmp_path: Path):
   return cfg, train_tokenizer(SRC + TGT, 70, tmp_path / "spm.model")
 
 
+def unpack_batch(batch) -> list[tuple[tuple, tuple]]:
+  """The (inputs, targets) examples of a packed batch, recovered from segment ids (their
+  positions checked: they restart at 0 in every packed example)."""
+  out = []
+  for row in range(batch["inputs"].shape[0]):
+    for seg in sorted(set(batch["inputs_segment_ids"][row]) - {0}):
+      src_mask = batch["inputs_segment_ids"][row] == seg
+      tgt_mask = batch["targets_segment_ids"][row] == seg
+      src, tgt = batch["inputs"][row][src_mask], batch["targets"][row][tgt_mask]
+      np.testing.assert_array_equal(batch["inputs_positions"][row][src_mask],
+                                    np.arange(len(src)))
+      np.testing.assert_array_equal(batch["targets_positions"][row][tgt_mask],
+                                    np.arange(len(tgt)))
+      out.append((tuple(src), tuple(tgt)))
+  return out
+
+
+def assert_resumes_at_the_same_batches(make_dataset, skip: int, check: int):
+  """A dataset from `make_dataset()` restored from its iterator's state after `skip` batches
+  makes the same next `check` batches (every key, every value) as the one it came from."""
+  it = iter(make_dataset())
+  for _ in range(skip):
+    next(it)
+  state = it.get_state()
+  expected = [next(it) for _ in range(check)]
+  resumed = iter(make_dataset())
+  resumed.set_state(state)
+  for want in expected:
+    got = next(resumed)
+    assert set(got) == set(want)
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key])
+
+
 # ------------------------------------------------------------------------------ shared fixtures
 def built_once(folder: Path, build) -> Path:
   """`folder`, built by `build(folder)` by the first process to get here (the others wait for

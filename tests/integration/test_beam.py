@@ -14,6 +14,7 @@ from transformer_jax.config.corpora import CleaningConfig
 from transformer_jax.data import cleaning, corpus, tokenized
 from transformer_jax.data.beam import beam_tokenizer, beam_writer, line_shards, read_shard
 from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.errors import DataError
 
 RULES = CleaningConfig(empty=True, max_words=20, max_length_ratio=2.5, identical=True,
                        duplicates=True, min_letter_fraction=0.5, examples=3)
@@ -114,3 +115,15 @@ def test_tokenizing_with_beam_writes_the_same_id_store(tmp_path):
   for name in ("source.ids", "source.offsets", "target.ids", "target.offsets", "meta.json"):
     assert (folder / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
   assert not list(folder.glob("*.0000*"))  # (the part files are gone)
+
+
+def test_a_non_utf8_line_in_a_later_shard_is_named_by_its_file_and_line(tmp_path):
+  pairs = _corpus(tmp_path / "c", n=1200)
+  path = tmp_path / "c" / "train.de"
+  lines = path.read_bytes().split(b"\n")
+  lines[1102] = b"\xff\xfe kaputt"  # (line 1103, in the third input shard of 500)
+  path.write_bytes(b"\n".join(lines))
+  shards = line_shards(path, tmp_path / "c" / "train.en", 500)
+  assert len(pairs) > 1103 and len(shards) >= 3
+  with pytest.raises(DataError, match=rf"{path}:1103: not valid UTF-8"):
+    list(read_shard(shards[2]))

@@ -7,7 +7,6 @@ import numpy as np
 
 from tests import helpers
 from tests.helpers import SRC, TGT
-from tests.unit.data.test_pipeline import _unpack
 from transformer_jax.data import pipeline as data
 
 
@@ -34,8 +33,9 @@ def test_worker_processes_make_deterministic_batches_that_resume(tmp_path):
   for a, b in zip(first, again):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
-  assert {p for b in first for p in _unpack(b)} <= kept
-  assert pipe.filter.kept == sum(len(_unpack(b)) for b in first) and pipe.filter.too_long > 0
+  assert {p for b in first for p in helpers.unpack_batch(b)} <= kept
+  assert pipe.filter.kept == sum(len(helpers.unpack_batch(b)) for b in first)
+  assert pipe.filter.too_long > 0
   following, _, _ = batches(n=9)
   resumed, _, _ = batches(state, n=3)
   for a, b in zip(following[6:], resumed):

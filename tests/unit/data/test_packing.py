@@ -4,7 +4,7 @@ only when the next pair fits no row, counts of filtered pairs, exact resume mid-
 import grain
 import numpy as np
 
-from tests.unit.data.test_pipeline import _unpack
+from tests import helpers
 from transformer_jax.data import packing, tokenized
 
 ROWS, LENGTHS = 3, (10, 8)
@@ -45,7 +45,7 @@ def test_every_kept_pair_once_in_order_of_rows_with_counts():
     assert b["inputs"].shape == (ROWS, 10) and b["targets"].shape == (ROWS, 8)
     assert all(b[k].dtype == np.int32 for k in b if k not in packing.STATS_KEYS)
     stats += [int(b[k]) for k in packing.STATS_KEYS]
-    seen += _unpack(b)
+    seen += helpers.unpack_batch(b)
   kept = [(p[0], p[1]) for p in pairs if p[2] == tokenized.KEEP]
   assert sorted(seen) == sorted(kept[:len(seen)])  # the stream's first pairs, each once
   taken = [p for p in pairs][:len(seen) + int(stats[2])]

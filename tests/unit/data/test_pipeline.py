@@ -3,7 +3,6 @@ pack, batch, resume; the two paths make batches of the same pairs."""
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from tests import helpers
@@ -22,23 +21,6 @@ def _next(pipe, it):
   return pipe.take_stats(next(it))
 
 
-def _unpack(batch):
-  """The (inputs, targets) examples of a packed batch, recovered from segment ids."""
-  out = []
-  for row in range(batch["inputs"].shape[0]):
-    for seg in sorted(set(batch["inputs_segment_ids"][row]) - {0}):
-      src_mask = batch["inputs_segment_ids"][row] == seg
-      tgt_mask = batch["targets_segment_ids"][row] == seg
-      src, tgt = batch["inputs"][row][src_mask], batch["targets"][row][tgt_mask]
-      # Positions restart at 0 for every packed example.
-      np.testing.assert_array_equal(batch["inputs_positions"][row][src_mask],
-                                    np.arange(len(src)))
-      np.testing.assert_array_equal(batch["targets_positions"][row][tgt_mask],
-                                    np.arange(len(tgt)))
-      out.append((tuple(src), tuple(tgt)))
-  return out
-
-
 def test_packing_round_trips_every_example_of_an_epoch(setup):
   cfg, tok = setup
   pipe = data.train_pipeline(cfg, tok, seed=0)
@@ -50,7 +32,7 @@ def test_packing_round_trips_every_example_of_an_epoch(setup):
   while len(seen) < 3 * len(kept):
     batch = _next(pipe, it)
     assert batch["inputs"].shape == (4, 16) and batch["targets"].shape == (4, 16)
-    seen += _unpack(batch)
+    seen += helpers.unpack_batch(batch)
   # Three epochs' worth of packed examples: every kept example, unchanged, and nothing else.
   assert set(seen) == set(kept)
   assert pipe.filter.filtered >= 1
@@ -58,17 +40,8 @@ def test_packing_round_trips_every_example_of_an_epoch(setup):
 
 def test_iterator_state_resumes_at_the_same_batch(setup):
   cfg, tok = setup
-  it = iter(data.train_pipeline(cfg, tok, seed=3).dataset)
-  for _ in range(2):
-    next(it)
-  state = it.get_state()
-  expected = [next(it) for _ in range(3)]
-  it2 = iter(data.train_pipeline(cfg, tok, seed=3).dataset)
-  it2.set_state(state)
-  for want in expected:
-    got = next(it2)
-    for k in want:
-      np.testing.assert_array_equal(got[k], want[k])
+  helpers.assert_resumes_at_the_same_batches(
+      lambda: data.train_pipeline(cfg, tok, seed=3).dataset, skip=2, check=3)
 
 
 def test_empty_training_split_is_a_clear_error(tmp_path):
@@ -127,7 +100,7 @@ def test_pretokenized_batches_hold_the_pairs_of_the_text_pipeline(tfds_cache, ti
   pipe = data.train_pipeline(cfg, tok, 5, *host)
   it = iter(pipe.dataset)
   while pipe.epochs < 1.1:
-    assert sorted(_unpack(next(text))) == sorted(_unpack(_next(pipe, it)))
+    assert sorted(helpers.unpack_batch(next(text))) == sorted(helpers.unpack_batch(_next(pipe, it)))
   assert pipe.filter.too_long > 0 and pipe.filter.kept > 0
 
 
@@ -135,7 +108,7 @@ def test_pretokenized_counts_are_the_pairs_the_batches_took(tmp_path):
   cfg, tok = helpers.small_corpus(tmp_path)
   pipe = data.train_pipeline(cfg, tok, seed=1)
   it = iter(pipe.dataset)
-  kept = sum(len(_unpack(_next(pipe, it))) for _ in range(7))
+  kept = sum(len(helpers.unpack_batch(_next(pipe, it))) for _ in range(7))
   assert pipe.filter.kept == kept
   # The stream's pairs up to the last one taken, as a count over the shuffled order.
   taken = pipe.filter.kept + pipe.filter.filtered

@@ -8,20 +8,32 @@ WORKDIR ?= runs/default
 
 install: $(VENV)/.installed
 
+# pip's own output (the index's and the build backend's lines) goes to $(PIP_LOG), shown when a
+# step fails; the targets print one line per step.
+PIP_LOG = $(VENV)/install.log
+define pip_install
+	@echo "transformer_jax: $(1)"
+	@$(PY) -m pip install $(2) >>$(PIP_LOG) 2>&1 || { tail -n 40 $(PIP_LOG); \
+	    echo "transformer_jax: pip failed (the whole log: $(PIP_LOG))"; exit 1; }
+endef
+
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	touch $@
+	@echo "transformer_jax: creating $(VENV) ($(PYTHON) -m venv; pip's log: $(PIP_LOG))"
+	@$(PYTHON) -m venv $(VENV)
+	$(call pip_install,upgrading pip,--upgrade pip)
+	$(call pip_install,installing transformer_jax and its dependencies (pip install -e '.[test]'),-e '.[test]')
+	@touch $@
 
 # The tests also need the optional extras `wmt` (tensorflow-cpu: TFDS's WMT builders, mocked),
-# `postgres` (psycopg2-binary: sweep storage on a PostgreSQL server) and `beam` (apache-beam:
-# corpus preparation as a pipeline, run on the DirectRunner).
+# `postgres` (psycopg2-binary: sweep storage on a PostgreSQL server), `beam` (apache-beam:
+# corpus preparation as a pipeline, run on the DirectRunner) and `ctranslate2` (the export's
+# runtime).
+TEST_EXTRAS = test,wmt,postgres,beam,ctranslate2
 install-test: $(VENV)/.installed-test
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[test,wmt,postgres,beam]'
-	touch $@
+	$(call pip_install,installing the test extras (pip install -e '.[$(TEST_EXTRAS)]'),-e '.[$(TEST_EXTRAS)]')
+	@touch $@
 
 # Train the default config (Multi30k de->en, embedded) and print test2016 BLEU + translations.
 demo: install

@@ -54,8 +54,8 @@ flags.DEFINE_string("folder", "", "Internal: the stage's folder.")
 
 
 def _config(folder: Path):
-  from configs import tatoeba_deen
   from transformer_jax.config.parse import from_config_dict
+  from transformer_jax.configs import tatoeba_deen
   c = tatoeba_deen.get_config()
   c.data.data_dir = str(folder / "split")
   c.data.cache_dir = str(folder / "tfds")

@@ -26,8 +26,8 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from configs import default
 from transformer_jax.config.parse import from_config_dict
+from transformer_jax.configs import default
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.decoding.batches import translate
 from transformer_jax.decoding.search import beam_search

@@ -52,8 +52,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from measure import matmul_peak, model_flops_per_step, peak_memory_gb  # noqa: E402
 
-from configs import tiny, wmt_base  # noqa: E402
 from transformer_jax.config.parse import from_config_dict  # noqa: E402
+from transformer_jax.configs import tiny, wmt_base  # noqa: E402
 from transformer_jax.decoding.search import beam_search  # noqa: E402
 from transformer_jax.model.attention import attention_implementation  # noqa: E402
 from transformer_jax.model.transformer import Transformer  # noqa: E402

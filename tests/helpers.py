@@ -22,9 +22,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import tiny
 from transformer_jax.config import sections
 from transformer_jax.config.parse import from_config_dict
+from transformer_jax.configs import tiny
 from transformer_jax.data import corpus
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.model.transformer import Transformer

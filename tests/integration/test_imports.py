@@ -30,7 +30,7 @@ def test_the_sweep_launcher_reads_no_data():
 
 def test_the_default_path_does_not_import_tensorflow(tmp_path):
   code = ("import sys; from transformer_jax.cli import train, evaluate, translate, sweep;"
-          "from transformer_jax.data import corpus; from configs import default;"
+          "from transformer_jax.data import corpus; from transformer_jax.configs import default;"
           "spec = corpus.CorpusSpec('local', '', 'de', 'en', ('val',), sys.argv[1]);"
           "assert len(corpus.get_source(spec, 'val')) == 1014;"
           "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))")

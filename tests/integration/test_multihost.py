@@ -20,7 +20,7 @@ port, process_id, num_processes, workdir, restore_from = sys.argv[1:]
 if int(num_processes) > 1:
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
                              num_processes=int(num_processes), process_id=int(process_id))
-from configs import tiny
+from transformer_jax.configs import tiny
 from tests.helpers import fixed_batch
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.model.transformer import Transformer

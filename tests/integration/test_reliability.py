@@ -289,7 +289,7 @@ def test_the_moving_average_survives_sigkill_and_resume_bit_for_bit(train, tmp_p
 
 MIXTURE_CONFIG = """
 import ml_collections
-from configs import tiny
+from transformer_jax.configs import tiny
 
 def get_config():
   config = tiny.get_config()

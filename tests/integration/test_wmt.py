@@ -8,8 +8,8 @@ import json
 
 import tensorflow_datasets as tfds
 
-from configs import wmt_base, wmt_big
 from transformer_jax.config.parse import from_config_dict
+from transformer_jax.configs import wmt_base, wmt_big
 from transformer_jax.data import corpus
 from transformer_jax.training.loop import train_and_evaluate
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from configs import default, multi30k_modern, tatoeba_deen, tiny, wmt_base, wmt_big
 from transformer_jax.config.parse import from_config_dict
+from transformer_jax.configs import default, multi30k_modern, tatoeba_deen, tiny, wmt_base, wmt_big
 
 
 @pytest.mark.parametrize("get_config", [default.get_config, tiny.get_config, wmt_base.get_config,

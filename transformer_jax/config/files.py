@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import sys
 import traceback
 from pathlib import Path
@@ -21,7 +22,11 @@ import ml_collections
 from transformer_jax.config.parse import did_you_mean, parse_value
 from transformer_jax.errors import ConfigError
 
+log = logging.getLogger(__name__)
 _loaded = itertools.count()
+# The configs shipped inside the package (transformer_jax/configs; `configs/` in a checkout
+# links there), so that `--config=configs/tiny.py` works as well from an installed wheel.
+SHIPPED = Path(__file__).resolve().parents[1] / "configs"
 
 
 def _where(path: Path, error: BaseException) -> str:
@@ -33,12 +38,35 @@ def _where(path: Path, error: BaseException) -> str:
   return f"{frames[-1].filename}:{frames[-1].lineno}"
 
 
+def shipped(path: str) -> Path | None:
+  """The shipped config that a relative `path` not found here names (`configs/tiny.py`, or
+  `tiny.py`, `sweeps/default_tpe.py` under the shipped folder), or None."""
+  relative = Path(path)
+  if relative.is_absolute() or relative.suffix != ".py":
+    return None
+  if relative.parts[0] == "configs":
+    relative = Path(*relative.parts[1:])
+  candidate = SHIPPED / relative
+  return candidate if relative.parts and candidate.is_file() else None
+
+
+def shipped_names() -> list[str]:
+  """The shipped configs as `configs/...` paths."""
+  return sorted(f"configs/{p.relative_to(SHIPPED)}" for p in SHIPPED.rglob("*.py")
+                if p.name != "__init__.py")
+
+
 def load_file(path: str) -> ml_collections.ConfigDict:
-  """The ConfigDict that `get_config()` of the Python file at `path` returns."""
+  """The ConfigDict that `get_config()` of the Python file at `path` returns (a relative path
+  that is not here but names a shipped config: that one)."""
   file = Path(path)
+  if not file.is_file() and not file.is_dir() and shipped(path):
+    file = shipped(path)
+    log.info("%s is not here: the shipped %s", path, file)
   if not file.is_file():
-    raise ConfigError(f"{path}: no such config file" + (" (it is a folder)" if file.is_dir()
-                                                        else ""))
+    raise ConfigError(f"{path}: no such config file" + (
+        " (it is a folder)" if file.is_dir() else
+        f"; the shipped ones: {', '.join(shipped_names())}"))
   name = f"_transformer_jax_config_{next(_loaded)}"
   spec = importlib.util.spec_from_file_location(name, file)
   module = importlib.util.module_from_spec(spec)

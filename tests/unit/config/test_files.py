@@ -4,8 +4,8 @@ names the file and line, or the flag (with the closest known key)."""
 import ml_collections
 import pytest
 
-from configs import tiny
 from transformer_jax.config import files
+from transformer_jax.configs import tiny
 from transformer_jax.errors import ConfigError
 
 
@@ -35,8 +35,21 @@ def test_a_broken_config_file_is_named_with_its_line(tmp_path, text, message):
     files.load_file(_write(tmp_path, text))
 
 
+def test_outside_a_checkout_a_shipped_config_is_found_by_its_checkout_path(tmp_path,
+                                                                            monkeypatch):
+  monkeypatch.chdir(tmp_path)  # (no configs/ here: the installed wheel's case)
+  assert files.load_file("configs/tiny.py").to_dict() == tiny.get_config().to_dict()
+  assert files.load_file("tiny.py").to_dict() == tiny.get_config().to_dict()
+  assert "search_space" in files.load_file("configs/sweeps/tiny_lr_warmup.py")
+  (tmp_path / "configs").mkdir()  # a file of the user's own takes precedence
+  _write(tmp_path, "import ml_collections\ndef get_config():\n"
+         "  return ml_collections.ConfigDict({'mine': 1})\n", "configs/tiny.py")
+  assert files.load_file("configs/tiny.py").to_dict() == {"mine": 1}
+
+
 def test_a_missing_config_file_is_named(tmp_path):
-  with pytest.raises(ConfigError, match=r"configs/nope\.py: no such config file"):
+  with pytest.raises(ConfigError, match=r"configs/nope\.py: no such config file; the shipped "
+                                        r"ones: configs/backtranslation\.py, .*configs/tiny\.py"):
     files.load_file("configs/nope.py")
   with pytest.raises(ConfigError, match=r"no such config file \(it is a folder\)"):
     files.load_file(str(tmp_path))

@@ -3,9 +3,9 @@
 import ml_collections
 import pytest
 
-from configs import tiny
 from tests import helpers
 from transformer_jax.config import parse as config_lib
+from transformer_jax.configs import tiny
 from transformer_jax.errors import ConfigError
 
 

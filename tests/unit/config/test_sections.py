@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from configs import default
 from tests import helpers
 from transformer_jax.config import sections
 from transformer_jax.config.parse import from_config_dict
+from transformer_jax.configs import default
 from transformer_jax.errors import ConfigError
 
 

@@ -4,10 +4,10 @@ trial starts."""
 import ml_collections
 import pytest
 
-from configs import default, tiny
-from configs.sweeps import default_tpe, tiny_lr_warmup
 from tests import helpers
 from transformer_jax.cli import sweep as sweep_cli
+from transformer_jax.configs import default, tiny
+from transformer_jax.configs.sweeps import default_tpe, tiny_lr_warmup
 from transformer_jax.sweeps import spec as sweep_spec
 from transformer_jax.sweeps.spec import SweepError, choice, integer, loguniform, uniform
 

@@ -18,7 +18,7 @@ beam 4 with length penalty 0.6, a joint 32k SentencePiece (the paper: 37k BPE) t
 cannot hold a 256-row batch, keep the batch and split it: `--config.num_micro_batches=4`.
 """
 
-from configs import default
+from transformer_jax.configs import default
 
 
 def get_config():

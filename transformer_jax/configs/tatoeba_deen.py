@@ -13,7 +13,7 @@ test set then has several references per English sentence as separate lines: reg
 with --dedup_test_by=en).
 """
 
-from configs import default
+from transformer_jax.configs import default
 
 
 def get_config():

@@ -11,7 +11,7 @@ on fewer devices keep the batch and split it in time (`--config.num_micro_batche
 activations (`--config.model.remat=dots`).
 """
 
-from configs import wmt_base
+from transformer_jax.configs import wmt_base
 
 
 def get_config():

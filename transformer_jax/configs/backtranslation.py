@@ -15,7 +15,7 @@ batch); BENCHMARKS.md "Back-translation and multilingual training" has the measu
 
 import ml_collections
 
-from configs import default
+from transformer_jax.configs import default
 
 
 def get_config():

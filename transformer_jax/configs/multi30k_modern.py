@@ -15,7 +15,7 @@ seed noise: two seeds of the default differ by 0.6), and the EMA added 0.20. Rel
 bias, SwiGLU and multi-query attention alone scored 0.5–0.9 below the default; see BENCHMARKS.md.
 """
 
-from configs import default
+from transformer_jax.configs import default
 
 
 def get_config():

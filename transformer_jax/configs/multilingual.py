@@ -13,7 +13,7 @@ has the measured outcome against de->en alone.
 
 import ml_collections
 
-from configs import default
+from transformer_jax.configs import default
 
 
 def get_config():

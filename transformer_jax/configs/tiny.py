@@ -6,7 +6,7 @@ Runtime: well under a minute on 2 CPU cores. Result: not a useful model (BLEU â‰
 exercises every stage: tokenizer, packing, training, checkpoint, evaluation, beam search.
 """
 
-from configs import default
+from transformer_jax.configs import default
 
 
 def get_config():

@@ -10,7 +10,8 @@ from tests.helpers import ROOT
 BIN = Path(sys.executable).parent
 SCRIPTS = {"train": "--workdir", "evaluate": "--checkpoint", "translate": "--input",
            "average": "--output", "attention-maps": "--sentence", "prepare-data": "--workdir",
-           "split-corpus": "--dedup_test_by", "sweep": "--heartbeat_grace"}
+           "split-corpus": "--dedup_test_by", "sweep": "--heartbeat_grace",
+           "translate-corpus": "--block_lines", "export": "--quantization"}
 
 
 def test_every_console_script_helps_with_its_own_flags():

@@ -118,10 +118,14 @@ class TrainedRun:
     return state.params if selected.weights == "raw" else state.eval_params
 
 
-def load(workdir: str | Path) -> TrainedRun:
-  """Reads `<workdir>/config.json` and the run's tokenizer; errors name what is missing."""
+def load(workdir: str | Path, dtype: str = "") -> TrainedRun:
+  """Reads `<workdir>/config.json` and the run's tokenizer; errors name what is missing.
+  `dtype`: the matmul dtype to run the model in ("float32", "bfloat16", "auto"; "" = the
+  run's)."""
   workdir = Path(workdir)
   cfg = from_config_dict(ml_collections.ConfigDict(layout.read_config(workdir)))
+  if dtype:
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
   if cfg.model.dtype == "auto":  # (training records the resolved dtype; a hand-made file may not)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(
         cfg.model, dtype=numerics.resolve("auto").dtype))
@@ -141,12 +145,13 @@ def load(workdir: str | Path) -> TrainedRun:
   return TrainedRun(workdir, cfg, tokenizer, Transformer(cfg.model), mesh)
 
 
-def load_ensemble(workdirs: str | Path | list[str | Path]) -> list[TrainedRun]:
-  """One run, or several to decode as one ensemble: each loaded, all with one tokenizer (the
-  same fingerprint), else a CheckpointError naming the run whose vocabulary differs."""
+def load_ensemble(workdirs: str | Path | list[str | Path], dtype: str = "") -> list[TrainedRun]:
+  """One run, or several to decode as one ensemble: each loaded (in `dtype`, see `load`), all
+  with one tokenizer (the same fingerprint), else a CheckpointError naming the run whose
+  vocabulary differs."""
   if isinstance(workdirs, (str, Path)):
     workdirs = [workdirs]
-  runs = [load(w) for w in workdirs]
+  runs = [load(w, dtype) for w in workdirs]
   first = runs[0]
   for run in runs[1:]:
     if run.tokenizer.fingerprint != first.tokenizer.fingerprint:

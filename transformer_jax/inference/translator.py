@@ -23,11 +23,12 @@ log = logging.getLogger(__name__)
 class Translator:
   """A loaded model (or an ensemble of several runs' models, one tokenizer) that turns lists
   of sentences into (n-best) translations, optionally each starting with a given prefix. The
-  first run's decoding settings apply, with `decode_overrides`."""
+  first run's decoding settings apply, with `decode_overrides`; `dtype`: the matmul dtype to
+  decode in ("" = the run's)."""
 
   def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
-               decode_overrides=(), source_tag: str = ""):
-    runs = trained_run.load_ensemble(workdir)
+               decode_overrides=(), source_tag: str = "", dtype: str = ""):
+    runs = trained_run.load_ensemble(workdir, dtype)
     self.run = runs[0]
     # (a tagged model's direction or data kind: the tag's id before every source)
     self.source_prefix = [self.run.tokenizer.tag_id(source_tag, "--source_tag")] \

@@ -1,0 +1,53 @@
+"""A run's decoding settings as CTranslate2's translate_batch arguments, the differences named,
+and translating with an exported folder keeping empty lines and a source tag."""
+
+from tests import helpers
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.export import ctranslate2_decoding as decoding
+
+
+def test_beam_greedy_and_sampling_settings_become_translate_batch_arguments():
+  beam = helpers.section("decode", beam_size=5, nbest=3, length_penalty=1.0, max_length=300,
+                         min_length=2)
+  assert decoding.translate_options(beam, max_len=256) == dict(
+      max_input_length=256, max_decoding_length=256, min_decoding_length=2, beam_size=5,
+      length_penalty=1.0, num_hypotheses=3, return_scores=True)
+  assert decoding.translate_options(helpers.section("decode", greedy=True), 256)["beam_size"] == 1
+  sampled = decoding.translate_options(
+      helpers.section("decode", sampling=True, top_k=10, top_p=0.9, temperature=0.7), 256)
+  assert {k: sampled[k] for k in ("beam_size", "sampling_topk", "sampling_topp",
+                                  "sampling_temperature")} == dict(
+      beam_size=1, sampling_topk=10, sampling_topp=0.9, sampling_temperature=0.7)
+
+
+def test_what_ctranslate2_does_differently_is_said():
+  notes = decoding.differences(helpers.section("decode", length_penalty=0.6, max_length_a=1.5,
+                                               max_length_b=10, mbr="chrf", mbr_candidates=2))
+  assert [note.split(":")[0] for note in notes] == [
+      "length_penalty=0.6", "max_length_a=1.5, max_length_b=10", "mbr='chrf'"]
+  assert decoding.differences(helpers.section("decode", greedy=True, max_length_a=0.0,
+                                              max_length_b=32, max_length=32)) == []
+
+
+class _Result:
+  def __init__(self, tokens):
+    self.hypotheses = [tokens]
+
+
+class _Translator:
+  """Records what it is asked (CTranslate2's Translator API) and echoes the tokens back."""
+  def translate_batch(self, tokens, **kwargs):
+    self.tokens, self.kwargs = tokens, kwargs
+    return [_Result(t) for t in tokens]
+
+
+def test_translate_keeps_empty_lines_and_puts_the_tag_first(tiny_tokenizer):
+  sp = Tokenizer.load(tiny_tokenizer).sp
+  translator = _Translator()
+  out = decoding.translate(translator, sp, ["Ein Hund.", "", "  ", "Eine Katze."],
+                           {"beam_size": 4}, source_tag="<2en>", max_batch_size=8)
+  assert out == [sp.decode(["<2en>"] + sp.encode(s, out_type=str)) if s.strip() else ""
+                 for s in ["Ein Hund.", "", "  ", "Eine Katze."]]
+  assert [t[0] for t in translator.tokens] == ["<2en>", "<2en>"]
+  assert translator.tokens[0][1:] == sp.encode("Ein Hund.", out_type=str)
+  assert translator.kwargs == dict(max_batch_size=8, batch_type="examples", beam_size=4)

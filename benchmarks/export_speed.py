@@ -1,0 +1,126 @@
+"""Our beam search against the run exported to CTranslate2 (float32 and int8): test BLEU and
+sentences/s on this machine, the same run, alternating rounds; and the export's agreement
+(greedy translations equal, beam BLEU at the same length cap, float32 on both sides).
+
+  python benchmarks/export_speed.py --workdir=runs/default [--checkpoint=latest] [--rounds=3]
+
+Ours decodes as `transformer-jax-translate` does (the run's dtype and decoding settings);
+CTranslate2 with those settings as `translate_batch` arguments (export.json's), on
+`--threads` threads (intra_threads; one translator). Sentences/s is the median round's, warm
+(our first, compiling round is reported apart). Prints a BENCHMARKS.md entry.
+"""
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ctranslate2
+import sacrebleu
+from absl import app, flags
+
+from transformer_jax.data.eval_sets import load_eval_set
+from transformer_jax.export import ctranslate2_decoding
+from transformer_jax.export.exporter import export
+from transformer_jax.inference.translator import Translator
+from transformer_jax.parallel import hardware
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "A trained workdir.", required=True)
+flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
+flags.DEFINE_string("split", "", "Split to translate (default: the run's test split).")
+flags.DEFINE_integer("rounds", 3, "Timed rounds of each system (alternating).")
+flags.DEFINE_integer("threads", 2, "CTranslate2's intra_threads.")
+
+
+def _timed(fn):
+  t = time.perf_counter()
+  out = fn()
+  return out, time.perf_counter() - t
+
+
+def _bleu(hyps, refs) -> float:
+  return sacrebleu.corpus_bleu(hyps, [refs]).score
+
+
+def main(_):
+  checkpoint = FLAGS.checkpoint
+  ours = Translator(FLAGS.workdir, checkpoint)
+  run = ours.run
+  split = FLAGS.split or run.cfg.data.test_split
+  eval_set = load_eval_set(run.cfg.data, split, run.tokenizer, dataset=run.cfg.data.test_dataset)
+  sources, refs = eval_set.sources, eval_set.references
+  folders = {}
+  tmp = Path(tempfile.mkdtemp(prefix="export_speed_"))
+  for quantization in ("float32", "int8"):
+    folders[quantization] = tmp / quantization
+    _, seconds = _timed(lambda q=quantization: export(FLAGS.workdir, checkpoint,
+                                                      folders[q], q))
+    print(f"exported {quantization} in {seconds:.1f} s "
+          f"({(folders[quantization] / 'model.bin').stat().st_size / 2**20:.1f} MiB)",
+          file=sys.stderr)
+  sp = run.tokenizer.sp
+  options = ctranslate2_decoding.translate_options(ours.decode, run.cfg.model.max_len)
+  translators = {q: ctranslate2.Translator(str(f), device="cpu", inter_threads=1,
+                                           intra_threads=FLAGS.threads)
+                 for q, f in folders.items()}
+
+  def ours_fn():
+    return [h[0][0] if h else "" for h in ours.translate(sources)]
+
+  systems = {f"ours ({run.cfg.model.dtype})": ours_fn}
+  for q, translator in translators.items():
+    systems[f"CTranslate2 {q}"] = (
+        lambda t=translator: ctranslate2_decoding.translate(t, sp, sources, options))
+  _, cold = _timed(ours_fn)
+  times = {name: [] for name in systems}
+  outputs = {}
+  for _ in range(FLAGS.rounds):
+    for name, fn in systems.items():
+      outputs[name], seconds = _timed(fn)
+      times[name].append(seconds)
+
+  # Agreement, float32 on both sides at the same fixed length cap (as tests/integration).
+  cap = ["max_length_a=0", f"max_length_b={ours.decode.max_length}"]
+  agreement = {}
+  for mode, decode in (("greedy", ["greedy=true"]), ("beam", [])):
+    exact = Translator(FLAGS.workdir, checkpoint, [*decode, *cap], dtype="float32")
+    mine = [h[0][0] if h else "" for h in exact.translate(sources)]
+    theirs = ctranslate2_decoding.translate(
+        translators["float32"], sp, sources,
+        ctranslate2_decoding.translate_options(exact.decode, run.cfg.model.max_len))
+    agreement[mode] = (sum(a == b for a, b in zip(mine, theirs)), _bleu(mine, refs),
+                       _bleu(theirs, refs))
+
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+  print(f"- machine: {hardware.describe_machine()}; {time.strftime('%Y-%m-%d %H:%M')}; commit "
+        f"{commit}; ctranslate2 {ctranslate2.__version__} (intra_threads={FLAGS.threads})")
+  print(f"- command: `python benchmarks/export_speed.py --workdir={FLAGS.workdir} "
+        f"--checkpoint={checkpoint} --rounds={FLAGS.rounds}`; run's checkpoint "
+        f"{ours.labels[0]}")
+  print(f"- {split}: {len(sources)} sentences, beam {ours.decode.beam_size}, length penalty "
+        f"{ours.decode.length_penalty} (ours GNMT, CTranslate2 length ** alpha), our cap "
+        f"min({ours.decode.max_length}, {ours.decode.max_length_a} * source + "
+        f"{ours.decode.max_length_b}), CTranslate2's {options['max_decoding_length']}")
+  print()
+  print("| system | BLEU | chrF | sentences/s (median round) | rounds (s) |")
+  print("|---|---|---|---|---|")
+  for name, seconds in times.items():
+    chrf = sacrebleu.corpus_chrf(outputs[name], [refs]).score
+    print(f"| {name} | {_bleu(outputs[name], refs):.2f} | {chrf:.2f} | "
+          f"{len(sources) / statistics.median(seconds):.1f} | "
+          f"{', '.join(f'{s:.1f}' for s in seconds)} |")
+  print()
+  print(f"Our first round, compiling: {cold:.1f} s. Agreement (float32 on both sides, cap "
+        f"{ours.decode.max_length} tokens): greedy translations equal on "
+        f"{agreement['greedy'][0]}/{len(sources)} sentences (BLEU {agreement['greedy'][1]:.2f} "
+        f"/ {agreement['greedy'][2]:.2f}); beam {ours.decode.beam_size} BLEU ours "
+        f"{agreement['beam'][1]:.2f}, CTranslate2 {agreement['beam'][2]:.2f} (equal on "
+        f"{agreement['beam'][0]}/{len(sources)}).")
+
+
+if __name__ == "__main__":
+  app.run(main)

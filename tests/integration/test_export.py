@@ -55,11 +55,13 @@ def _train(name, workdir, cache, tokenizer):
 
 
 @pytest.fixture(scope="module", params=sorted(RUNS))
-def exported(request, tmp_path_factory, tfds_cache, tiny_tokenizer):
-  """(workdir, exported float32 folder) of a briefly trained model."""
-  folder = tmp_path_factory.mktemp(request.param)
-  _train(request.param, folder / "run", tfds_cache, tiny_tokenizer)
-  export(folder / "run", "latest", folder / "ct2")
+def exported(request, shared_dir, tfds_cache, tiny_tokenizer):
+  """(workdir, exported float32 folder) of a briefly trained model, built once per test run
+  (the xdist workers that share this file's tests wait for the first one's)."""
+  def build(folder):
+    _train(request.param, folder / "run", tfds_cache, tiny_tokenizer)
+    export(folder / "run", "latest", folder / "ct2")
+  folder = helpers.built_once(shared_dir / f"export_{request.param}", build)
   return folder / "run", folder / "ct2"
 
 

@@ -44,16 +44,21 @@ ONE_LAYER = {"model.num_encoder_layers": 1, "model.num_decoder_layers": 1}
 ONE_LAYER_FLAGS = [f"--config.{k}={v}" for k, v in ONE_LAYER.items()]
 
 
-def tiny_config(**overrides):
-  """configs/tiny.py with `section.key=value` (or run-level `key=value`) overrides."""
-  c = tiny.get_config()
+def with_overrides(config, overrides: dict):
+  """`config` (changed in place) with `section.key=value` (or run-level `key=value`)
+  overrides."""
   for key, value in overrides.items():
     *path, name = key.split(".")
-    node = c
+    node = config
     for part in path:
       node = node[part]
     node[name] = value
-  return c
+  return config
+
+
+def tiny_config(**overrides):
+  """configs/tiny.py with `section.key=value` (or run-level `key=value`) overrides."""
+  return with_overrides(tiny.get_config(), overrides)
 
 
 def tiny_train_config(**overrides) -> sections.TrainConfig:

@@ -40,14 +40,8 @@ def _lines(name):
 
 
 def _train(name, workdir, cache, tokenizer):
-  c = helpers.tiny_config() if name == "tiny" else default.get_config()
-  overrides = {**RUNS[name], **COMMON, "data.cache_dir": str(cache)}
-  for key, value in overrides.items():
-    *path, last = key.split(".")
-    node = c
-    for part in path:
-      node = node[part]
-    node[last] = value
+  c = helpers.with_overrides(helpers.tiny_config() if name == "tiny" else default.get_config(),
+                             {**RUNS[name], **COMMON, "data.cache_dir": str(cache)})
   workdir.mkdir(parents=True)
   if name == "tiny":  # (the shared tiny tokenizer; the default one trains its 8k pieces)
     (workdir / "spm.model").write_bytes(tokenizer.read_bytes())

@@ -60,8 +60,8 @@ def load_file(path: str) -> ml_collections.ConfigDict:
   """The ConfigDict that `get_config()` of the Python file at `path` returns (a relative path
   that is not here but names a shipped config: that one)."""
   file = Path(path)
-  if not file.is_file() and not file.is_dir() and shipped(path):
-    file = shipped(path)
+  if not file.exists() and (shipped_file := shipped(path)):
+    file = shipped_file
     log.info("%s is not here: the shipped %s", path, file)
   if not file.is_file():
     raise ConfigError(f"{path}: no such config file" + (

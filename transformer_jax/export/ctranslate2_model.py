@@ -19,26 +19,18 @@ The decoder starts from PAD (our start token) and every source gets EOS appended
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from transformer_jax.config.sections import ModelConfig
 from transformer_jax.data.tokenizer import PAD_ID, Tokenizer
 from transformer_jax.model.embeddings import ROTARY_BASE, sinusoidal_positions
+from transformer_jax.model.transformer import GATED
 
 LAYER_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's and RMSNorm's default
 PAD_LOGIT_BIAS = -1e4  # large enough to never be chosen, small enough for float16
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swiglu": "SWISH", "geglu": "GELU"}
-
-
-def unsupported(cfg: ModelConfig) -> list[str]:
-  """The options of `cfg` that CTranslate2's Transformer has no equivalent for, each as
-  `config.model.KEY=VALUE: why` (empty: the model converts exactly)."""
-  problems = []
-  if cfg.positional_encoding == "relative":
-    problems.append(
-        "config.model.positional_encoding='relative': CTranslate2 computes T5's buckets "
-        "itself, with one bucket count for both stacks and the encoder's split differently")
-  return problems
 
 
 def _matrix(kernel, in_axes: int = 1) -> np.ndarray:
@@ -109,10 +101,11 @@ def build_spec(cfg: ModelConfig, params, tokenizer: Tokenizer):
 
   rotary = cfg.positional_encoding == "rotary"
   relative = cfg.positional_encoding == "relative"
+  gated = cfg.ffn_activation in GATED
   options = dict(relative_attention_bias=relative,
       num_heads=cfg.num_heads, pre_norm=cfg.pre_layer_norm,
       activation=getattr(common_spec.Activation, ACTIVATIONS[cfg.ffn_activation]),
-      ffn_glu=cfg.ffn_activation in ("swiglu", "geglu"), rms_norm=cfg.norm == "rmsnorm",
+      ffn_glu=gated, rms_norm=cfg.norm == "rmsnorm",
       num_heads_kv=cfg.kv_heads if cfg.kv_heads != cfg.num_heads else None,
       **(dict(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE) if rotary
          else {}))
@@ -132,7 +125,6 @@ def build_spec(cfg: ModelConfig, params, tokenizer: Tokenizer):
   if not (rotary or relative):
     encoder.position_encodings.encodings = _positions(cfg, params, "source_positional_encoding")
     decoder.position_encodings.encodings = _positions(cfg, params, "target_positional_encoding")
-  gated = cfg.ffn_activation in ("swiglu", "geglu")
   for i, layer in enumerate(encoder.layer):
     ours = params[f"encoder_{i}"]
     _attention(layer.self_attention, ours["self_attention"], cross=False)
@@ -162,3 +154,15 @@ def build_spec(cfg: ModelConfig, params, tokenizer: Tokenizer):
   spec.register_source_vocabulary(tokens)
   spec.register_target_vocabulary(tokens)
   return spec
+
+
+def save(spec, folder: str | Path, quantization: str = "float32"):
+  """Writes `spec` as a CTranslate2 model folder (replacing `folder`), its weights in
+  `quantization`; through CTranslate2's Converter, which validates the spec first."""
+  from ctranslate2.converters import Converter  # (the optional extra, as above)
+
+  class _SpecConverter(Converter):
+    def _load(self):
+      return spec
+
+  _SpecConverter().convert(str(folder), quantization=quantization, force=True)

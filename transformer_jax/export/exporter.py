@@ -67,15 +67,10 @@ def export(workdir: str | Path, checkpoint: str, out: str | Path, quantization: 
                                   run.params(selected))
   _, params = unscanned(run.model, params)
   spec = ctranslate2_model.build_spec(run.cfg.model, params, run.tokenizer)
-
-  class _Converter(ctranslate2.converters.Converter):
-    def _load(self):
-      return spec
-
   partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
   shutil.rmtree(partial, ignore_errors=True)
   try:
-    _Converter().convert(str(partial), quantization=quantization, force=True)
+    ctranslate2_model.save(spec, partial, quantization)
     shutil.copyfile(run.tokenizer.path, partial / TOKENIZER_FILE)
     record = _record(run, selected, quantization, ctranslate2.__version__)
     (partial / "export.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ctranslate2.converters.converter import Converter
 
 from tests import helpers
 from transformer_jax.data.tokenizer import PAD_ID, Tokenizer
@@ -39,14 +38,6 @@ VARIANTS = {
 }
 
 
-def _convert(spec, folder):
-  class _Converter(Converter):
-    def _load(self):
-      return spec
-  _Converter().convert(str(folder), force=True)
-  return ctranslate2.Translator(str(folder), device="cpu")
-
-
 def _padded(rows):
   width = max(map(len, rows))
   return jnp.array([row + [0] * (width - len(row)) for row in rows])
@@ -72,7 +63,8 @@ def test_ctranslate2_scores_targets_as_our_model_does(name, tiny_tokenizer, tmp_
   ours = jax.nn.log_softmax(logits.at[..., PAD_ID].set(-1e9))
   ours = np.asarray(jnp.take_along_axis(ours, y[..., None], axis=-1)[..., 0])
 
-  translator = _convert(ctranslate2_model.build_spec(cfg.model, params, tokenizer), tmp_path)
+  ctranslate2_model.save(ctranslate2_model.build_spec(cfg.model, params, tokenizer), tmp_path)
+  translator = ctranslate2.Translator(str(tmp_path), device="cpu")
   results = translator.score_batch([tokenizer.sp.encode(s, out_type=str) for s, _ in PAIRS],
                                    [tokenizer.sp.encode(t, out_type=str) for _, t in PAIRS])
   for row, result in enumerate(results):

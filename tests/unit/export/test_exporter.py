@@ -13,6 +13,7 @@ import pytest
 from tests import helpers
 from transformer_jax.cli import export as export_cli
 from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.export.exporter import QUANTIZATIONS
 from transformer_jax.inference import trained_run
 from transformer_jax.model.transformer import unscanned
 
@@ -113,6 +114,10 @@ def test_what_ctranslate2_or_an_export_cannot_take_is_one_line(tiny_run, tmp_pat
   assert status == 2 if "quantization" in message else status == 1
   assert helpers.one_line_error(err).startswith(message)
   assert not (tmp_path / "out").exists()
+
+
+def test_the_quantizations_offered_are_ctranslate2s_weight_types():
+  assert set(QUANTIZATIONS) == set(ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES)
 
 
 def test_an_existing_folder_is_replaced_only_with_force(tiny_run, tmp_path):

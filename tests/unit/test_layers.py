@@ -1,6 +1,7 @@
 """The package's shape: its layers import only downwards, no module imports a project module
 inside a function, no import cycle, modules stay small and the entry points thin, and every
-command-line tool has a console script."""
+command-line tool has a console script; training/ is a driver over functions of at most 60
+lines."""
 
 import ast
 
@@ -83,6 +84,16 @@ def test_modules_are_small_and_entry_points_thin():
         and not name.endswith("runner") else 400
     assert lines <= limit, f"{path.relative_to(ROOT)} has {lines} lines (at most {limit})"
   assert len((ROOT / "train.py").read_text().splitlines()) <= 60
+
+
+def test_the_training_loop_is_a_small_driver_over_short_functions():
+  """No function in training/ over 60 lines: the loop's decisions live in schedule.py, where
+  they are tested without training."""
+  for path in sorted((PACKAGE / "training").glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        assert lines <= 60, f"{path.name}::{node.name} has {lines} lines (at most 60)"
 
 
 def test_every_tool_has_a_console_script():

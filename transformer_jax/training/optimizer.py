@@ -1,7 +1,7 @@
 """AdamW with linear warmup and a decay (inverse square root, cosine, linear or none), plus
-gradient clipping (optax), and
-the optional cooldown to 0 at the end of training (applied by the step as a factor on the
-update, since where training ends may depend on the wall clock)."""
+gradient clipping (optax). The optional cooldown to 0 at the end of training is
+`schedule.cooldown_scale`, applied by the step as a factor on the update, since where
+training ends may depend on the wall clock."""
 
 from __future__ import annotations
 
@@ -29,20 +29,6 @@ def learning_rate_schedule(cfg: OptimizerConfig, num_steps: int):
              "cosine": 0.5 * (1.0 - jnp.cos(jnp.pi * left))}[cfg.schedule]
     return cfg.learning_rate * jnp.where(t < warmup, t / warmup, decay)
   return schedule
-
-
-def cooldown_scale(fraction: float, step: int, num_steps: int, minutes: float = 0.0,
-                   budget_minutes: float = 0.0) -> float:
-  """The factor on the learning rate of update `step` (1-based): 1, then linear to 0 over the
-  last `fraction` of training. Training ends at `num_steps` or, with a time budget, when
-  `minutes` reach `budget_minutes`, whichever comes first, so a run that the budget stops
-  ends cooled down like one that reaches its last step. `fraction` 0: always 1."""
-  if fraction <= 0:
-    return 1.0
-  left = (num_steps - step + 1) / num_steps
-  if budget_minutes > 0:
-    left = min(left, max(budget_minutes - minutes, 0.0) / budget_minutes)
-  return min(1.0, left / fraction)
 
 
 def make_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:

@@ -3,6 +3,8 @@ an optimizer update that is applied only when the loss and gradients are finite.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -11,6 +13,7 @@ from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.transformer import apply_to_batch
 from transformer_jax.ops.interleave import split_interleaved
 from transformer_jax.ops.losses import cross_entropy, device_output_loss
+from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel.mesh import BATCH_AXES
 from transformer_jax.training.state import TrainState
 
@@ -44,7 +47,7 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   """One optimizer step; returns the new state and metric sums with their denominators.
 
   `lr_scale` multiplies the update (for AdamW: the learning rate, weight decay included): the
-  cooldown factor of `optimizer.cooldown_scale`.
+  cooldown factor of `schedule.cooldown_scale`.
 
   With `num_micro_batches` k > 1 the batch is processed as k micro-batches (gradient
   accumulation): the summed gradients over all of them, divided by the batch's token count,
@@ -113,3 +116,20 @@ def _accumulated_grads(loss_fn, params, batch, dropout_rng, k: int):
   grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(sums[2], 1.0), grads)
   return grads, sums
 
+
+
+def compile_step(cfg, model, mesh, state_sharding, nonfinite_at_step: int = 0):
+  """`train_step` jitted over `mesh` for config `cfg`: (state, batch, rng[, lr_scale]) ->
+  (state, metric sums), the state donated. The cooldown factor is an argument only when there
+  is a cooldown: without one the step compiles with the constant 1, the same program (and
+  bits) as a step without the factor."""
+  cooling = cfg.optimizer.cooldown_fraction > 0
+  replicated = mesh_lib.replicated(mesh)
+  return jax.jit(
+      functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
+                        num_micro_batches=cfg.num_micro_batches,
+                        nonfinite_at_step=nonfinite_at_step, mesh=mesh),
+      in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), replicated)
+      + (replicated,) * cooling,
+      out_shardings=(state_sharding, replicated),
+      donate_argnums=(0,))

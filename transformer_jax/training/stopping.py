@@ -1,5 +1,6 @@
-"""When a run stops before its last step: a non-finite update under 'stop', a validation BLEU
-that has stopped improving, or a spent time budget."""
+"""The clocks and guards the training loop consults: a non-finite update under 'stop', the time
+budget's clock, and the wall-clock intervals of validation and checkpoints (agreed across
+hosts). What the loop does with their answers is `schedule`'s decision."""
 
 from __future__ import annotations
 
@@ -41,23 +42,6 @@ class NonFiniteGuard:
       log.warning("skipped %d update(s) with a non-finite loss or gradient (first at step %d)",
                   count, int(acc["first_nonfinite_step"]))
     return count
-
-
-class EarlyStopping:
-  """Stops when validation BLEU has not improved for `patience` evaluations (0: never)."""
-
-  def __init__(self, patience: int, history: list[float]):
-    self.patience, self.best, self.bad = patience, float("-inf"), 0
-    for bleu in history:  # a resumed run continues the count where it stopped
-      self.update(bleu)
-
-  def update(self, bleu: float) -> bool:
-    if bleu > self.best:
-      self.best, self.bad = bleu, 0
-    else:
-      self.bad += 1
-    return self.patience > 0 and self.bad >= self.patience
-
 
 
 class TimeBudget:

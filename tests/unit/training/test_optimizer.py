@@ -1,4 +1,5 @@
-"""The learning-rate schedule: linear warmup, then inverse square root; the cooldown factor."""
+"""The learning-rate schedule: linear warmup, then inverse square root; the cooldown factor on
+the update (its value over training: test_schedule.py)."""
 
 import functools
 
@@ -35,20 +36,6 @@ def test_the_other_schedules_warm_up_alike_then_decay_to_near_zero_at_the_last_s
     assert 0 < rates[-1] < 1e-5 and np.all(np.diff(rates[99:]) < 0)
   past_the_end = float(sched(5000))
   assert past_the_end == pytest.approx(1e-3 if schedule == "constant" else 0.0)
-
-
-def test_cooldown_decays_to_zero_at_the_last_step_or_at_the_end_of_the_time_budget():
-  scale = optimizer.cooldown_scale
-  assert scale(0.0, 100, 100) == 1.0  # no cooldown
-  assert scale(0.2, 80, 100) == 1.0 and scale(0.2, 81, 100) == pytest.approx(1.0)
-  assert scale(0.2, 91, 100) == pytest.approx(0.5)
-  assert scale(0.2, 100, 100) == pytest.approx(0.05)  # the last update is small, not zero
-  # with a time budget that ends training first: the wall clock decides
-  assert scale(0.2, 10, 100, minutes=15.0, budget_minutes=20.0) == pytest.approx(1.0)
-  assert scale(0.2, 10, 100, minutes=18.0, budget_minutes=20.0) == pytest.approx(0.5)
-  assert scale(0.2, 10, 100, minutes=25.0, budget_minutes=20.0) == 0.0
-  # ... and the steps when they end first
-  assert scale(0.2, 91, 100, minutes=1.0, budget_minutes=20.0) == pytest.approx(0.5)
 
 
 def test_the_cooldown_factor_scales_the_update():

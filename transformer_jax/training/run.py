@@ -1,0 +1,268 @@
+"""A training run's parts and what it does at each step: set-up (model, data, state restored
+from the workdir, evaluators, writers), one step's update, its logging, validation and save,
+and the tear-down (the test, plots, the checkpoints' last writes). When each happens is
+`schedule`'s decision; `loop` drives the two."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from transformer_jax.config.sections import TrainConfig
+from transformer_jax.data.pipeline import train_pipeline
+from transformer_jax.evaluation.evaluator import ValidationCancelled
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import mesh as mesh_lib
+from transformer_jax.reporting import plots
+from transformer_jax.reporting.metrics import (
+  METRICS_FILE,
+  MetricWriter,
+  sum_metrics,
+  truncate_metrics,
+)
+from transformer_jax.reporting.progress import Progress
+from transformer_jax.training import resolution, schedule, validation
+from transformer_jax.training.optimizer import learning_rate_schedule
+from transformer_jax.training.preemption import Faults, Preemption
+from transformer_jax.training.prefetch import DevicePrefetch
+from transformer_jax.training.schedule import Actions, Outcome, Schedule
+from transformer_jax.training.state import count_params, initialise, state_init
+from transformer_jax.training.step import compile_step
+from transformer_jax.training.stopping import NonFiniteGuard, TimeBudget, WallClockIntervals
+from transformer_jax.training.train_metrics import train_metrics
+from transformer_jax.workdir import layout
+from transformer_jax.workdir.checkpoints import Checkpointer, abstract_like
+from transformer_jax.workdir.preparation import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Run:
+  """A run's parts once set up (`open_run`), and the state that changes as it trains."""
+  cfg: TrainConfig
+  workdir: Path
+  schedule: Schedule
+  model: Any
+  mesh: Any
+  tok: Any
+  pipeline: Any
+  train_iter: DevicePrefetch
+  state: Any
+  ckpt: Checkpointer
+  best_ckpt: Checkpointer  # the best checkpoint by validation BLEU, apart from the newest
+  state_sharding: Any = None
+  start_step: int = 0
+  faults: Faults = None
+  preemption: Preemption = None
+  step_fn: Any = None
+  lr_fn: Any = None
+  evaluators: dict = None
+  history: list = None
+  writer: MetricWriter = None
+  clock: WallClockIntervals = None
+  budget: TimeBudget = None
+  progress: Progress = None
+  stopper: schedule.EarlyStopping = None
+  nonfinite: NonFiniteGuard = None
+  dropout_rng: Any = None
+  final: dict = dataclasses.field(default_factory=dict)
+  # since the last log: metric sums, real tokens, when the timing started, the lr factor
+  acc: Any = None
+  real_tokens: int = 0
+  t_last: float = dataclasses.field(default_factory=time.time)
+  lr_scale: float = 1.0
+  skipped: int = 0
+  preempted: bool = False
+
+  def begin(self) -> bool:
+    """Before the first step: a validation that SIGTERM cut short is done first; a spent time
+    budget trains no step. Returns whether training stops here."""
+    start = self.schedule.start(self.history, self.start_step, self.budget.spent())
+    stop = False
+    if start.validate_first:
+      log.info("Validating step %d first: SIGTERM cut its validation short", self.start_step)
+      stop = self.validate(self.start_step) is not Outcome.GO_ON
+    if start.budget_spent:
+      log.warning("The time budget (config.time_budget_minutes=%g) was spent at step %d: no "
+                  "more training; raise it to train on", self.cfg.time_budget_minutes,
+                  self.start_step)
+      stop = True
+    return stop or self.start_step >= self.cfg.num_train_steps
+
+  def train(self, step: int) -> Actions:
+    """The update of `step`; returns what follows it."""
+    batch, real, stats = next(self.train_iter)
+    self.real_tokens += real
+    self.pipeline.count(stats)
+    self.lr_scale = self.schedule.learning_rate_scale(step, self.budget.minutes())
+    cooling = [np.float32(self.lr_scale)] * (self.schedule.cooldown_fraction > 0)
+    self.state, step_metrics = self.step_fn(self.state, batch, self.dropout_rng, *cooling)
+    self.acc = sum_metrics(self.acc, step_metrics)
+    self.faults.after_step(step)
+    self.preempted = self.preemption.requested(step)
+    due = (self.clock.due() if self.schedule.asks_wall_clock(step, self.clock.active)
+           else (False, False))
+    return self.schedule.actions(step, self.preempted, self.budget.spent(), *due)
+
+  def log_train(self, step: int, actions: Actions):
+    """The train metrics of the steps since the last log (a non-finite step under 'stop'
+    raises here, before anything is saved)."""
+    acc = jax.device_get(self.acc)
+    self.nonfinite.check(acc, step, self.ckpt)
+    self.skipped += self.nonfinite.report(acc)
+    logged = train_metrics(acc, time.time() - self.t_last, self.real_tokens,
+                           float(self.lr_fn(step - 1)) * self.lr_scale, self.skipped,
+                           self.pipeline)
+    logged["time/train_minutes"] = self.budget.minutes()
+    if actions.out_of_time:
+      logged["train/time_budget_stop"] = 1.0
+    self.writer.write(step, logged)
+    self.progress.update(step, logged)
+    self.acc, self.real_tokens, self.t_last = None, 0, time.time()
+
+  def validate(self, step: int) -> Outcome:
+    """Validation of `step`, its best checkpoint and early stopping."""
+    self.clock.done(0)
+    self.faults.before_validation(step)
+    try:
+      bleu = validation.validate(self.evaluators, self.state.eval_params, step, self.writer,
+                                 self.cfg.decode.num_samples_to_log, self.final)
+    except ValidationCancelled:
+      log.warning("SIGTERM during the validation of step %d: validation stopped (the resumed "
+                  "run does it first)", step)
+      self.writer.write(step, {schedule.VALIDATION_CANCELLED: 1.0})
+      self.preempted = True
+      return Outcome.CANCELLED
+    finally:
+      self.t_last = time.time()  # evaluation time does not count against training speed
+    plots.plot_metrics(self.workdir)
+    self.best_ckpt.save(step, self.state, metrics={"bleu": bleu})
+    if self.stopper.update(bleu):
+      log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
+               "evaluations", step, self.stopper.best, self.stopper.patience)
+      return Outcome.STOP_EARLY
+    return Outcome.GO_ON
+
+  def save(self, step: int):
+    self.faults.before_save(step, self.ckpt.directory)
+    self.ckpt.save(step, self.state, self.train_iter)
+    self.clock.done(1)
+    self.faults.after_save(step)
+    self.t_last = time.time()
+
+  def finish(self, step: int, out_of_time: bool) -> dict[str, float]:
+    """After the last step: the stop reported, and the test unless preempted."""
+    self.progress.close()
+    self.preemption.close()
+    self.train_iter.close()
+    if out_of_time and not self.preempted:
+      log.warning("Time budget of %g minutes spent: training ended at step %d of %d (saved, "
+                  "validated; rerun with a larger config.time_budget_minutes to go on)",
+                  self.cfg.time_budget_minutes, step, self.cfg.num_train_steps)
+      self.final["time_budget_stop_at_step"] = step
+    log.info("Data: %s", self.pipeline.filter.summary())
+    if self.preempted:
+      log.warning("Preempted: checkpoint saved at step %d in %s; rerun the same command to "
+                  "resume", step, self.ckpt.directory)
+      self.final["preempted_at_step"] = step
+    else:  # (the test sets: config.data.test_split and each corpus's; none when none is named)
+      self.final.update(validation.test(
+          self.cfg, self.workdir, self.model, self.state.eval_params, self.tok, self.mesh,
+          self.writer, int(jax.device_get(self.state.step))))
+    plots.plot_metrics(self.workdir)
+    self.writer.close()
+    return self.final
+
+
+@contextlib.contextmanager
+def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None):
+  """The run of `cfg` in `workdir`, set up and resumed from its latest checkpoint; on leaving,
+  a save in flight completes (also on an error) before the process ends."""
+  cfg, config_dict = resolution.resolve_dtype(cfg, config_dict, workdir)
+  cfg, config_dict = resolution.keep_data_order(cfg, config_dict, workdir)
+  run = _model_and_data(cfg, workdir)
+  try:
+    _resume(run, config_dict)
+    yield run
+  finally:
+    run.ckpt.close()
+    run.best_ckpt.close()
+
+
+def _model_and_data(cfg: TrainConfig, workdir: Path) -> Run:
+  """The model, its mesh and initial state, the tokenizer, the training batches on their way
+  to the devices, and the checkpointers."""
+  mesh = resolution.make_mesh(cfg)
+  model = Transformer(cfg.model)
+  init, state_sharding = state_init(cfg, model, mesh)  # fails fast on an uneven split
+  tok = load_tokenizer(cfg, workdir)
+  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
+  pipeline = train_pipeline(cfg.data, tok, cfg.seed, jax.process_index(), jax.process_count())
+
+  def to_devices(host_batch):  # (in the prefetch thread: the next batch while a step runs)
+    host_batch, stats = pipeline.split_stats(host_batch)
+    real = int((host_batch["inputs"] > 0).sum() + (host_batch["targets"] > 0).sum())
+    return mesh_lib.global_batch(host_batch, mesh), real, stats
+
+  train_iter = DevicePrefetch(iter(pipeline.dataset), to_devices)
+  state = initialise(init, state_sharding, init_rng)
+  log.info("Model: %s parameters; mesh %s", f"{count_params(state.params):,}",
+           dict(mesh.shape))
+  if cfg.optimizer.ema_decay:
+    log.info("Moving average of the parameters (decay %g): validation, the best checkpoint "
+             "and the test use it", cfg.optimizer.ema_decay)
+  return Run(cfg, workdir, Schedule.of(cfg), model, mesh, tok, pipeline, train_iter, state,
+             Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep),
+             Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu"),
+             state_sharding, dropout_rng=dropout_rng)
+
+
+def _resume(run: Run, config_dict: dict | None):
+  """`run` restored from its latest checkpoint, with its step function, evaluators, writers,
+  clocks and the history its decisions go on from."""
+  cfg, workdir = run.cfg, run.workdir
+  run.start_step, restored = run.ckpt.restore_latest(abstract_like(run.state), run.train_iter)
+  if restored is not None:
+    run.state = restored
+    log.info("Resuming from step %d", run.start_step)
+  if config_dict is not None:  # (only now: a config its checkpoints reject is not recorded)
+    layout.save_config(config_dict, workdir)
+  run.faults = Faults.from_env()
+  run.preemption = Preemption(run.ckpt.manager)
+  run.step_fn = compile_step(cfg, run.model, run.mesh, run.state_sharding,
+                             run.faults.nonfinite_at)
+  run.lr_fn = learning_rate_schedule(cfg.optimizer, cfg.num_train_steps)
+  run.evaluators = validation.evaluators(cfg, run.model, run.tok, run.mesh,
+                                         run.preemption.signalled_here)
+  # (before the writer appends: the records of steps this run redoes go)
+  run.history = truncate_metrics(workdir / METRICS_FILE, run.start_step)
+  run.writer = MetricWriter(workdir, resumed_at=run.start_step)
+  _carry_counts(run.pipeline, run.history)
+  run.clock = WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes)
+  run.budget = TimeBudget(cfg.time_budget_minutes,
+                          schedule.last_logged(run.history, "time/train_minutes", 0.0))
+  run.progress = Progress(cfg.num_train_steps, run.start_step, run.budget.seconds_left())
+  run.t_last = time.time()
+  run.nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
+  run.stopper = schedule.EarlyStopping(cfg.early_stopping_patience,
+                                       schedule.bleu_history(run.history))
+
+
+def _carry_counts(pipeline, history: list[dict]):
+  """The data counts of a resumed run: those logged at its checkpoint's step (pre-tokenized
+  path; the text path counts what grain reads, from 0 in each run)."""
+  if pipeline.epochs is None:
+    return
+  fields, corpus = schedule.carried_counts(history, pipeline.corpus_names)
+  for field, value in fields.items():
+    setattr(pipeline.filter, field, value)
+  for kind, values in corpus.items():
+    setattr(pipeline.filter, f"corpus_{kind}", np.asarray(values, np.int64))

@@ -70,7 +70,7 @@ lint: install
 	$(VENV)/bin/ruff check --quiet .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .test-cache
 
 # Tatoeba de-en: the leak-free split of ../shared/data (see configs/tatoeba_deen.py).
 SHARED ?= ../shared/data

@@ -1,15 +1,18 @@
 """Shared test set-up.
 
 - The repository root on sys.path (the tests import `configs.*` and `tests.helpers`).
-- One persistent JAX compilation cache per test run, used by every process the tests start:
-  the dozens of training subprocesses compile the same tiny-model programs once.
+- The suite's XLA flags and caches that outlive a run (tests/caches.py): one JAX compilation
+  cache per machine, used by every process the tests start, and the tiny config's prepared
+  data and tokenizer, built once per machine.
 - Session fixtures, built once per test run (also across pytest-xdist workers, under a file
-  lock) and then only read: the embedded Multi30k prepared as a TFDS dataset, the tiny
-  config's tokenizer, and a tiny run trained for 20 steps.
+  lock) and then only read. The controller starts `python -m tests.builders` at once, which
+  builds them in the background while the workers run the tests that need none of them (those
+  that do come last in each worker's share).
 """
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,53 +23,80 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
   sys.path.insert(0, str(ROOT))
 
-# Set before JAX is imported (it reads these once). The first pytest process of a run makes
-# the folder; pytest-xdist's workers and every subprocess inherit it.
-RUN_DIR = "TRANSFORMER_JAX_TEST_RUN_DIR"
-_MADE_RUN_DIR = RUN_DIR not in os.environ
-if _MADE_RUN_DIR:
-  os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="transformer_jax_tests_")
-os.environ.update(JAX_COMPILATION_CACHE_DIR=os.path.join(os.environ[RUN_DIR], "jax_cache"),
-                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+from tests import caches  # noqa: E402  (imports no JAX)
 
-from tests import helpers  # noqa: E402
+# Set before JAX is imported (it reads these once). The first pytest process of a run makes
+# the run's folder; pytest-xdist's workers and every subprocess inherit it and the rest.
+RUN_DIR = "TRANSFORMER_JAX_TEST_RUN_DIR"
+_CONTROLLER = RUN_DIR not in os.environ
+if _CONTROLLER:
+  os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="transformer_jax_tests_")
+  os.environ["XLA_FLAGS"] = caches.suite_xla_flags()
+  _CACHE = caches.cache_root(os.environ["XLA_FLAGS"])
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=str(_CACHE / "jax_cache"),
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+                    TRANSFORMER_JAX_TEST_DATA=str(_CACHE / f"data_{caches.data_fingerprint()}"))
+
+from tests import builders, helpers  # noqa: E402,F401
+
+_builder: subprocess.Popen | None = None
+
+
+def pytest_configure(config):
+  global _builder
+  if _CONTROLLER and not config.option.collectonly:
+    log = open(Path(os.environ[RUN_DIR]) / "builders.log", "w")
+    _builder = subprocess.Popen([sys.executable, "-m", "tests.builders", *builders.BACKGROUND],
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
 def pytest_unconfigure(config):
-  if _MADE_RUN_DIR:
-    shutil.rmtree(os.environ[RUN_DIR], ignore_errors=True)
+  if not _CONTROLLER:
+    return
+  if _builder is not None and _builder.poll() is None:
+    _builder.kill()
+    _builder.wait()
+  shutil.rmtree(os.environ[RUN_DIR], ignore_errors=True)
+  data = Path(os.environ["TRANSFORMER_JAX_TEST_DATA"])
+  caches.prune(data.parent, data.name.removeprefix("data_"))
 
 
-def _shared() -> Path:
-  return Path(os.environ[RUN_DIR])
+def pytest_collection_modifyitems(config, items):
+  """Each worker's share (pytest-xdist hands out the collection in halves, then steals) starts
+  with the modules that need no background-built fixture; a module's tests stay together."""
+  modules: dict = {}
+  for item in items:
+    modules.setdefault(item.module.__name__, []).append(item)
+  needs = {name for name, group in modules.items()
+           if any(set(builders.BACKGROUND) & set(i.fixturenames) for i in group)}
+  free = [g for name, g in modules.items() if name not in needs]
+  late = [g for name, g in modules.items() if name in needs]
+  ordered = free[:len(free) // 2] + late[:len(late) // 2] + free[len(free) // 2:] + \
+      late[len(late) // 2:]
+  items[:] = [item for group in ordered for item in group]
 
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
   """A folder of this test run shared by all its processes (for fixtures built once)."""
-  return _shared()
+  return Path(os.environ[RUN_DIR])
 
 
 @pytest.fixture(scope="session")
 def tfds_cache() -> Path:
   """A TFDS cache folder holding the tiny config's corpus (embedded Multi30k, train + val)."""
-  return helpers.built_once(_shared() / "tfds", helpers.prepare_tiny_corpus)
+  return builders.get("tfds_cache")
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tfds_cache) -> Path:
   """The tiny config's SentencePiece model (500 pieces, trained on Multi30k's training split)."""
-  folder = helpers.built_once(_shared() / "tokenizer",
-                              lambda out: helpers.train_tiny_tokenizer(out, tfds_cache))
-  return folder / "spm.model"
+  return builders.get("tiny_tokenizer") / "spm.model"
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tfds_cache, tiny_tokenizer) -> Path:
   """A workdir of the tiny config trained for 20 steps (checkpoints at 10 and 20, evaluated at
   both). Read only: tests that write into a run copy it first (`helpers.copy_run`)."""
-  folder = helpers.built_once(
-      _shared() / "tiny_run", lambda out: helpers.train_in_process(out / "run", tfds_cache,
-                                                                   tiny_tokenizer))
-  return folder / "run"
+  return builders.get("tiny_run") / "run"

@@ -1,10 +1,9 @@
 """Helpers shared by the test files: tiny configs and sections, a fixed packed batch, running
-tools in-process and training in a subprocess, and building shared fixtures once."""
+tools in-process and training in a subprocess, and what the shared fixtures are built from."""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import gzip
 import io
@@ -177,20 +176,6 @@ def assert_resumes_at_the_same_batches(make_dataset, skip: int, check: int):
 
 
 # ------------------------------------------------------------------------------ shared fixtures
-def built_once(folder: Path, build) -> Path:
-  """`folder`, built by `build(folder)` by the first process to get here (the others wait for
-  it, under a file lock); a failed build is redone by the next caller."""
-  folder.parent.mkdir(parents=True, exist_ok=True)
-  with open(f"{folder}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not (folder / ".done").is_file():
-      shutil.rmtree(folder, ignore_errors=True)
-      folder.mkdir()
-      build(folder)
-      (folder / ".done").touch()
-  return folder
-
-
 def prepare_tiny_corpus(cache: Path):
   corpus.get_builder(corpus.corpus_spec(tiny_train_config(**{"data.cache_dir": str(cache)}).data))
 

@@ -14,7 +14,7 @@ import ctranslate2
 import pytest
 import sacrebleu
 
-from tests import helpers
+from tests import caches, helpers
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.configs import default
 from transformer_jax.export import ctranslate2_decoding
@@ -55,7 +55,7 @@ def exported(request, shared_dir, tfds_cache, tiny_tokenizer):
   def build(folder):
     _train(request.param, folder / "run", tfds_cache, tiny_tokenizer)
     export(folder / "run", "latest", folder / "ct2")
-  folder = helpers.built_once(shared_dir / f"export_{request.param}", build)
+  folder = caches.built_once(shared_dir / f"export_{request.param}", build)
   return folder / "run", folder / "ct2"
 
 

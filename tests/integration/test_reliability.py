@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests import helpers
+from tests import caches, helpers
 from tests.helpers import ROOT
 from tests.helpers import assert_bitwise_equal as _assert_bitwise_equal
 from tests.helpers import checkpoint_steps as _steps
@@ -55,7 +55,7 @@ def reference(shared_dir, tfds_cache, tiny_tokenizer):
   """An uninterrupted 12-step run (checkpoints at 4, 8, 12), trained once per test run."""
   build = lambda out: helpers.train_process(out / "reference", tfds_cache, *STEPS,  # noqa: E731
                                             tokenizer=tiny_tokenizer)
-  return helpers.built_once(shared_dir / "reliability", build) / "reference"
+  return caches.built_once(shared_dir / "reliability", build) / "reference"
 
 
 def test_sigterm_then_sigkill_then_rerun_end_bitwise_equal(reference, train, tmp_path):

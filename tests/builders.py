@@ -1,6 +1,7 @@
 """The suite's shared fixtures, each built once by the first process that asks (the others
 wait under a file lock): the tiny config's prepared corpus and tokenizer (per machine, kept
-between runs: tests/caches.py) and the tiny run (per test run).
+between runs: tests/caches.py), and per test run the tiny run, the reliability tests'
+uninterrupted reference run and the export tests' trained and exported model.
 
   python -m tests.builders NAME...   builds them in this order (conftest starts it in the
                                      background for BACKGROUND at the start of a run)
@@ -27,14 +28,44 @@ def _tiny_run(out: Path):
   helpers.train_in_process(out / "run", get("tfds_cache"), get("tiny_tokenizer") / "spm.model")
 
 
+# The reliability tests' schedule (train.py on the one-layer tiny config): 12 steps,
+# checkpoints every 4.
+RELIABILITY_STEPS = [*helpers.ONE_LAYER_FLAGS, "--config.num_train_steps=12",
+                     "--config.checkpoint_every_steps=4", "--config.log_every_steps=2",
+                     "--config.eval_every_steps=1000", "--config.eval_max_sentences=4",
+                     "--config.max_checkpoints_to_keep=3"]
+
+
+def _reliability_reference(out: Path):
+  helpers.train_process(out / "reference", get("tfds_cache"), *RELIABILITY_STEPS,
+                        tokenizer=get("tiny_tokenizer") / "spm.model")
+
+
+# The export tests' model: the tiny config trained for 300 steps, validated only at the end on 8
+# sentences, with a cap of 64 tokens (test2016's references have 13 words on average; a briefly
+# trained model's repetitions would otherwise run to the default 128 on both sides).
+EXPORT_RUN = {"num_train_steps": 300, "checkpoint_every_steps": 300, "data.batch_size": 32,
+              "eval_every_steps": 1000, "eval_max_sentences": 8, "decode.max_length": 64,
+              "data.test_split": ""}
+
+
+def _export(out: Path):
+  from transformer_jax.export.exporter import export  # (ctranslate2: only when built)
+  helpers.train_in_process(out / "run", get("tfds_cache"), get("tiny_tokenizer") / "spm.model",
+                           **EXPORT_RUN)
+  export(out / "run", "latest", out / "ct2")
+
+
 BUILDERS = {  # name: (its folder, how to build it)
     "tfds_cache": (lambda: _data() / "tfds", helpers.prepare_tiny_corpus),
     "tiny_tokenizer": (lambda: _data() / "tokenizer",
                        lambda out: helpers.train_tiny_tokenizer(out, get("tfds_cache"))),
     "tiny_run": (lambda: _run_dir() / "tiny_run", _tiny_run),
+    "reliability_reference": (lambda: _run_dir() / "reliability", _reliability_reference),
+    "exported": (lambda: _run_dir() / "export", _export),
 }
-# The fixtures built in the background while the first tests run.
-BACKGROUND = ("tfds_cache", "tiny_tokenizer", "tiny_run")
+# The fixtures built in the background while the first tests run, in this order.
+BACKGROUND = ("tfds_cache", "tiny_tokenizer", "tiny_run", "reliability_reference", "exported")
 
 
 def get(name: str) -> Path:

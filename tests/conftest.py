@@ -41,6 +41,9 @@ if _CONTROLLER:
 from tests import builders, helpers  # noqa: E402,F401
 
 _builder: subprocess.Popen | None = None
+# The fixtures that read a trained run built in the background: their modules run last in
+# each worker's share.
+LATE_FIXTURES = {"tiny_run", "reference", "exported"}
 
 
 def pytest_configure(config):
@@ -64,12 +67,12 @@ def pytest_unconfigure(config):
 
 def pytest_collection_modifyitems(config, items):
   """Each worker's share (pytest-xdist hands out the collection in halves, then steals) starts
-  with the modules that need no background-built fixture; a module's tests stay together."""
+  with the modules that need no trained fixture; a module's tests stay together."""
   modules: dict = {}
   for item in items:
     modules.setdefault(item.module.__name__, []).append(item)
   needs = {name for name, group in modules.items()
-           if any(set(builders.BACKGROUND) & set(i.fixturenames) for i in group)}
+           if any(LATE_FIXTURES & set(i.fixturenames) for i in group)}
   free = [g for name, g in modules.items() if name not in needs]
   late = [g for name, g in modules.items() if name in needs]
   ordered = free[:len(free) // 2] + late[:len(late) // 2] + free[len(free) // 2:] + \

@@ -281,6 +281,13 @@ def train_process(workdir: Path, cache: Path, *overrides: str, tokenizer: Path |
   return r
 
 
+def xla_env(devices: int, **extra) -> dict:
+  """This process's environment for a child on `devices` CPU devices, with the suite's XLA
+  flags (tests/caches.py) kept."""
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+  return dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", **extra)
+
+
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))

@@ -2,7 +2,6 @@
 with 4 devices, and their collectively written checkpoint restores in one process."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -66,8 +65,7 @@ if jax.process_index() == 0:
 
 
 def _run(num_processes, devices_each, workdir, restore_from=""):
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_each}")
+  env = helpers.xla_env(devices_each)
   port = str(helpers.free_port())
   procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, port, str(i), str(num_processes),
                              str(workdir), str(restore_from)], cwd=ROOT, env=env,
@@ -100,8 +98,7 @@ def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_p
   shutil.copy(tiny_tokenizer, tmp_path / "run" / "spm.model")
   procs = []
   for i in range(2):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = helpers.xla_env(2)
     env.pop("TRANSFORMER_JAX_FAULTS", None)
     if i == 1:
       env["TRANSFORMER_JAX_FAULTS"] = "sigterm@5"

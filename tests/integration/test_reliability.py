@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests import caches, helpers
+from tests import builders, helpers
 from tests.helpers import ROOT
 from tests.helpers import assert_bitwise_equal as _assert_bitwise_equal
 from tests.helpers import checkpoint_steps as _steps
@@ -28,10 +28,7 @@ from transformer_jax.data import corpus
 from transformer_jax.errors import CheckpointError
 from transformer_jax.inference import averaging, trained_run
 
-STEPS = [*helpers.ONE_LAYER_FLAGS, "--config.num_train_steps=12",
-         "--config.checkpoint_every_steps=4", "--config.log_every_steps=2",
-         "--config.eval_every_steps=1000", "--config.eval_max_sentences=4",
-         "--config.max_checkpoints_to_keep=3"]
+STEPS = builders.RELIABILITY_STEPS
 
 
 @pytest.fixture()
@@ -51,11 +48,10 @@ def _assert_finite(state, step):
 
 
 @pytest.fixture(scope="session")
-def reference(shared_dir, tfds_cache, tiny_tokenizer):
-  """An uninterrupted 12-step run (checkpoints at 4, 8, 12), trained once per test run."""
-  build = lambda out: helpers.train_process(out / "reference", tfds_cache, *STEPS,  # noqa: E731
-                                            tokenizer=tiny_tokenizer)
-  return caches.built_once(shared_dir / "reliability", build) / "reference"
+def reference():
+  """An uninterrupted 12-step run (checkpoints at 4, 8, 12), trained once per test run (in the
+  background: tests/builders.py)."""
+  return builders.get("reliability_reference") / "reference"
 
 
 def test_sigterm_then_sigkill_then_rerun_end_bitwise_equal(reference, train, tmp_path):

@@ -1,12 +1,12 @@
 """Data, FSDP and tensor parallelism on 8 fake CPU devices train like one device."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests import helpers
 from tests.helpers import ROOT
 
 SCRIPT = r"""
@@ -67,10 +67,11 @@ print(json.dumps(results))
 """
 
 
-# (mesh shape, micro-batches): two groups, each in a process of its own next to the same
-# one-device reference, so that the two can run in parallel.
-MESHES = {"data and fsdp": [((8, 1, 1), 1), ((2, 4, 1), 1), ((2, 2, 2), 1)],
-          "tensor and micro-batches": [((1, 1, 8), 1), ((2, 2, 2), 2)],
+# (mesh shape, micro-batches): each group in a process of its own next to its one-device
+# reference (the groups can run in parallel).
+MESHES = {"data, fsdp, tensor and micro-batches": [((8, 1, 1), 1), ((2, 4, 1), 1),
+                                                  ((2, 2, 2), 1), ((1, 1, 8), 1),
+                                                  ((2, 2, 2), 2)],
           "variants: rmsnorm, swiglu, 2 key/value heads, relative, EMA": [((2, 4, 1), 1),
                                                                      ((2, 2, 2), 1)],
           "variants: post-LN, geglu, 1 key/value head, rotary": [((2, 4, 1), 1)]}
@@ -85,8 +86,7 @@ VARIANTS = {"variants: rmsnorm, swiglu, 2 key/value heads, relative, EMA": {
 
 @pytest.mark.parametrize("group", sorted(MESHES))
 def test_meshes_match_one_device_and_split_parameters_as_configured(group):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = helpers.xla_env(8)
   variant = VARIANTS.get(group, {})
   r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(MESHES[group]),
                       json.dumps(variant)], cwd=ROOT,

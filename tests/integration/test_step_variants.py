@@ -37,18 +37,17 @@ def _plain_run():
   return cfg, model, state, _train_losses(model, state)[1]
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_gradient_accumulation_matches_the_full_batch(k):
+def test_gradient_accumulation_matches_the_full_batch():
   _, model, state, full = _plain_run()
-  _, accum = _train_losses(model, state, num_micro_batches=k)
+  _, accum = _train_losses(model, state, num_micro_batches=2)  # (any k: the same sums)
   # Same losses and gradient norms over 3 steps: the same updates (parameters are not compared
   # bitwise: Adam turns float-rounding differences of near-zero gradients into full steps).
   assert np.asarray(accum) == pytest.approx(np.asarray(full), rel=1e-6)
 
 
+# (scan and remat together: the block variants below)
 @pytest.mark.parametrize("overrides", [{"model.remat": "full"}, {"model.remat": "dots"},
-                                       {"model.scan_layers": True},
-                                       {"model.scan_layers": True, "model.remat": "full"}])
+                                       {"model.scan_layers": True}])
 def test_remat_and_scan_train_like_the_plain_model(overrides):
   cfg, _, state, plain = _plain_run()
   cfg2 = tiny_train_config(**{"model.dropout_rate": 0.0}, **overrides)

@@ -20,6 +20,7 @@ from tests.helpers import ROOT, assert_bitwise_equal, saved_state
 from tests.sweep_claims import claim_all
 from transformer_jax.reporting.metrics import read_metrics
 from transformer_jax.sweeps import study as sweep
+from transformer_jax.training.preemption import ENV as FAULTS_ENV
 
 
 @pytest.fixture()
@@ -120,9 +121,10 @@ def test_killed_sweep_continues_without_repeating_finished_trials(tmp_path, cach
 
 # Validation at steps 4 and 6 on the whole validation set, in batches of 4 with beam 4: a
 # few seconds (more when compiling), time enough for a worker to die in the middle of it.
+# (validation of step 4 made long by fault injection: 8 batches of one sentence, each after a
+# wait, not by decoding the whole validation split)
 LONG_EVAL_SPEC = sweeps.SPEC.replace('"eval_every_steps": 2', '"eval_every_steps": 4').replace(
-    '"eval_max_sentences": 8', '"eval_max_sentences": 1014, "decode": {{"batch_size": 4, '
-    '"beam_size": 4}}')
+    '"eval_max_sentences": 8', '"eval_max_sentences": 8, "decode": {{"batch_size": 1}}')
 
 
 def _lock_trace(log_text: str) -> list[tuple[str, int]]:
@@ -140,7 +142,9 @@ def test_a_worker_killed_during_a_long_evaluation_never_leaves_two_writers(tmp_p
                    template=LONG_EVAL_SPEC)
   workdir = tmp_path / "sweep"
   trial0 = workdir / "trials" / "0000"
-  worker = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  env = {**os.environ, FAULTS_ENV: "slow_validation@4"}
+  worker = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env)
   _wait_for(lambda: (trial0 / "train.log").is_file()
             and "step 4: validating" in (trial0 / "train.log").read_text(),
             what="trial 0's validation of step 4")

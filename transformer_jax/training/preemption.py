@@ -12,6 +12,8 @@ cluster's preemption handling. Set TRANSFORMER_JAX_FAULTS to comma-separated `ki
   nonfinite@N  step N's gradients are NaN (the update is never applied)
   sigkill_saving@N  SIGKILL right after the save of step N started (its files half written)
   enospc_saving@N   the save of step N fails as on a full disk (OSError ENOSPC)
+  slow_validation@N the validation of step N waits SLOW_BATCH_S before each batch (a long
+                    evaluation, without the CPU time of one)
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import errno
 import logging
 import os
 import signal
+import time
 
 import jax
 
 log = logging.getLogger(__name__)
 
 ENV = "TRANSFORMER_JAX_FAULTS"
+SLOW_BATCH_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,7 @@ class Faults:
   nonfinite_at: int = 0
   sigkill_saving_at: int = 0
   enospc_saving_at: int = 0
+  slow_validation_at: int = 0
 
   @classmethod
   def from_env(cls) -> "Faults":
@@ -48,7 +53,7 @@ class Faults:
       if field not in {f.name for f in dataclasses.fields(cls)} or not step.isdigit():
         raise ValueError(f"{ENV}={spec!r}: {item!r} is not one of sigkill@N, sigterm@N, "
                          "sigterm_validating@N, nonfinite@N, sigkill_saving@N, "
-                         "enospc_saving@N")
+                         "enospc_saving@N, slow_validation@N")
       values[field] = int(step)
     if values:
       log.warning("fault injection (%s=%s): %s", ENV, spec, values)
@@ -70,6 +75,11 @@ class Faults:
     if step == self.sigterm_validating_at:
       log.warning("fault injection: SIGTERM as the validation of step %d starts", step)
       os.kill(os.getpid(), signal.SIGTERM)
+
+  def before_validation_batch(self, step: int):
+    """A slow validation batch of step `step`."""
+    if step == self.slow_validation_at:
+      time.sleep(SLOW_BATCH_S)
 
   def after_step(self, step: int):
     if step == self.sigkill_at:

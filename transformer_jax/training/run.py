@@ -81,6 +81,7 @@ class Run:
   lr_scale: float = 1.0
   skipped: int = 0
   preempted: bool = False
+  validating: int = -1  # the step being validated
 
   def begin(self) -> bool:
     """Before the first step: a validation that SIGTERM cut short is done first; a spent time
@@ -128,9 +129,15 @@ class Run:
     self.progress.update(step, logged)
     self.acc, self.real_tokens, self.t_last = None, 0, time.time()
 
+  def between_validation_batches(self) -> bool:
+    """Whether to cut the validation in progress short (SIGTERM has arrived)."""
+    self.faults.before_validation_batch(self.validating)
+    return self.preemption.signalled_here()
+
   def validate(self, step: int) -> Outcome:
     """Validation of `step`, its best checkpoint and early stopping."""
     self.clock.done(0)
+    self.validating = step
     self.faults.before_validation(step)
     try:
       bleu = validation.validate(self.evaluators, self.state.eval_params, step, self.writer,
@@ -241,7 +248,7 @@ def _resume(run: Run, config_dict: dict | None):
                              run.faults.nonfinite_at)
   run.lr_fn = learning_rate_schedule(cfg.optimizer, cfg.num_train_steps)
   run.evaluators = validation.evaluators(cfg, run.model, run.tok, run.mesh,
-                                         run.preemption.signalled_here)
+                                         run.between_validation_batches)
   # (before the writer appends: the records of steps this run redoes go)
   run.history = truncate_metrics(workdir / METRICS_FILE, run.start_step)
   run.writer = MetricWriter(workdir, resumed_at=run.start_step)

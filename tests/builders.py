@@ -9,6 +9,7 @@ uninterrupted reference run and the export tests' trained and exported model.
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 from pathlib import Path
@@ -64,8 +65,22 @@ BUILDERS = {  # name: (its folder, how to build it)
     "reliability_reference": (lambda: _run_dir() / "reliability", _reliability_reference),
     "exported": (lambda: _run_dir() / "export", _export),
 }
-# The fixtures built in the background while the first tests run, in this order.
-BACKGROUND = ("tfds_cache", "tiny_tokenizer", "tiny_run", "reliability_reference", "exported")
+# The fixtures built in the background while the first tests run, in this order, each with the
+# name of the pytest fixture through which tests read it.
+BACKGROUND = {"tfds_cache": "tfds_cache", "tiny_tokenizer": "tiny_tokenizer",
+              "tiny_run": "tiny_run", "reliability_reference": "reference",
+              "exported": "exported"}
+
+
+def wanted(paths: list[Path]) -> list[str]:
+  """The BACKGROUND fixtures that a function of the test files under `paths` (files or
+  folders; none: all of tests/) takes, in build order."""
+  files = set()
+  for path in paths or [Path(__file__).parent]:
+    files |= set(path.rglob("test_*.py")) if path.is_dir() else {path}
+  used = {arg.arg for f in files if f.is_file() for node in ast.walk(ast.parse(f.read_text()))
+          if isinstance(node, ast.FunctionDef) for arg in node.args.args}
+  return [name for name, fixture in BACKGROUND.items() if fixture in used]
 
 
 def get(name: str) -> Path:

@@ -6,8 +6,8 @@
   data and tokenizer, built once per machine.
 - Session fixtures, built once per test run (also across pytest-xdist workers, under a file
   lock) and then only read. The controller starts `python -m tests.builders` at once, which
-  builds them in the background while the workers run the tests that need none of them (those
-  that do come last in each worker's share).
+  builds those the selected test files use in the background while the workers run the tests
+  that need none of them (those that do come last in each worker's share).
 """
 
 import os
@@ -48,9 +48,11 @@ LATE_FIXTURES = {"tiny_run", "reference", "exported"}
 
 def pytest_configure(config):
   global _builder
-  if _CONTROLLER and not config.option.collectonly:
+  paths = [Path(config.invocation_params.dir, arg.split("::")[0]) for arg in config.args]
+  names = builders.wanted([p for p in paths if p.exists()])
+  if _CONTROLLER and names and not config.option.collectonly:
     log = open(Path(os.environ[RUN_DIR]) / "builders.log", "w")
-    _builder = subprocess.Popen([sys.executable, "-m", "tests.builders", *builders.BACKGROUND],
+    _builder = subprocess.Popen([sys.executable, "-m", "tests.builders", *names],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 

@@ -3,6 +3,7 @@ further step. (Exact resume after a kill: tests/integration/test_reliability.py.
 
 import json
 import logging
+import shutil
 
 from tests import helpers
 from transformer_jax.inference import trained_run
@@ -118,11 +119,13 @@ def test_wall_clock_intervals_count_from_the_last_event():
 
 
 def test_a_resumed_run_carries_its_data_counts_on(tiny_run, tfds_cache, tmp_path):
-  """Stopped at step 10 and resumed: the pairs and epochs logged at step 20 are those of the
-  uninterrupted run (the counts of the batches before the checkpoint come from its record)."""
-  run = tmp_path / "run"
-  helpers.train_in_process(run, tfds_cache, tiny_run / "spm.model", num_train_steps=10)
+  """Resumed from the shared run's checkpoint of step 10: the pairs and epochs logged at step 20
+  are those of the uninterrupted run (the counts of the batches before the checkpoint come from
+  its record; which record is schedule.carried_counts's, tested in test_schedule.py)."""
+  run = helpers.copy_run(tiny_run, tmp_path / "run")
+  shutil.rmtree(run / "checkpoints" / "20")
   helpers.train_in_process(run, tfds_cache, tiny_run / "spm.model")
+  assert helpers.checkpoint_steps(run) == [10, 20]
   for key in ("data/pairs_kept", "data/epochs", "data/filtered_too_long"):
     assert helpers.logged(run, key, 20) == helpers.logged(tiny_run, key, 20)
   assert helpers.logged(run, "data/pairs_kept", 20) > helpers.logged(run, "data/pairs_kept", 10)

@@ -233,7 +233,10 @@ def _mixture(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: in
   members = mixture.members(cfg, tokenizer, process_index, process_count)
   order = mixture.mixed_order([m.store.num_pairs for m in members],
                               [m.weight for m in members], seed, process_index, process_count)
-  ds = _chunks(order, CHUNK_PAIRS, mixture.ReadMixedChunk(members, cfg), cfg)
+  # (as for one corpus, a chunk no larger than the corpora: each pair drawn from a small
+  # mixture costs grain milliseconds, and a full chunk of one would take seconds to read)
+  chunk = min(CHUNK_PAIRS, sum(m.store.num_pairs for m in members))
+  ds = _chunks(order, chunk, mixture.ReadMixedChunk(members, cfg), cfg)
   counts = FilterCounts(cfg, corpus_pairs=np.zeros(len(members), np.int64),
                         corpus_tokens=np.zeros(len(members), np.int64))
   return TrainPipeline(_packed(ds, cfg, process_count, len(members)), counts,

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from tests import caches, helpers
+from transformer_jax.export.exporter import export
 
 
 def _data() -> Path:
@@ -51,7 +52,6 @@ EXPORT_RUN = {"num_train_steps": 300, "checkpoint_every_steps": 300, "data.batch
 
 
 def _export(out: Path):
-  from transformer_jax.export.exporter import export  # (ctranslate2: only when built)
   helpers.train_in_process(out / "run", get("tfds_cache"), get("tiny_tokenizer") / "spm.model",
                            **EXPORT_RUN)
   export(out / "run", "latest", out / "ct2")

@@ -19,6 +19,8 @@ import os
 import shutil
 from pathlib import Path
 
+from transformer_jax.parallel.hardware import cpu_info  # (imports no JAX)
+
 ROOT = Path(__file__).resolve().parents[1]
 SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 MAX_JAX_CACHE_BYTES = 2 << 30
@@ -31,18 +33,9 @@ def suite_xla_flags() -> str:
   return os.environ.get("TRANSFORMER_JAX_TEST_XLA_FLAGS", SUITE_XLA_FLAGS)
 
 
-def _cpu() -> tuple[str, str]:
-  try:
-    text = Path("/proc/cpuinfo").read_text()
-  except OSError:
-    return "unknown", ""
-  fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-  fields = {k.strip(): v.strip() for k, v in fields.items()}
-  return fields.get("model name", "unknown"), " ".join(sorted(fields.get("flags", "").split()))
-
-
 def machine_key(xla_flags: str) -> str:
-  text = "|".join([*_cpu(), importlib.metadata.version("jax"), xla_flags])
+  model, flags = cpu_info()
+  text = "|".join([model, " ".join(sorted(flags)), importlib.metadata.version("jax"), xla_flags])
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

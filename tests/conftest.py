@@ -38,7 +38,7 @@ if _CONTROLLER:
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
                     TRANSFORMER_JAX_TEST_DATA=str(_CACHE / f"data_{caches.data_fingerprint()}"))
 
-from tests import builders, helpers  # noqa: E402,F401
+from tests import builders  # noqa: E402
 
 _builder: subprocess.Popen | None = None
 # The fixtures that read a trained run built in the background: their modules run last in
@@ -48,9 +48,11 @@ LATE_FIXTURES = {"tiny_run", "reference", "exported"}
 
 def pytest_configure(config):
   global _builder
+  if not _CONTROLLER or config.option.collectonly:
+    return
   paths = [Path(config.invocation_params.dir, arg.split("::")[0]) for arg in config.args]
   names = builders.wanted([p for p in paths if p.exists()])
-  if _CONTROLLER and names and not config.option.collectonly:
+  if names:
     log = open(Path(os.environ[RUN_DIR]) / "builders.log", "w")
     _builder = subprocess.Popen([sys.executable, "-m", "tests.builders", *names],
                                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

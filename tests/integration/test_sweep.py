@@ -119,10 +119,9 @@ def test_killed_sweep_continues_without_repeating_finished_trials(tmp_path, cach
   assert not (workdir / "trials" / "0002").exists()
 
 
-# Validation at steps 4 and 6 on the whole validation set, in batches of 4 with beam 4: a
-# few seconds (more when compiling), time enough for a worker to die in the middle of it.
-# (validation of step 4 made long by fault injection: 8 batches of one sentence, each after a
-# wait, not by decoding the whole validation split)
+# Validation at steps 4 and 6 on 8 sentences in batches of one; the test's fault injection
+# (slow_validation@4) waits before each batch of step 4's: time enough for a worker to die in
+# the middle of it, without decoding a whole validation split.
 LONG_EVAL_SPEC = sweeps.SPEC.replace('"eval_every_steps": 2', '"eval_every_steps": 4').replace(
     '"eval_max_sentences": 8', '"eval_max_sentences": 8, "decode": {{"batch_size": 1}}')
 

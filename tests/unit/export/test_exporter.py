@@ -78,8 +78,9 @@ def test_int8_weights_are_smaller_and_score_close(tiny_run, tmp_path):
   exact, quantized = (np.asarray(_their_log_probs(tmp_path / q, run))
                       for q in ("float32", "int8"))
   # (int8 rounding moves a sentence's log-probability in proportion to its size, by how much
-  # depends on the CPU's int8 kernels: up to 0.27 on an AVX2-only EPYC, past a fixed 0.2)
-  assert 0 < np.abs(exact - quantized).max() < 0.1 * np.abs(exact).mean()
+  # depends on the CPU's int8 kernels: on an AVX2-only EPYC up to 0.27 for a mean |log-prob| of
+  # 5.25, past the fixed 0.2 this bound was)
+  assert 0 < np.abs(exact - quantized).max() < 0.07 * np.abs(exact).mean()
 
 
 def test_the_moving_average_is_exported_when_the_run_keeps_one(tmp_path, tfds_cache,

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests import helpers
 from transformer_jax.training import schedule
 from transformer_jax.training.schedule import Outcome, Schedule
 
@@ -87,7 +88,6 @@ def test_a_resumed_run_validates_a_cut_short_step_first_and_trains_nothing_on_a_
 
 
 def test_the_schedule_of_a_config():
-  from tests import helpers
   cfg = helpers.tiny_config()
   sched = Schedule.of(cfg)
   assert (sched.num_train_steps, sched.log_every_steps, sched.eval_every_steps,

@@ -251,7 +251,7 @@ class DecodeConfig:
                         f"top_p={self.top_p} in (0, 1], top_k={self.top_k} >= 0")
 
   def length_limit(self, source_length: int) -> int:
-    """Static decode length for a batch whose longest source has `source_length` tokens."""
+    """The most tokens (EOS included) of the translation of a `source_length`-token source."""
     return max(1, min(self.max_length,
                       int(self.max_length_a * source_length + self.max_length_b)))
 

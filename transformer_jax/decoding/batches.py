@@ -1,4 +1,4 @@
-"""Decoding whole sets: length-sorted batches of fixed shapes (each compiles once), split over
+"""Decoding whole sets: length-sorted batches of a few shapes (each compiles once), split over
 the mesh's batch axes, turned back into text in input order."""
 
 from __future__ import annotations
@@ -7,12 +7,25 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.config.sections import DecodeConfig
+from transformer_jax.decoding import resizing
 from transformer_jax.decoding.mbr import mbr_order
 from transformer_jax.decoding.search import beam_search, greedy_search
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.parallel import mesh as mesh_lib
+
+
+def sentence_caps(cfg: DecodeConfig, inputs_BS: np.ndarray, prefixes_BP: np.ndarray | None,
+                  model_max_len: int) -> np.ndarray:
+  """Each sentence's length cap: min(max_length, a * its source length + b), at least its
+  forced prefix and EOS, at most the model's positions; 0 for an empty (padding) row."""
+  lengths = (inputs_BS > 0).sum(axis=1)
+  caps = np.array([min(cfg.length_limit(int(n)), model_max_len) for n in lengths], np.int32)
+  if prefixes_BP is not None:
+    caps = np.minimum(np.maximum(caps, (prefixes_BP > 0).sum(axis=1) + 1), model_max_len)
+  return np.where(lengths > 0, caps, 0).astype(np.int32)
 
 
 def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
@@ -21,43 +34,51 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
   MBR), best first for beam search. `model`/`params`: one model or tuples (an ensemble);
   the set's target prefixes, if any, are forced.
 
-  Batches are length-sorted, padded to a few fixed shapes and (with a mesh) split over its
-  batch axes; each shape compiles once, the whole search being one compiled program.
+  Batches are length-sorted; each sentence has its own length cap (`sentence_caps`), so its
+  translation does not depend on the batch. A batch has `cfg.batch_size` rows, the last one
+  the smallest of a few sizes that holds it (`resizing.row_sizes`), split over the mesh's
+  batch axes; sentences leave the search as they finish (see `search`). Samples (MBR over
+  samples) are drawn together, a row per sample, each from its own key.
   """
-  batch_size = cfg.batch_size
-  if mesh is not None:
-    batch_size = mesh_lib.round_up_to_data_parallel(batch_size, mesh)
+  unit = 1 if mesh is None else mesh_lib.data_parallel_size(mesh)
+  batch_size = -(-cfg.batch_size // unit) * unit
+  sizes = resizing.row_sizes(batch_size, unit)
   config = (model if isinstance(model, tuple) else (model,))[0].config
   candidates = cfg.mbr_candidates if cfg.mbr else cfg.nbest
+  draws = candidates if cfg.sampling else 1
   base_rng = jax.random.PRNGKey(cfg.seed)
-  for batch_index, (rows, batch) in enumerate(eval_set.batches(batch_size,
-                                                               max_len=config.max_len)):
-    inputs, prefixes = batch["inputs"], batch.get("prefixes")
-    max_len = min(cfg.length_limit(inputs.shape[1]), config.max_len)
+  for rows, batch in eval_set.batches(batch_size, max_len=config.max_len):
+    size = resizing.fitting_size(len(rows), sizes)
+    inputs, prefixes = batch["inputs"][:size], batch.get("prefixes")
     if prefixes is not None:
-      max_len = min(max(max_len, prefixes.shape[1] + 1), config.max_len)
+      prefixes = prefixes[:size]
+    caps = sentence_caps(cfg, inputs, prefixes, config.max_len)
+    max_len = max(1, int(caps.max()))
+    if draws > 1:  # a row per (sentence, draw), a sentence's draws consecutive
+      inputs, caps = np.repeat(inputs, draws, axis=0), np.repeat(caps, draws)
+      prefixes = None if prefixes is None else np.repeat(prefixes, draws, axis=0)
     if mesh is not None:  # every host holds the whole batch; each places its own part
       inputs = mesh_lib.global_array_from_full(inputs, mesh)
       if prefixes is not None:
         prefixes = mesh_lib.global_array_from_full(prefixes, mesh)
     if cfg.greedy or cfg.sampling:
-      draws = []
-      for n in range(candidates if cfg.sampling else 1):  # (MBR over samples: several draws)
-        rng = jax.random.fold_in(base_rng, batch_index) if cfg.sampling else None
-        if rng is not None and candidates > 1:
-          rng = jax.random.fold_in(rng, n)
-        draws.append(greedy_search(model, params, inputs, max_len=max_len, rng=rng,
+      rng = None
+      if cfg.sampling:  # (the key of draw n of sentence i: the seed folded with i, then n)
+        ids = np.zeros((size,), np.int32)
+        ids[:len(rows)] = rows
+        rng = jax.vmap(lambda i, n: jax.random.fold_in(jax.random.fold_in(base_rng, i), n))(
+            jnp.repeat(ids, draws), jnp.tile(jnp.arange(draws), size))
+      seqs, scores = greedy_search(model, params, inputs, max_len=max_len, rng=rng,
                                    temperature=cfg.temperature, top_k=cfg.top_k,
-                                   top_p=cfg.top_p, prefix_BP=prefixes))
-      seqs = jnp.stack([d[0] for d in draws], axis=1)
-      scores = jnp.stack([d[1] for d in draws], axis=1)
+                                   top_p=cfg.top_p, prefix_BP=prefixes, caps=caps, unit=unit)
+      seqs, scores = seqs.reshape(size, draws, -1), scores.reshape(size, draws)
     else:
       seqs, scores = beam_search(model, params, inputs, beam_size=cfg.beam_size,
                                  alpha=cfg.length_penalty, max_len=max_len,
                                  num_return=candidates, min_len=min(cfg.min_length, max_len),
-                                 prefix_BP=prefixes)
+                                 prefix_BP=prefixes, caps=caps, unit=unit)
       seqs, scores = seqs[:, :candidates], scores[:, :candidates]
-    yield rows, mesh_lib.fetch(seqs), mesh_lib.fetch(scores)
+    yield rows, seqs, scores
 
 
 def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,

@@ -1,9 +1,15 @@
-"""Beam search and greedy decoding over the cached decoder, each one compiled program.
+"""Beam search and greedy decoding over the cached decoder.
 
 Beam search keeps `beam_size` live hypotheses per sentence; each step scores 2×beam
 candidates, finishes those ending in EOS that rank within the top `beam_size` (as fairseq does,
 so beam 1 is greedy), and stops when no live hypothesis can beat the best finished one under
 the GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al., 2016).
+
+Every sentence has a length cap of its own (`caps`: the most tokens it may have, EOS
+included): its hypotheses end there, and its search, like its output, depends on nothing else
+in its batch. A sentence leaves the search as soon as it is done: the compiled search loop
+runs until it has to stop for one of `resizing`'s reasons (few sentences left, the cache full),
+then the state is compacted or grown and the loop goes on (see `resizing`).
 
 Both take one model or an ensemble (a tuple of models and a tuple of their parameters, one
 vocabulary): each step's log-probabilities are the members' average. Both can force a target
@@ -18,10 +24,14 @@ import functools
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
+from transformer_jax.decoding import resizing
+from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.transformer import Transformer, unscanned
 from transformer_jax.ops.masking import NEG_INF
+from transformer_jax.parallel import mesh as mesh_lib
 
 
 def length_penalty(length, alpha: float):
@@ -54,20 +64,36 @@ def _gather_beams(tree, beam_indices_BW, batch_size):
   return jax.tree_util.tree_map_with_path(gather, tree)
 
 
+@jax.jit
+def _in_compute_dtype(params, dtype_marker):
+  """The projection kernels cast once to the matmuls' dtype (the marker's), not at every
+  step; the rest (norms, biases, the embedding table, read in f32) as they are."""
+  def cast(path, x):
+    last = getattr(path[-1], "key", None)
+    return x.astype(dtype_marker.dtype) if last == "kernel" else x
+  return jax.tree_util.tree_map_with_path(cast, params)
+
+
 def _members(model, params):
-  """(models, params) of one model or an ensemble, each in the per-layer layout."""
+  """(models, params) of one model or an ensemble, each in the per-layer layout, with its
+  kernels in the compute dtype."""
   if not isinstance(model, tuple):
     model, params = (model,), (params,)
   pairs = [unscanned(m, p) for m, p in zip(model, params)]
-  return tuple(m for m, _ in pairs), tuple(p for _, p in pairs)
+  models = tuple(m for m, _ in pairs)
+  params = tuple(p if compute_dtype(m.config) == jnp.float32
+                 else _in_compute_dtype(p, jnp.zeros((), compute_dtype(m.config)))
+                 for m, (_, p) in zip(models, pairs))
+  return models, params
 
 
-def _decoder_step(models, params, caches, encoded, inputs, tokens_N):
+def _decoder_step(models, params, caches, inputs, tokens_N):
   """Log-probabilities (N, V) of the next token after `tokens_N`, averaged over the ensemble's
   members; PAD is never generated."""
   total, new_caches = 0.0, []
-  for model, p, cache, enc in zip(models, params, caches, encoded):
-    logits, mutated = model.apply({"params": p, "cache": cache}, enc, inputs,
+  for model, p, cache in zip(models, params, caches):
+    # (the encoder's output is in the cache already, as cross-attention keys/values)
+    logits, mutated = model.apply({"params": p, "cache": cache}, None, inputs,
                                   tokens_N[:, None], decode=True, method=Transformer.decode,
                                   mutable=["cache"])
     total = total + jax.nn.log_softmax(logits[:, 0].astype(jnp.float32))
@@ -88,87 +114,164 @@ def _force_prefix(log_probs_NV, prefix_BP, step, rows_per_sentence: int):
   return jnp.where((forced_N > 0)[:, None] & ~keep_NV, NEG_INF, log_probs_NV)
 
 
-def _prepare(models, params, inputs_BS, beams: int, max_len: int):
-  """Encodes each sentence once (per member) and creates the caches for `beams` hypotheses
-  of each."""
-  encoded, caches = [], []
+def _caches(models, params, inputs_BS, beams: int, capacity: int):
+  """Encodes each sentence once (per member) and creates the caches for `beams` hypotheses of
+  each, `capacity` positions long."""
+  caches = []
   for model, p in zip(models, params):
     enc = model.apply({"params": p}, inputs_BS, method=Transformer.encode)
-    _, mutated = model.apply({"params": p}, enc, inputs_BS, max_len, beams,
+    _, mutated = model.apply({"params": p}, enc, inputs_BS, capacity, beams,
                              method=Transformer.init_cache, mutable=["cache"])
-    encoded.append(enc)
     caches.append(mutated["cache"])
-  return tuple(encoded), tuple(caches)
+  return tuple(caches)
+
+
+def _caps(caps, max_len: int, rows: int) -> np.ndarray:
+  """Each row's length cap: `caps` (0 = an empty row, done at once) or max_len for all."""
+  if caps is None:
+    return np.full((rows,), max_len, np.int32)
+  caps = np.asarray(caps, np.int32)
+  if caps.shape != (rows,) or caps.max(initial=0) > max_len:
+    raise ValueError(f"caps must be {rows} lengths <= max_len={max_len}, got {caps}")
+  return caps
+
+
+def _run(state, advance, rows: int, unit: int, store):
+  """Runs the compiled search loop `advance` until every sentence is done; in between, the
+  state loses the finished sentences (`resizing.compact`) or grows (`resizing.grow`).
+  `store(state, sentences)` saves the results of the state's rows (sentences: their
+  indices in the batch) before they may leave."""
+  sizes = resizing.row_sizes(rows, unit)
+  sentences = np.arange(rows)
+  while True:
+    stop_at = resizing.smaller_size(len(sentences), sizes)
+    state, active = advance(state, stop_at=stop_at)
+    active, step = mesh_lib.fetch(active), int(mesh_lib.fetch(state.step))
+    if not active.any():
+      break
+    if active.sum() <= stop_at:  # fewer sentences: a smaller batch
+      store(state, sentences)
+      size = resizing.fitting_size(int(active.sum()), sizes)
+      keep = np.concatenate([np.flatnonzero(active), np.flatnonzero(~active)])[:size]
+      state = resizing.compact(state, keep.astype(np.int32), rows=len(sentences))
+      sentences = sentences[keep]
+    if step == state.capacity:
+      state = resizing.grow(state, length=state.capacity + resizing.SEGMENT)
+  store(state, sentences)
 
 
 @flax.struct.dataclass
 class BeamState:
-  step: jax.Array                 # tokens generated so far
-  live_seqs: jax.Array            # (B, W, L) live hypotheses
+  step: jax.Array                 # tokens generated so far (the same for every sentence)
+  caps: jax.Array                 # (B,) the most tokens each sentence may have
+  inputs: jax.Array               # (B, S) source ids
+  prefix: jax.Array | None        # (B, P) target prefixes to force (0-padded), or None
+  live_seqs: jax.Array            # (B, W, C) live hypotheses
   live_logprobs: jax.Array        # (B, W) their total log-probability
-  finished_seqs: jax.Array        # (B, W, L) finished hypotheses, best first
+  finished_seqs: jax.Array        # (B, W, C) finished hypotheses, best first
   finished_scores: jax.Array      # (B, W) their length-normalised scores
   cache: tuple                    # one decoding cache per ensemble member
 
+  @property
+  def capacity(self) -> int:
+    return self.live_seqs.shape[-1]
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_len",
-                                             "num_return", "min_len"))
+
+@functools.partial(jax.jit, static_argnames=("models", "beam_size"))
+def _start_beam(models, params, inputs_BS, caps_B, prefix_BP, *, beam_size: int):
+  B, W, C = inputs_BS.shape[0], beam_size, resizing.SEGMENT
+  return BeamState(
+      step=jnp.array(0, jnp.int32), caps=caps_B, inputs=inputs_BS, prefix=prefix_BP,
+      live_seqs=jnp.zeros((B, W, C), jnp.int32),
+      live_logprobs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (W - 1)), (B, 1)),
+      finished_seqs=jnp.zeros((B, W, C), jnp.int32),
+      finished_scores=jnp.full((B, W), NEG_INF),
+      cache=_caches(models, params, inputs_BS, W, C))
+
+
+def _beam_active(s: BeamState, alpha: float, num_return: int):
+  """(B,) whether each sentence's search goes on: it is under its cap, and a live hypothesis
+  can still beat its num_return-th finished one (its log-prob only falls, and the length
+  penalty is largest at the cap)."""
+  best_possible = s.live_logprobs[:, 0] / length_penalty(s.caps, alpha)
+  return (s.step < s.caps) & (best_possible > s.finished_scores[:, num_return - 1])
+
+
+def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_len: int):
+  B, W = s.live_seqs.shape[:2]
+  active = _beam_active(s, alpha, num_return)
+  previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
+  log_probs, cache = _decoder_step(models, params, s.cache, s.inputs, _flat(previous))
+  log_probs = _force_prefix(log_probs, s.prefix, s.step, W)
+  if min_len:
+    log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
+  V = log_probs.shape[-1]
+  candidates_BWV = s.live_logprobs[..., None] + _unflat(log_probs, B)
+  top_logprobs, top_ids = jax.lax.top_k(candidates_BWV.reshape(B, W * V), 2 * W)
+  beam_ids, token_ids = top_ids // V, top_ids % V
+  seqs = jnp.take_along_axis(s.live_seqs, beam_ids[..., None], axis=1)
+  seqs = jax.lax.dynamic_update_slice(seqs, token_ids[..., None], (0, 0, s.step))
+  is_last_B1 = (s.step + 1 >= s.caps)[:, None]  # (the sentence's own cap)
+  ended = (token_ids == EOS_ID) | is_last_B1
+  # Only candidates ranked within the top W may finish (the rest only matter as live ones).
+  may_finish = ended & (jnp.arange(2 * W) < W)[None, :]
+  new_scores = jnp.where(may_finish, top_logprobs / length_penalty(s.step + 1, alpha), NEG_INF)
+  all_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)
+  all_seqs = jnp.concatenate([s.finished_seqs, seqs], axis=1)
+  finished_scores, keep = jax.lax.top_k(all_scores, W)
+  finished_seqs = jnp.take_along_axis(all_seqs, keep[..., None], axis=1)
+  # A sentence that is done keeps its finished hypotheses as they are.
+  finished_scores = jnp.where(active[:, None], finished_scores, s.finished_scores)
+  finished_seqs = jnp.where(active[:, None, None], finished_seqs, s.finished_seqs)
+  live_candidates = jnp.where(ended, NEG_INF, top_logprobs)
+  live_logprobs, keep = jax.lax.top_k(live_candidates, W)
+  live_seqs = jnp.take_along_axis(seqs, keep[..., None], axis=1)
+  live_beams = jnp.take_along_axis(beam_ids, keep, axis=1)
+  return s.replace(step=s.step + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
+                   finished_seqs=finished_seqs, finished_scores=finished_scores,
+                   cache=_gather_beams(cache, live_beams, B))
+
+
+@functools.partial(jax.jit, static_argnames=("models", "alpha", "num_return", "min_len",
+                                             "stop_at"))
+def _advance_beam(models, params, state: BeamState, *, alpha: float, num_return: int,
+                  min_len: int, stop_at: int):
+  """Beam steps while the cache has room and more than `stop_at` sentences are searching;
+  returns the state and which sentences are."""
+  def go_on(s):
+    return (s.step < s.capacity) & (jnp.sum(_beam_active(s, alpha, num_return)) > stop_at)
+
+  state = jax.lax.while_loop(
+      go_on, lambda s: _beam_step(models, params, s, alpha, num_return, min_len), state)
+  return state, _beam_active(state, alpha, num_return)
+
+
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
-                num_return: int = 1, min_len: int = 0, prefix_BP=None):
-  """Returns (sequences (B, W, max_len), scores (B, W)), best first; sequences end in EOS
-  (or stop at max_len) and are padded with 0. The search runs until the best `num_return`
-  finished hypotheses can no longer change, so those are exact n-best entries. EOS cannot
-  end a hypothesis of fewer than `min_len` tokens. `model`/`params`: one model or tuples
-  (an ensemble); `prefix_BP`: target prefixes to force (0-padded)."""
+                num_return: int = 1, min_len: int = 0, prefix_BP=None, caps=None,
+                unit: int = 1):
+  """Returns (sequences (B, W, max_len), scores (B, W)) as numpy arrays, best first;
+  sequences end in EOS (or stop at their cap) and are padded with 0. The search of a
+  sentence runs until its best `num_return` finished hypotheses can no longer change, so
+  those are exact n-best entries. EOS cannot end a hypothesis of fewer than `min_len`
+  tokens. `caps`: each sentence's own cap (<= max_len; 0 = an empty row) instead of
+  max_len for all. `model`/`params`: one model or tuples (an ensemble); `prefix_BP`: target
+  prefixes to force (0-padded); `unit`: batch sizes stay multiples of it (the mesh's
+  data-parallel size)."""
   B, W = inputs_BS.shape[0], beam_size
   models, params = _members(model, params)
-  encoded, cache = _prepare(models, params, inputs_BS, W, max_len)
-  state = BeamState(
-      step=jnp.array(0, jnp.int32),
-      live_seqs=jnp.zeros((B, W, max_len), jnp.int32),
-      live_logprobs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (W - 1)), (B, 1)),
-      finished_seqs=jnp.zeros((B, W, max_len), jnp.int32),
-      finished_scores=jnp.full((B, W), NEG_INF),
-      cache=cache)
+  seqs = np.zeros((B, W, max_len), np.int32)
+  scores = np.full((B, W), NEG_INF, np.float32)
 
-  def not_done(s: BeamState):
-    # Done when no live hypothesis can still beat the num_return-th finished one: its
-    # log-prob only falls, and the length penalty is largest at max_len.
-    best_possible = s.live_logprobs[:, 0] / length_penalty(max_len, alpha)
-    return (s.step < max_len) & jnp.any(best_possible > s.finished_scores[:, num_return - 1])
+  def store(s: BeamState, sentences):
+    resizing.store_rows(seqs, sentences, mesh_lib.fetch(s.finished_seqs))
+    scores[sentences] = mesh_lib.fetch(s.finished_scores)
 
-  def step(s: BeamState):
-    previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
-    log_probs, cache = _decoder_step(models, params, s.cache, encoded, inputs_BS,
-                                     _flat(previous))
-    log_probs = _force_prefix(log_probs, prefix_BP, s.step, W)
-    if min_len:
-      log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
-    V = log_probs.shape[-1]
-    candidates_BWV = s.live_logprobs[..., None] + _unflat(log_probs, B)
-    top_logprobs, top_ids = jax.lax.top_k(candidates_BWV.reshape(B, W * V), 2 * W)
-    beam_ids, token_ids = top_ids // V, top_ids % V
-    seqs = jnp.take_along_axis(s.live_seqs, beam_ids[..., None], axis=1)
-    seqs = jax.lax.dynamic_update_slice(seqs, token_ids[..., None], (0, 0, s.step))
-    is_last = s.step + 1 == max_len
-    ended = (token_ids == EOS_ID) | is_last
-    # Only candidates ranked within the top W may finish (the rest only matter as live ones).
-    may_finish = ended & (jnp.arange(2 * W) < W)[None, :]
-    new_scores = jnp.where(may_finish, top_logprobs / length_penalty(s.step + 1, alpha), NEG_INF)
-    all_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)
-    all_seqs = jnp.concatenate([s.finished_seqs, seqs], axis=1)
-    finished_scores, keep = jax.lax.top_k(all_scores, W)
-    finished_seqs = jnp.take_along_axis(all_seqs, keep[..., None], axis=1)
-    live_candidates = jnp.where(ended, NEG_INF, top_logprobs)
-    live_logprobs, keep = jax.lax.top_k(live_candidates, W)
-    live_seqs = jnp.take_along_axis(seqs, keep[..., None], axis=1)
-    live_beams = jnp.take_along_axis(beam_ids, keep, axis=1)
-    return BeamState(step=s.step + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
-                     finished_seqs=finished_seqs, finished_scores=finished_scores,
-                     cache=_gather_beams(cache, live_beams, B))
-
-  state = jax.lax.while_loop(not_done, step, state)
-  return state.finished_seqs, state.finished_scores
+  state = _start_beam(models, params, inputs_BS, _caps(caps, max_len, B), prefix_BP,
+                      beam_size=W)
+  advance = functools.partial(_advance_beam, models, params, alpha=alpha,
+                              num_return=num_return, min_len=min_len)
+  _run(state, advance, B, unit, store)
+  return seqs, scores
 
 
 def _filter_logits(logits_NV, temperature: float, top_k: int, top_p: float):
@@ -187,38 +290,91 @@ def _filter_logits(logits_NV, temperature: float, top_k: int, top_p: float):
   return logits_NV
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_len", "temperature", "top_k",
-                                             "top_p"))
+@flax.struct.dataclass
+class GreedyState:
+  step: jax.Array                 # tokens generated so far (the same for every row)
+  caps: jax.Array                 # (B,) the most tokens each row may have
+  inputs: jax.Array               # (B, S) source ids
+  prefix: jax.Array | None        # (B, P) target prefixes to force (0-padded), or None
+  keys: jax.Array | None          # (B, 2) sampling: each row's random key; None: argmax
+  seqs: jax.Array                 # (B, C) the tokens so far
+  logprobs: jax.Array             # (B,) their total log-probability
+  done: jax.Array                 # (B,) ended (EOS or the cap)
+  cache: tuple                    # one decoding cache per ensemble member
+
+  @property
+  def capacity(self) -> int:
+    return self.seqs.shape[-1]
+
+
+@functools.partial(jax.jit, static_argnames=("models",))
+def _start_greedy(models, params, inputs_BS, caps_B, prefix_BP, keys_B2):
+  B, C = inputs_BS.shape[0], resizing.SEGMENT
+  return GreedyState(
+      step=jnp.array(0, jnp.int32), caps=caps_B, inputs=inputs_BS, prefix=prefix_BP,
+      keys=keys_B2, seqs=jnp.zeros((B, C), jnp.int32), logprobs=jnp.zeros((B,)),
+      done=caps_B <= 0, cache=_caches(models, params, inputs_BS, 1, C))
+
+
+def _greedy_step(models, params, s: GreedyState, temperature: float, top_k: int,
+                 top_p: float):
+  previous = jnp.where(s.step == 0, 0, jnp.take(s.seqs, s.step - 1, axis=1))
+  log_probs, cache = _decoder_step(models, params, s.cache, s.inputs, previous)
+  log_probs = _force_prefix(log_probs, s.prefix, s.step, 1)
+  if s.keys is None:
+    token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
+  else:  # (each row draws from its own key: a sample depends on nothing else in the batch)
+    filtered = _filter_logits(log_probs, temperature, top_k, top_p)
+    token = jax.vmap(lambda key, logits: jax.random.categorical(
+        jax.random.fold_in(key, s.step), logits))(s.keys, filtered).astype(jnp.int32)
+  token = jnp.where(s.done, PAD_ID, token)
+  logprobs = s.logprobs + jnp.where(s.done, 0.0, jnp.take_along_axis(
+      log_probs, token[:, None], axis=1)[:, 0])
+  seqs = jax.lax.dynamic_update_slice(s.seqs, token[:, None], (0, s.step))
+  done = s.done | (token == EOS_ID) | (s.step + 1 >= s.caps)
+  return s.replace(step=s.step + 1, seqs=seqs, logprobs=logprobs, done=done, cache=cache)
+
+
+@functools.partial(jax.jit, static_argnames=("models", "temperature", "top_k", "top_p",
+                                             "stop_at"))
+def _advance_greedy(models, params, state: GreedyState, *, temperature: float, top_k: int,
+                    top_p: float, stop_at: int):
+  """Greedy (or sampling) steps while the cache has room and more than `stop_at` rows are
+  unfinished; returns the state and which rows are."""
+  def go_on(s):
+    return (s.step < s.capacity) & (jnp.sum(~s.done) > stop_at)
+
+  state = jax.lax.while_loop(
+      go_on, lambda s: _greedy_step(models, params, s, temperature, top_k, top_p), state)
+  return state, ~state.done
+
+
+def row_keys(rng, ids) -> jax.Array:
+  """A sampling key per row: `rng` folded with each row's id (e.g. its sentence's index),
+  so that a row's sample does not depend on the batch it is drawn in."""
+  return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.asarray(ids, jnp.uint32))
+
+
 def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperature: float = 1.0,
-                  top_k: int = 0, top_p: float = 1.0, prefix_BP=None):
+                  top_k: int = 0, top_p: float = 1.0, prefix_BP=None, caps=None,
+                  unit: int = 1):
   """Argmax decoding, or ancestral sampling when `rng` is given (with temperature, top-k and
-  top-p filtering). Returns (sequences (B, max_len), total log-probabilities (B,)).
-  `model`/`params` and `prefix_BP` as for beam_search."""
+  top-p filtering): one key, folded with each row's index, or (B, 2) keys, one per row (see
+  `row_keys`). Returns (sequences (B, max_len), total log-probabilities (B,)) as numpy
+  arrays. `model`/`params`, `prefix_BP`, `caps` and `unit` as for beam_search."""
   B = inputs_BS.shape[0]
   models, params = _members(model, params)
-  encoded, cache = _prepare(models, params, inputs_BS, 1, max_len)
+  if rng is not None and jnp.ndim(rng) == 1:
+    rng = row_keys(rng, np.arange(B))
+  seqs = np.zeros((B, max_len), np.int32)
+  logprobs = np.zeros((B,), np.float32)
 
-  def not_done(carry):
-    step, _, _, done, _ = carry
-    return (step < max_len) & ~jnp.all(done)
+  def store(s: GreedyState, sentences):
+    resizing.store_rows(seqs, sentences, mesh_lib.fetch(s.seqs))
+    logprobs[sentences] = mesh_lib.fetch(s.logprobs)
 
-  def step_fn(carry):
-    step, seqs, logprobs, done, cache = carry
-    previous = jnp.where(step == 0, 0, jnp.take(seqs, step - 1, axis=1))
-    log_probs, cache = _decoder_step(models, params, cache, encoded, inputs_BS, previous)
-    log_probs = _force_prefix(log_probs, prefix_BP, step, 1)
-    if rng is None:
-      token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
-    else:
-      filtered = _filter_logits(log_probs, temperature, top_k, top_p)
-      token = jax.random.categorical(jax.random.fold_in(rng, step), filtered).astype(jnp.int32)
-    token = jnp.where(done, PAD_ID, token)
-    logprobs = logprobs + jnp.where(done, 0.0, jnp.take_along_axis(
-        log_probs, token[:, None], axis=1)[:, 0])
-    seqs = jax.lax.dynamic_update_slice(seqs, token[:, None], (0, step))
-    return step + 1, seqs, logprobs, done | (token == EOS_ID), cache
-
-  carry = (jnp.array(0, jnp.int32), jnp.zeros((B, max_len), jnp.int32), jnp.zeros((B,)),
-           jnp.zeros((B,), bool), cache)
-  _, seqs, logprobs, _, _ = jax.lax.while_loop(not_done, step_fn, carry)
+  state = _start_greedy(models, params, inputs_BS, _caps(caps, max_len, B), prefix_BP, rng)
+  advance = functools.partial(_advance_greedy, models, params, temperature=temperature,
+                              top_k=top_k, top_p=top_p)
+  _run(state, advance, B, unit, store)
   return seqs, logprobs

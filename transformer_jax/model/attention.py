@@ -124,12 +124,14 @@ class MultiHeadAttention(nn.Module):
     if decode and self.is_cross_attention:
       # Encoder keys/values never change while decoding: compute them when the cache is made.
       if not self.has_variable("cache", "cached_key"):
-        # (kept in the compute dtype: the attention matmuls cast them to it anyway)
+        # (kept in the compute dtype, which the attention matmuls cast them to anyway, and
+        # head-major, the layout they read: no step transposes them)
         for name, kind in (("cached_key", "key"), ("cached_value", "value")):
-          self.variable("cache", name,
-                        lambda kind=kind: split_heads(kind)(context_BSD).astype(dtype))
+          self.variable("cache", name, lambda kind=kind: split_heads(kind)(
+              context_BSD).astype(dtype).transpose(0, 2, 1, 3))
       k_BSHK = self.get_variable("cache", "cached_key")
       v_BSHK = self.get_variable("cache", "cached_value")
+      kv_layout = "bhsk"  # (k_BSHK, v_BSHK hold (B, H, S, K) here)
       # The encoder ran once per sentence; its `beams` decoder rows (consecutive) query the
       # same keys/values, as extra query positions: (B*W, T) -> (B, W*T).
       q_BTHK = q_BTHK.reshape((k_BSHK.shape[0], -1) + q_BTHK.shape[2:])

@@ -1,0 +1,79 @@
+"""Decoding whole sets: a sentence's translation does not depend on the batch it is in."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from tests import helpers
+from transformer_jax.data.eval_sets import EvalSet
+from transformer_jax.decoding import resizing
+from transformer_jax.decoding.batches import decode_batches, sentence_caps
+from transformer_jax.model.transformer import Transformer
+
+# Source lengths from 2 to 30 tokens: a batch of them spans two 16-token buckets.
+LENGTHS = (2, 5, 9, 14, 21, 30)
+
+
+def _eval_set(ids):
+  return EvalSet([""] * len(ids), [""] * len(ids), list(ids), [np.array([1])] * len(ids))
+
+
+@pytest.fixture(scope="module")
+def random_model():
+  cfg = helpers.section("model", vocab_size=16, d_model=16, num_heads=2, d_ff=32,
+                        num_encoder_layers=1, num_decoder_layers=1, dropout_rate=0.0,
+                        max_len=64, dtype="float32")
+  model = Transformer(cfg)
+  rng = np.random.default_rng(0)
+  sources = [rng.integers(3, 16, n).astype(np.int32) for n in LENGTHS]
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(3), sources[0][None],
+                                             sources[0][None])["params"])
+  return model, params, sources
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_a_translation_is_the_same_alone_and_in_a_batch(random_model, search, dtype):
+  model, params, sources = random_model
+  model = Transformer(dataclasses.replace(model.config, dtype=dtype))
+  cfg = helpers.section("decode", beam_size=3, greedy=search == "greedy", max_length=64,
+                        max_length_a=1.0, max_length_b=2, batch_size=len(sources))
+
+  def decode(ids):
+    return {int(i): (s, c) for rows, seqs, scores in
+            decode_batches(model, params, _eval_set(ids), cfg)
+            for i, s, c in zip(rows, seqs, scores)}
+
+  together = decode(sources)
+  for i, source in enumerate(sources):
+    (alone_seqs, alone_scores), = decode([source]).values()
+    seqs, scores = together[i]
+    width = max(alone_seqs.shape[-1], seqs.shape[-1])
+    pad = [(0, 0)] * (seqs.ndim - 1)
+    np.testing.assert_array_equal(np.pad(alone_seqs, pad + [(0, width - alone_seqs.shape[-1])]),
+                                  np.pad(seqs, pad + [(0, width - seqs.shape[-1])]))
+    np.testing.assert_allclose(alone_scores, scores, rtol=1e-5 if dtype == "float32" else 2e-3)
+    # ...and it ends by the sentence's own cap: len + 2 tokens.
+    assert (seqs[0] > 0).sum() <= LENGTHS[i] + 2
+
+
+def test_each_sentence_has_its_own_cap_and_an_empty_row_none():
+  cfg = helpers.section("decode", max_length=20, max_length_a=1.5, max_length_b=3)
+  inputs = np.array([[5, 6, 1, 0], [5, 6, 7, 1], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(sentence_caps(cfg, inputs, None, 64), [7, 9, 0])
+  np.testing.assert_array_equal(sentence_caps(cfg, inputs, None, 8), [7, 8, 0])
+  prefixes = np.array([[4, 4, 4, 4, 4, 4, 4, 4], [4, 0, 0, 0, 0, 0, 0, 0], [0] * 8])
+  np.testing.assert_array_equal(sentence_caps(cfg, inputs, prefixes, 64), [9, 9, 0])
+
+
+def test_the_batch_sizes_a_search_steps_down_through():
+  assert resizing.row_sizes(128) == [128, 64, 32, 16, 8, 4, 2, 1]
+  assert resizing.row_sizes(100) == [100, 64, 32, 16, 8, 4, 2, 1]
+  assert resizing.row_sizes(16, unit=8) == [16, 8]
+  assert resizing.row_sizes(24, unit=6) == [24, 18, 12, 6]
+  sizes = resizing.row_sizes(100)
+  assert resizing.fitting_size(65, sizes) == 100 and resizing.fitting_size(3, sizes) == 4
+  assert resizing.smaller_size(100, sizes) == 64 and resizing.smaller_size(1, sizes) == 0

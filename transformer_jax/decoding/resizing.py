@@ -1,0 +1,104 @@
+"""The shapes a search runs through: fewer rows as sentences finish, a longer cache as steps go.
+
+A search state is a pytree whose arrays hold one row per sentence (B, ...) or per hypothesis
+(B * W, ..., each sentence's W hypotheses consecutive), plus scalars (the step). Two jitted
+functions change its shape between runs of the compiled search loop:
+
+- `compact` keeps the rows of the sentences still searching (and, to fill a size of the
+  ladder, some finished ones, which stay finished): work per step follows the live sentences;
+- `grow` lengthens the self-attention key/value caches and the token buffers by `SEGMENT`
+  positions: a step attends over, and reorders, the filled part (rounded up to a segment)
+  instead of a cache allocated at the longest possible output.
+
+Each (rows, length) pair is one compiled program per batch shape; the ladders keep them few
+(powers of two for rows, multiples of SEGMENT for length), and the persistent compilation
+cache keeps them across runs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SEGMENT = 16  # cache positions (and token slots) added at a time
+
+
+def row_sizes(batch_rows: int, unit: int = 1) -> list[int]:
+  """The batch sizes a search may run at, largest first: `batch_rows`, then the powers of two
+  below it, each rounded up to a multiple of `unit` (the mesh's data-parallel size)."""
+  sizes, power = {batch_rows}, 1
+  while power < batch_rows:
+    sizes.add(-(-power // unit) * unit)
+    power *= 2
+  return sorted((s for s in sizes if s <= batch_rows), reverse=True)
+
+
+def fitting_size(rows: int, sizes: list[int]) -> int:
+  """The smallest of `sizes` (largest first) that holds `rows` rows."""
+  return min(s for s in sizes if s >= rows)
+
+
+def smaller_size(rows: int, sizes: list[int]) -> int:
+  """The largest size below `rows` (0 if none): a search at `rows` rows stops to compact
+  once no more than that many sentences are left."""
+  return max((s for s in sizes if s < rows), default=0)
+
+
+def segments(length: int) -> int:
+  """`length` rounded up to whole segments."""
+  return SEGMENT * max(1, -(-length // SEGMENT))
+
+
+def _take_rows(x, keep, rows: int):
+  if x.ndim == 0:
+    return x
+  per_sentence = x.shape[0] // rows  # 1 (a sentence's row) or W (its hypotheses)
+  x = x.reshape((rows, per_sentence) + x.shape[1:])
+  x = jnp.take(x, keep, axis=0)
+  return x.reshape((-1,) + x.shape[2:])
+
+
+@functools.partial(jax.jit, static_argnames=("rows",))
+def compact(state, keep, *, rows: int):
+  """The state of the sentences `keep` (indices into the current `rows` sentences), in that
+  order."""
+  return jax.tree_util.tree_map(lambda x: _take_rows(x, keep, rows), state)
+
+
+def _name(key) -> str:
+  return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", ""))))
+
+
+def _grown_axis(path) -> int | None:
+  """The axis `grow` lengthens of the leaf at `path`: a self-attention cache's positions
+  (B, H, C, K), a token buffer's last axis (a state field named *seqs); None: unchanged."""
+  names = [_name(k) for k in path]
+  if names[-1] in ("cached_key", "cached_value") and "self_attention" in names:
+    return 2
+  if names[0].endswith("seqs"):
+    return -1
+  return None
+
+
+@functools.partial(jax.jit, static_argnames=("length",))
+def grow(state, *, length: int):
+  """The state with its self-attention caches and token buffers padded with zeros to
+  `length` positions."""
+  def pad(path, x):
+    axis = _grown_axis(path)
+    if axis is None:
+      return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, widths)
+  return jax.tree_util.tree_map_with_path(pad, state)
+
+
+def store_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray):
+  """`out[rows] = values` along a last axis that may be longer or shorter in `values` (its
+  positions past `out`'s length are 0: no row's cap reaches them)."""
+  width = min(out.shape[-1], values.shape[-1])
+  out[rows, ..., :width] = values[..., :width]

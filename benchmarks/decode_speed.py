@@ -1,6 +1,11 @@
 """Beam-search decoding speed: of a trained run on a split, or of the PyTorch peer's shape.
 
   python benchmarks/decode_speed.py --workdir=runs/default [--split=test2016] [--beam_size=4]
+
+With `--workdir`: beam search, greedy and sampling (one sample, as back-translation draws)
+over the split, cold and warm, with the work each did (sentence-steps run against what a
+batch run to its last sentence's end would run, and the outputs' own lengths), then the MBR
+utilities over 16 samples of `--mbr_sentences` sentences.
   python benchmarks/decode_speed.py --shape=small [--torch_python=/path/to/torch-venv/bin/python]
 
 `--shape=small` decodes like ../shared/peers/torch_peer.py --mode decode: a randomly
@@ -14,6 +19,7 @@ whole search (encoder, cached decoder steps, beam bookkeeping) is one compiled p
 batch shape: there is no per-token Python dispatch.
 """
 
+import collections
 import dataclasses
 import json
 import statistics
@@ -24,12 +30,14 @@ from pathlib import Path
 import flax.linen as nn
 import jax
 import numpy as np
+import sacrebleu
 from absl import app, flags
 
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.configs import default
 from transformer_jax.data.eval_sets import load_eval_set
-from transformer_jax.decoding.batches import translate
+from transformer_jax.decoding import mbr
+from transformer_jax.decoding.batches import decode_batches
 from transformer_jax.decoding.search import beam_search
 from transformer_jax.evaluation.scoring import score
 from transformer_jax.inference import trained_run
@@ -45,6 +53,8 @@ flags.DEFINE_string("split", "", "Split to decode (default: the config's test sp
 flags.DEFINE_integer("beam_size", 4, "Beam size.")
 flags.DEFINE_string("dtype", "auto", "--shape: matmul dtype (auto, float32 or bfloat16).")
 flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
+flags.DEFINE_integer("mbr_sentences", 200, "--workdir: sentences whose 16 samples time the "
+                     "MBR utilities (0: skip).")
 
 
 def peer_shape():
@@ -89,6 +99,43 @@ def peer_shape():
           f"{statistics.median(ours) / statistics.median(peer):.2f}x")
 
 
+def _timed_decode(run, params, eval_set, cfg, rounds: int = 2):
+  """(translations, seconds per round (the first compiles), the work counted in the last)."""
+  timings = []
+  for _ in range(rounds):
+    counts = collections.Counter()
+    t = time.perf_counter()
+    out = [[] for _ in range(len(eval_set))]
+    for rows, seqs, scores in decode_batches(run.model, params, eval_set, cfg, run.mesh,
+                                             counts):
+      for row, index in enumerate(rows):
+        out[index] = [(seqs[row, n], float(scores[row, n])) for n in range(seqs.shape[1])]
+    timings.append(time.perf_counter() - t)
+  return out, timings, counts
+
+
+def _work_line(out, counts) -> str:
+  lengths = sum(int((cands[0][0] > 0).sum()) for cands in out if cands)
+  return (f"sentence-steps run {counts['sentence_steps']:,} (a batch to its last step: "
+          f"{counts['batch_steps']:,}; the outputs' own lengths: {lengths:,}); "
+          f"{len(counts['shapes'])} (rows, cache length) shapes")
+
+
+def _mbr_speed(samples: list[list[str]]):
+  """MBR utilities over each sentence's samples: sacreBLEU's sentence scores pair by pair (as
+  before the pairwise matrices) against decoding.mbr's matrices, which equal them."""
+  for utility, metric in (("chrf", sacrebleu.sentence_chrf), ("bleu", sacrebleu.sentence_bleu)):
+    t = time.perf_counter()
+    slow = [[sum(metric(h, [y]).score for y in c) / len(c) for h in c] for c in samples]
+    t_slow = time.perf_counter() - t
+    t = time.perf_counter()
+    fast = [mbr.expected_utilities(c, utility) for c in samples]
+    t_fast = time.perf_counter() - t
+    print(f"MBR {utility} over {len(samples[0])} candidates: pairwise sacreBLEU calls "
+          f"{len(samples) / t_slow:.1f} sentences/s, pairwise matrices {len(samples) / t_fast:.1f}"
+          f" sentences/s ({t_slow / t_fast:.1f}x; utilities equal: {slow == fast})")
+
+
 def main(_):
   if FLAGS.shape:
     return peer_shape()
@@ -98,21 +145,28 @@ def main(_):
   params = run.params(run.select_one(FLAGS.checkpoint, "decode_speed"))
   split = FLAGS.split or run.cfg.data.test_split
   eval_set = load_eval_set(run.cfg.data, split, run.tokenizer, dataset=run.cfg.data.test_dataset)
-  cfg = dataclasses.replace(run.cfg.decode, beam_size=FLAGS.beam_size)
-  timings = []
-  for _ in range(2):
-    t = time.perf_counter()
-    hyps = translate(run.model, params, eval_set, run.tokenizer, cfg, run.mesh)
-    timings.append(time.perf_counter() - t)
-  bleu = score(hyps, eval_set.references)
   print(f"machine: {hardware.describe_machine()}, {run.mesh.devices.size} device(s); "
-        f"dtype {run.cfg.model.dtype}")
-  print(f"{split}: {len(hyps)} sentences, beam {cfg.beam_size}, batch {cfg.batch_size}, "
-        f"alpha {cfg.length_penalty}")
-  print(f"cold (with compilation): {len(hyps) / timings[0]:.1f} sentences/s "
-        f"({timings[0]:.1f} s)")
-  print(f"warm: {len(hyps) / timings[1]:.1f} sentences/s ({timings[1]:.1f} s)")
-  print(f"BLEU {bleu.bleu:.2f} ({bleu.bleu_signature})")
+        f"dtype {run.cfg.model.dtype}; {split}: {len(eval_set)} sentences, batch "
+        f"{run.cfg.decode.batch_size}")
+  searches = {f"beam {FLAGS.beam_size}": dict(beam_size=FLAGS.beam_size),
+              "greedy": dict(greedy=True),
+              "sampling (1 sample, as back-translation)": dict(sampling=True)}
+  for name, overrides in searches.items():
+    cfg = dataclasses.replace(run.cfg.decode, **overrides)
+    out, timings, counts = _timed_decode(run, params, eval_set, cfg)
+    hyps = [run.tokenizer.decode(c[0][0]) if c else "" for c in out]
+    print(f"{name}: cold (with compilation) {len(out) / timings[0]:.1f} sentences/s "
+          f"({timings[0]:.1f} s), warm {len(out) / timings[1]:.1f} sentences/s "
+          f"({timings[1]:.1f} s); BLEU {score(hyps, eval_set.references).bleu:.2f}")
+    print(f"  {_work_line(out, counts)}")
+  if FLAGS.mbr_sentences:
+    subset = dataclasses.replace(eval_set, sources=eval_set.sources[:FLAGS.mbr_sentences],
+                                 references=eval_set.references[:FLAGS.mbr_sentences],
+                                 source_ids=eval_set.source_ids[:FLAGS.mbr_sentences],
+                                 target_ids=eval_set.target_ids[:FLAGS.mbr_sentences])
+    cfg = dataclasses.replace(run.cfg.decode, sampling=True, mbr="chrf", mbr_candidates=16)
+    out, _, _ = _timed_decode(run, params, subset, cfg, rounds=1)
+    _mbr_speed([[run.tokenizer.decode(s) for s, _ in cands] for cands in out])
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def sentence_caps(cfg: DecodeConfig, inputs_BS: np.ndarray, prefixes_BP: np.ndar
   return np.where(lengths > 0, caps, 0).astype(np.int32)
 
 
-def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
+def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts=None):
   """Decodes every source of `eval_set`; yields (row indices, sequences (B, N, L), scores
   (B, N)) per batch, N = the candidates asked for (cfg.nbest, or cfg.mbr_candidates with
   MBR), best first for beam search. `model`/`params`: one model or tuples (an ensemble);
@@ -38,7 +38,8 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
   translation does not depend on the batch. A batch has `cfg.batch_size` rows, the last one
   the smallest of a few sizes that holds it (`resizing.row_sizes`), split over the mesh's
   batch axes; sentences leave the search as they finish (see `search`). Samples (MBR over
-  samples) are drawn together, a row per sample, each from its own key.
+  samples) are drawn together, a row per sample, each from its own key. `counts`: a Counter
+  that adds up the work done (see search._run).
   """
   unit = 1 if mesh is None else mesh_lib.data_parallel_size(mesh)
   batch_size = -(-cfg.batch_size // unit) * unit
@@ -70,13 +71,14 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None):
             jnp.repeat(ids, draws), jnp.tile(jnp.arange(draws), size))
       seqs, scores = greedy_search(model, params, inputs, max_len=max_len, rng=rng,
                                    temperature=cfg.temperature, top_k=cfg.top_k,
-                                   top_p=cfg.top_p, prefix_BP=prefixes, caps=caps, unit=unit)
+                                   top_p=cfg.top_p, prefix_BP=prefixes, caps=caps, unit=unit,
+                                   counts=counts)
       seqs, scores = seqs.reshape(size, draws, -1), scores.reshape(size, draws)
     else:
       seqs, scores = beam_search(model, params, inputs, beam_size=cfg.beam_size,
                                  alpha=cfg.length_penalty, max_len=max_len,
                                  num_return=candidates, min_len=min(cfg.min_length, max_len),
-                                 prefix_BP=prefixes, caps=caps, unit=unit)
+                                 prefix_BP=prefixes, caps=caps, unit=unit, counts=counts)
       seqs, scores = seqs[:, :candidates], scores[:, :candidates]
     yield rows, seqs, scores
 

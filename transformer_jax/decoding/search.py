@@ -136,17 +136,24 @@ def _caps(caps, max_len: int, rows: int) -> np.ndarray:
   return caps
 
 
-def _run(state, advance, rows: int, unit: int, store):
+def _run(state, advance, rows: int, unit: int, store, counts=None):
   """Runs the compiled search loop `advance` until every sentence is done; in between, the
   state loses the finished sentences (`resizing.compact`) or grows (`resizing.grow`).
   `store(state, sentences)` saves the results of the state's rows (sentences: their
-  indices in the batch) before they may leave."""
+  indices in the batch) before they may leave. `counts` (a Counter, or None) adds up the
+  sentence-steps run ("sentence_steps": rows x steps), those a search of the whole batch to
+  its last step would have run ("batch_steps"), and collects the (rows, cache length) shapes
+  run ("shapes")."""
   sizes = resizing.row_sizes(rows, unit)
-  sentences = np.arange(rows)
+  sentences, step = np.arange(rows), 0
   while True:
     stop_at = resizing.smaller_size(len(sentences), sizes)
+    shape = (len(sentences), state.capacity)
     state, active = advance(state, stop_at=stop_at)
-    active, step = mesh_lib.fetch(active), int(mesh_lib.fetch(state.step))
+    active, previous, step = mesh_lib.fetch(active), step, int(mesh_lib.fetch(state.step))
+    if counts is not None:
+      counts["sentence_steps"] += shape[0] * (step - previous)
+      counts.setdefault("shapes", set()).add(shape)
     if not active.any():
       break
     if active.sum() <= stop_at:  # fewer sentences: a smaller batch
@@ -158,6 +165,8 @@ def _run(state, advance, rows: int, unit: int, store):
     if step == state.capacity:
       state = resizing.grow(state, length=state.capacity + resizing.SEGMENT)
   store(state, sentences)
+  if counts is not None:
+    counts["batch_steps"] += rows * step
 
 
 @flax.struct.dataclass
@@ -248,7 +257,7 @@ def _advance_beam(models, params, state: BeamState, *, alpha: float, num_return:
 
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
                 num_return: int = 1, min_len: int = 0, prefix_BP=None, caps=None,
-                unit: int = 1):
+                unit: int = 1, counts=None):
   """Returns (sequences (B, W, max_len), scores (B, W)) as numpy arrays, best first;
   sequences end in EOS (or stop at their cap) and are padded with 0. The search of a
   sentence runs until its best `num_return` finished hypotheses can no longer change, so
@@ -256,7 +265,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   tokens. `caps`: each sentence's own cap (<= max_len; 0 = an empty row) instead of
   max_len for all. `model`/`params`: one model or tuples (an ensemble); `prefix_BP`: target
   prefixes to force (0-padded); `unit`: batch sizes stay multiples of it (the mesh's
-  data-parallel size)."""
+  data-parallel size); `counts`: a Counter that adds up the work done (see `_run`)."""
   B, W = inputs_BS.shape[0], beam_size
   models, params = _members(model, params)
   seqs = np.zeros((B, W, max_len), np.int32)
@@ -270,7 +279,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
                       beam_size=W)
   advance = functools.partial(_advance_beam, models, params, alpha=alpha,
                               num_return=num_return, min_len=min_len)
-  _run(state, advance, B, unit, store)
+  _run(state, advance, B, unit, store, counts)
   return seqs, scores
 
 
@@ -357,11 +366,11 @@ def row_keys(rng, ids) -> jax.Array:
 
 def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, prefix_BP=None, caps=None,
-                  unit: int = 1):
+                  unit: int = 1, counts=None):
   """Argmax decoding, or ancestral sampling when `rng` is given (with temperature, top-k and
   top-p filtering): one key, folded with each row's index, or (B, 2) keys, one per row (see
   `row_keys`). Returns (sequences (B, max_len), total log-probabilities (B,)) as numpy
-  arrays. `model`/`params`, `prefix_BP`, `caps` and `unit` as for beam_search."""
+  arrays. `model`/`params`, `prefix_BP`, `caps`, `unit` and `counts` as for beam_search."""
   B = inputs_BS.shape[0]
   models, params = _members(model, params)
   if rng is not None and jnp.ndim(rng) == 1:
@@ -376,5 +385,5 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
   state = _start_greedy(models, params, inputs_BS, _caps(caps, max_len, B), prefix_BP, rng)
   advance = functools.partial(_advance_greedy, models, params, temperature=temperature,
                               top_k=top_k, top_p=top_p)
-  _run(state, advance, B, unit, store)
+  _run(state, advance, B, unit, store, counts)
   return seqs, logprobs

@@ -10,7 +10,7 @@ from tests import helpers
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.decoding.batches import translate_nbest
-from transformer_jax.decoding.mbr import expected_utilities, mbr_order
+from transformer_jax.decoding.mbr import UTILITIES, expected_utilities, mbr_order
 
 CANDIDATES = ["a man rides a red bike", "a man rides a bike", "a man is riding a red bike",
               "the dog sleeps", "a man rides a red bicycle"]
@@ -28,6 +28,14 @@ def test_mbr_picks_the_expected_utility_argmax(utility):
   assert order[-1] == 3  # the outlier last
   assert [expected[i] for i in order] == sorted(expected, reverse=True)
   assert mbr_order(["only one"], utility) == [0]
+
+
+@pytest.mark.parametrize("utility", ["chrf", "bleu"])
+def test_the_pairwise_utilities_equal_sacrebleus_sentence_scores(utility):
+  metric = {"chrf": sacrebleu.sentence_chrf, "bleu": sacrebleu.sentence_bleu}[utility]
+  candidates = CANDIDATES + ["", "bike", "a a a a a a", "A man, rides a red bike!  "]
+  matrix = UTILITIES[utility](candidates)
+  assert matrix.tolist() == [[metric(h, [y]).score for y in candidates] for h in candidates]
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,12 @@ initialised small model (d_model 256, 3+3 layers, 4 heads, FFN 1024, vocab 8000)
 sources of 32 tokens, beam 4, alpha 0.6, exactly 32 new tokens (`min_len` = `max_len` = 32,
 as Hugging Face's min_new_tokens = max_new_tokens = 32); sentences/s is the median of 5 warm
 calls. With `--torch_python` the peer (Hugging Face `generate`) runs between our calls.
+`--eos=allowed`: at most 32 new tokens, EOS allowed on both sides (the peer's model and
+inputs through benchmarks/hf_generate.py, without min_new_tokens).
 
-Cold includes compiling one program per batch shape; warm reruns the same batches. The
-whole search (encoder, cached decoder steps, beam bookkeeping) is one compiled program per
-batch shape: there is no per-token Python dispatch.
+Cold includes compiling the programs of each batch shape; warm reruns the same batches. The
+search runs as compiled loops (encoder, cached decoder steps, beam bookkeeping), one per
+(rows, cache length) shape it passes through: there is no per-token Python dispatch.
 """
 
 import collections
@@ -53,6 +55,9 @@ flags.DEFINE_string("split", "", "Split to decode (default: the config's test sp
 flags.DEFINE_integer("beam_size", 4, "Beam size.")
 flags.DEFINE_string("dtype", "auto", "--shape: matmul dtype (auto, float32 or bfloat16).")
 flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
+flags.DEFINE_enum("eos", "forbidden", ["forbidden", "allowed"], "--shape: exactly 32 new "
+                  "tokens (the peer's min_new_tokens = max_new_tokens), or at most 32 with EOS "
+                  "allowed (benchmarks/hf_generate.py on the peer's side).")
 flags.DEFINE_integer("mbr_sentences", 200, "--workdir: sentences whose 16 samples time the "
                      "MBR utilities (0: skip).")
 
@@ -65,19 +70,23 @@ def peer_shape():
   model = Transformer(cfg)
   src = np.random.default_rng(2).integers(3, 8000, (64, 32)).astype(np.int32)
   params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), src[:1], src[:1, :4])["params"])
+  forced = FLAGS.eos == "forbidden"
+  counts = collections.Counter()
 
   def run():
-    return jax.block_until_ready(beam_search(model, params, src, beam_size=4, alpha=0.6,
-                                             max_len=32, min_len=32))
+    return beam_search(model, params, src, beam_size=4, alpha=0.6, max_len=32,
+                       min_len=32 if forced else 0, counts=counts)
 
   t = time.perf_counter()
   seqs, _ = run()
   cold = time.perf_counter() - t
-  assert np.asarray(seqs).shape == (64, 4, 32) and not (np.asarray(seqs)[:, 0] == 1).any()
-  ours, peer = [], []
-  peer_cmd = [FLAGS.torch_python, str(Path(__file__).resolve().parents[2] / "shared" / "peers"
-                                      / "torch_peer.py"), "--config", "small", "--mode",
-              "decode"]
+  lengths = (seqs[:, 0] > 0).sum(axis=1)
+  assert seqs.shape == (64, 4, 32) and (not forced or (lengths == 32).all())
+  ours, peer, peer_info = [], [], {}
+  here = Path(__file__).resolve()
+  peer_cmd = ([FLAGS.torch_python, str(here.parents[2] / "shared" / "peers" / "torch_peer.py"),
+               "--config", "small", "--mode", "decode"] if forced else
+              [FLAGS.torch_python, str(here.parent / "hf_generate.py")])
   for _ in range(FLAGS.rounds):
     times = []
     for _ in range(5):
@@ -87,16 +96,22 @@ def peer_shape():
     ours.append(64 / statistics.median(times))
     if FLAGS.torch_python:
       out = subprocess.run(peer_cmd, capture_output=True, text=True, check=True)
-      peer.append(json.loads(out.stdout.strip().splitlines()[-1])["sentences_per_s"])
+      peer_info = json.loads(out.stdout.strip().splitlines()[-1])
+      peer.append(peer_info["sentences_per_s"])
   print(f"machine: {hardware.describe_machine()}; {time.strftime('%Y-%m-%d %H:%M')}; small shape, "
-        f"64 x 32 source tokens, beam 4, 32 new tokens, {cfg.dtype}")
-  print(f"ours (one compiled program): {statistics.median(ours):.1f} sentences/s warm "
+        f"64 x 32 source tokens, beam 4, " + ("exactly 32 new tokens" if forced else
+                                              "at most 32 new tokens, EOS allowed")
+        + f", {cfg.dtype}")
+  print(f"ours: {statistics.median(ours):.1f} sentences/s warm "
         f"(rounds: {', '.join(f'{x:.1f}' for x in ours)}); first call with compilation "
-        f"{cold:.1f} s")
+        f"{cold:.1f} s; outputs ended before the cap: {(lengths < 32).sum()}/64, mean length "
+        f"{lengths.mean():.1f}")
   if peer:
     print(f"Hugging Face generate: {statistics.median(peer):.1f} sentences/s (rounds: "
           f"{', '.join(f'{x:.1f}' for x in peer)}); ours / HF = "
-          f"{statistics.median(ours) / statistics.median(peer):.2f}x")
+          f"{statistics.median(ours) / statistics.median(peer):.2f}x"
+          + ("" if forced else f"; its outputs ended before the cap: "
+             f"{peer_info['ended_before_cap']}/64, mean length {peer_info['mean_length']}"))
 
 
 def _timed_decode(run, params, eval_set, cfg, rounds: int = 2):

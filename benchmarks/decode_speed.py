@@ -43,8 +43,10 @@ from transformer_jax.decoding.batches import decode_batches
 from transformer_jax.decoding.search import beam_search
 from transformer_jax.evaluation.scoring import score
 from transformer_jax.inference import trained_run
+from transformer_jax.inference.translator import Translator
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import hardware, numerics
+from transformer_jax.parallel.compilation import enable_compilation_cache
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained workdir.")
@@ -58,6 +60,8 @@ flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
 flags.DEFINE_enum("eos", "forbidden", ["forbidden", "allowed"], "--shape: exactly 32 new "
                   "tokens (the peer's min_new_tokens = max_new_tokens), or at most 32 with EOS "
                   "allowed (benchmarks/hf_generate.py on the peer's side).")
+flags.DEFINE_bool("interactive", False, "--workdir: time the first lines translated one by "
+                  "one in a new process (run it twice: the second starts with a warm cache).")
 flags.DEFINE_integer("mbr_sentences", 200, "--workdir: sentences whose 16 samples time the "
                      "MBR utilities (0: skip).")
 
@@ -151,9 +155,30 @@ def _mbr_speed(samples: list[list[str]]):
           f" sentences/s ({t_slow / t_fast:.1f}x; utilities equal: {slow == fast})")
 
 
+def interactive():
+  """The first lines as `transformer-jax-translate --interactive` translates them: the model
+  loaded, the persistent compilation cache on (run twice: the second run starts warm)."""
+  enable_compilation_cache()
+  t = time.perf_counter()
+  translator = Translator(FLAGS.workdir, FLAGS.checkpoint)
+  loaded = time.perf_counter() - t
+  lines = ["Ein Mann fährt mit dem Fahrrad die Straße entlang.",
+           "Zwei kleine Hunde spielen im Schnee.",
+           "Eine Frau in einem roten Kleid sitzt auf einer Bank und liest ein Buch."]
+  times = []
+  for line in lines:
+    t = time.perf_counter()
+    translator.translate([line])
+    times.append(time.perf_counter() - t)
+  print(f"machine: {hardware.describe_machine()}; model loaded in {loaded:.1f} s; line by line: "
+        + ", ".join(f"{x:.3f} s" for x in times))
+
+
 def main(_):
   if FLAGS.shape:
     return peer_shape()
+  if FLAGS.interactive:
+    return interactive()
   if not FLAGS.workdir:
     raise app.UsageError("--workdir (a trained run) or --shape=small is required")
   run = trained_run.load(FLAGS.workdir)

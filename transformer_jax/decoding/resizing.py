@@ -11,8 +11,8 @@ functions change its shape between runs of the compiled search loop:
   instead of a cache allocated at the longest possible output.
 
 Each (rows, length) pair is one compiled program per batch shape; the ladders keep them few
-(powers of two for rows, multiples of SEGMENT for length), and the persistent compilation
-cache keeps them across runs.
+(powers of two for rows, down to FEWEST_ROWS; multiples of SEGMENT for length), and the
+persistent compilation cache keeps them across runs.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-SEGMENT = 16  # cache positions (and token slots) added at a time
+SEGMENT = 32  # cache positions (and token slots) added at a time
+FEWEST_ROWS = 8  # a search is not compacted below this many rows (each size is more programs)
 
 
 def row_sizes(batch_rows: int, unit: int = 1) -> list[int]:
@@ -42,9 +43,9 @@ def fitting_size(rows: int, sizes: list[int]) -> int:
 
 
 def smaller_size(rows: int, sizes: list[int]) -> int:
-  """The largest size below `rows` (0 if none): a search at `rows` rows stops to compact
-  once no more than that many sentences are left."""
-  return max((s for s in sizes if s < rows), default=0)
+  """The largest size below `rows`, not below FEWEST_ROWS (0 if none): a search at `rows`
+  rows stops to compact once no more than that many sentences are left."""
+  return max((s for s in sizes if FEWEST_ROWS <= s < rows), default=0)
 
 
 def segments(length: int) -> int:

@@ -162,6 +162,9 @@ def interactive():
   t = time.perf_counter()
   translator = Translator(FLAGS.workdir, FLAGS.checkpoint)
   loaded = time.perf_counter() - t
+  t = time.perf_counter()
+  translator.warm_up()  # (as translate_lines does before reading the first line)
+  warmed = time.perf_counter() - t
   lines = ["Ein Mann fährt mit dem Fahrrad die Straße entlang.",
            "Zwei kleine Hunde spielen im Schnee.",
            "Eine Frau in einem roten Kleid sitzt auf einer Bank und liest ein Buch."]
@@ -170,7 +173,8 @@ def interactive():
     t = time.perf_counter()
     translator.translate([line])
     times.append(time.perf_counter() - t)
-  print(f"machine: {hardware.describe_machine()}; model loaded in {loaded:.1f} s; line by line: "
+  print(f"machine: {hardware.describe_machine()}; model loaded in {loaded:.1f} s, warmed up in "
+        f"{warmed:.1f} s; line by line: "
         + ", ".join(f"{x:.3f} s" for x in times))
 
 

@@ -9,10 +9,12 @@ import sys
 from collections.abc import Iterable
 from typing import TextIO
 
+import numpy as np
 from tqdm import tqdm
 
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.eval_sets import EvalSet
+from transformer_jax.data.tokenizer import EOS_ID, UNK_ID
 from transformer_jax.decoding.batches import translate_nbest
 from transformer_jax.errors import DataError, UsageError
 from transformer_jax.inference import trained_run
@@ -68,6 +70,16 @@ class Translator:
       results[position] = hyps
     return results
 
+  def warm_up(self):
+    """Translates two made-up sources of 1 and 17 tokens (the two shortest length buckets),
+    so that the programs a line typed interactively needs are traced, and compiled or loaded
+    from the persistent compilation cache, before the first line arrives."""
+    ids = [np.asarray(self.source_prefix + [UNK_ID + 1] * n + [EOS_ID], np.int32)  # (a piece)
+           for n in (1, 17)]
+    for source in ids:
+      translate_nbest(self.model, self.params, EvalSet([""], [""], [source], [source]),
+                      self.run.tokenizer, self.decode, self.run.mesh)
+
   def output_lines(self, index: int, hyps: list[tuple[str, float]]) -> list[str]:
     """One line (nbest 1), or `nbest` lines `INDEX ||| translation ||| score`."""
     if self.decode.nbest == 1:
@@ -84,6 +96,7 @@ class Translator:
     if interactive and prefixes is not None:
       raise UsageError("--prefix_file needs the whole input at once: not with --interactive")
     if interactive:
+      self.warm_up()
       for index, line in enumerate(lines):
         for text in self.output_lines(index, self.translate([line])[0]):
           out.write(text + "\n")

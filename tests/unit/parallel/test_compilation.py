@@ -21,7 +21,8 @@ def test_the_cache_is_per_machine_unless_jax_settings_or_the_switch_decide(tmp_p
 
 def test_enabling_points_jax_at_this_machines_folder(tmp_path, monkeypatch):
   """With no JAX setting, enable_compilation_cache creates the machine's folder and sets
-  jax_compilation_cache_dir to it (JAX's config simulated, so this process keeps its own)."""
+  jax_compilation_cache_dir to it, and the compile time from which programs are kept (JAX's
+  config simulated, so this process keeps its own)."""
   updates = {}
   fake_config = types.SimpleNamespace(jax_compilation_cache_dir=None,
                                       update=lambda key, value: updates.update({key: value}))
@@ -31,5 +32,7 @@ def test_enabling_points_jax_at_this_machines_folder(tmp_path, monkeypatch):
   monkeypatch.delenv(compilation.SWITCH, raising=False)
   compilation.enable_compilation_cache()
   expected = compilation.cache_dir({}, None, tmp_path / "root")
-  assert updates == {"jax_compilation_cache_dir": str(expected)} and expected.is_dir()
+  assert updates == {"jax_compilation_cache_dir": str(expected),
+                     "jax_persistent_cache_min_compile_time_secs":
+                     compilation.MIN_COMPILE_SECONDS} and expected.is_dir()
 

@@ -31,6 +31,7 @@ from transformer_jax.decoding import resizing
 from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.transformer import Transformer, unscanned
 from transformer_jax.ops.masking import NEG_INF
+from transformer_jax.ops.selection import top_k
 from transformer_jax.parallel import mesh as mesh_lib
 
 
@@ -102,25 +103,6 @@ def _decoder_step(models, params, caches, inputs, tokens_N):
   if len(models) > 1:
     log_probs = sum(member_log_probs[1:], log_probs) / len(models)
   return log_probs.at[:, PAD_ID].set(NEG_INF), tuple(new_caches)
-
-
-def top_k(scores_BM, k: int, block: int = 64):
-  """jax.lax.top_k(scores_BM, k) over a long last axis (the beam's W * vocab candidates),
-  the same values and indices (ties: the lower index first) at a fraction of the cost on
-  CPU: the k blocks of `block` scores with the highest maxima hold the top k (a block that
-  ranks below k others by its maximum has k better scores outside it), so only they are
-  searched."""
-  B, M = scores_BM.shape
-  if M <= 16 * block:
-    return jax.lax.top_k(scores_BM, k)
-  padded = jnp.pad(scores_BM, ((0, 0), (0, -M % block)), constant_values=-jnp.inf)
-  blocks_BNK = padded.reshape(B, -1, block)
-  # (the chosen blocks in index order: then position order is index order, for ties)
-  chosen_Bk = jnp.sort(jax.lax.top_k(blocks_BNK.max(axis=-1), k)[1], axis=-1)
-  candidates = jnp.take_along_axis(blocks_BNK, chosen_Bk[..., None], axis=1)
-  values, positions = jax.lax.top_k(candidates.reshape(B, k * block), k)
-  block_ids = jnp.take_along_axis(chosen_Bk, positions // block, axis=1)
-  return values, block_ids * block + positions % block
 
 
 def _force_prefix(log_probs_NV, prefix_BP, step, rows_per_sentence: int):
@@ -237,7 +219,7 @@ def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_
     log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
   V = log_probs.shape[-1]
   candidates_BWV = s.live_logprobs[..., None] + _unflat(log_probs, B)
-  top_logprobs, top_ids = top_k(candidates_BWV.reshape(B, W * V), 2 * W)
+  top_logprobs, top_ids = top_k(candidates_BWV.reshape(B, W * V), 2 * W)  # (ops.selection)
   beam_ids, token_ids = top_ids // V, top_ids % V
   seqs = jnp.take_along_axis(s.live_seqs, beam_ids[..., None], axis=1)
   seqs = jax.lax.dynamic_update_slice(seqs, token_ids[..., None], (0, 0, s.step))

@@ -42,6 +42,12 @@ def fitting_size(rows: int, sizes: list[int]) -> int:
   return min(s for s in sizes if s >= rows)
 
 
+def compacted_size(live: int, sizes: list[int]) -> int:
+  """The size a search compacts `live` sentences into: the smallest that holds them, not
+  below FEWEST_ROWS."""
+  return fitting_size(max(live, FEWEST_ROWS), sizes)
+
+
 def smaller_size(rows: int, sizes: list[int]) -> int:
   """The largest size below `rows`, not below FEWEST_ROWS (0 if none): a search at `rows`
   rows stops to compact once no more than that many sentences are left."""

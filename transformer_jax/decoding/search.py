@@ -161,7 +161,7 @@ def _run(state, advance, rows: int, unit: int, store, counts=None):
       break
     if active.sum() <= stop_at:  # fewer sentences: a smaller batch
       store(state, sentences)
-      size = resizing.fitting_size(int(active.sum()), sizes)
+      size = resizing.compacted_size(int(active.sum()), sizes)
       keep = np.concatenate([np.flatnonzero(active), np.flatnonzero(~active)])[:size]
       state = resizing.compact(state, keep.astype(np.int32), rows=len(sentences))
       sentences = sentences[keep]

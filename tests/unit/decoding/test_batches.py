@@ -76,4 +76,6 @@ def test_the_batch_sizes_a_search_steps_down_through():
   assert resizing.row_sizes(24, unit=6) == [24, 18, 12, 6]
   sizes = resizing.row_sizes(100)
   assert resizing.fitting_size(65, sizes) == 100 and resizing.fitting_size(3, sizes) == 4
-  assert resizing.smaller_size(100, sizes) == 64 and resizing.smaller_size(1, sizes) == 0
+  assert resizing.smaller_size(100, sizes) == 64 and resizing.smaller_size(16, sizes) == 8
+  assert resizing.smaller_size(8, sizes) == 0  # (no compaction below FEWEST_ROWS = 8 rows)
+  assert resizing.compacted_size(3, sizes) == 8 and resizing.compacted_size(20, sizes) == 32

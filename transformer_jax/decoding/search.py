@@ -65,13 +65,12 @@ def _gather_beams(tree, beam_indices_BW, batch_size):
   return jax.tree_util.tree_map_with_path(gather, tree)
 
 
-@jax.jit
-def _in_compute_dtype(params, dtype_marker):
-  """The projection kernels cast once to the matmuls' dtype (the marker's), not at every
-  step; the rest (norms, biases, the embedding table, read in f32) as they are."""
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _in_compute_dtype(params, dtype):
+  """The projection kernels cast once to the matmuls' dtype, not at every step; the rest
+  (norms, biases, the embedding table, read in f32) as they are."""
   def cast(path, x):
-    last = getattr(path[-1], "key", None)
-    return x.astype(dtype_marker.dtype) if last == "kernel" else x
+    return x.astype(dtype) if getattr(path[-1], "key", None) == "kernel" else x
   return jax.tree_util.tree_map_with_path(cast, params)
 
 
@@ -83,7 +82,7 @@ def _members(model, params):
   pairs = [unscanned(m, p) for m, p in zip(model, params)]
   models = tuple(m for m, _ in pairs)
   params = tuple(p if compute_dtype(m.config) == jnp.float32
-                 else _in_compute_dtype(p, jnp.zeros((), compute_dtype(m.config)))
+                 else _in_compute_dtype(p, dtype=compute_dtype(m.config))
                  for m, (_, p) in zip(models, pairs))
   return models, params
 

@@ -41,8 +41,10 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
   samples) are drawn together, a row per sample, each from its own key. `counts`: a Counter
   that adds up the work done (see search._run).
   """
-  unit = 1 if mesh is None else mesh_lib.data_parallel_size(mesh)
-  batch_size = -(-cfg.batch_size // unit) * unit
+  unit, batch_size = 1, cfg.batch_size
+  if mesh is not None:
+    unit = mesh_lib.data_parallel_size(mesh)
+    batch_size = mesh_lib.round_up_to_data_parallel(batch_size, mesh)
   sizes = resizing.row_sizes(batch_size, unit)
   config = (model if isinstance(model, tuple) else (model,))[0].config
   candidates = cfg.mbr_candidates if cfg.mbr else cfg.nbest

@@ -172,16 +172,22 @@ def _run(state, advance, rows: int, unit: int, store, counts=None):
 
 
 @flax.struct.dataclass
-class BeamState:
-  step: jax.Array                 # tokens generated so far (the same for every sentence)
-  caps: jax.Array                 # (B,) the most tokens each sentence may have
+class SearchState:
+  """What every search carries (what `_run` and `resizing` rely on); `capacity`: the cache's
+  length, that of the subclass's token buffers."""
+  step: jax.Array                 # tokens generated so far (the same for every row)
+  caps: jax.Array                 # (B,) the most tokens each sentence (row) may have
   inputs: jax.Array               # (B, S) source ids
   prefix: jax.Array | None        # (B, P) target prefixes to force (0-padded), or None
+  cache: tuple                    # one decoding cache per ensemble member
+
+
+@flax.struct.dataclass
+class BeamState(SearchState):
   live_seqs: jax.Array            # (B, W, C) live hypotheses
   live_logprobs: jax.Array        # (B, W) their total log-probability
   finished_seqs: jax.Array        # (B, W, C) finished hypotheses, best first
   finished_scores: jax.Array      # (B, W) their length-normalised scores
-  cache: tuple                    # one decoding cache per ensemble member
 
   @property
   def capacity(self) -> int:
@@ -302,16 +308,11 @@ def _filter_logits(logits_NV, temperature: float, top_k: int, top_p: float):
 
 
 @flax.struct.dataclass
-class GreedyState:
-  step: jax.Array                 # tokens generated so far (the same for every row)
-  caps: jax.Array                 # (B,) the most tokens each row may have
-  inputs: jax.Array               # (B, S) source ids
-  prefix: jax.Array | None        # (B, P) target prefixes to force (0-padded), or None
+class GreedyState(SearchState):
   keys: jax.Array | None          # (B, 2) sampling: each row's random key; None: argmax
   seqs: jax.Array                 # (B, C) the tokens so far
   logprobs: jax.Array             # (B,) their total log-probability
   done: jax.Array                 # (B,) ended (EOS or the cap)
-  cache: tuple                    # one decoding cache per ensemble member
 
   @property
   def capacity(self) -> int:

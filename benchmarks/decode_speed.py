@@ -181,10 +181,10 @@ def interactive():
 def main(_):
   if FLAGS.shape:
     return peer_shape()
-  if FLAGS.interactive:
-    return interactive()
   if not FLAGS.workdir:
     raise app.UsageError("--workdir (a trained run) or --shape=small is required")
+  if FLAGS.interactive:
+    return interactive()
   run = trained_run.load(FLAGS.workdir)
   params = run.params(run.select_one(FLAGS.checkpoint, "decode_speed"))
   split = FLAGS.split or run.cfg.data.test_split

@@ -1,0 +1,138 @@
+"""Where a beam step's time goes: a profile of the compiled search loop, by part of the model.
+
+  python benchmarks/decode_profile.py --workdir=runs/default [--sentences=128] [--beam_size=4]
+
+Beam-searches one batch of the split (`--batch`, of `--sentences` sentences, batched as
+`evaluate` does: length-sorted) three times: the first
+compiles (XLA's optimised HLO of the search loop is dumped to a temporary folder, so the
+persistent compilation cache is not used), the second runs warm, the third runs under
+`jax.profiler` (a Perfetto trace). The loop's first run at the batch's full size (before any
+finished sentences leave it) is then split by XLA operation, each mapped through the HLO's
+`op_name` to a part: the dense projections, the output layer with its log-softmax, the
+attention products, the beam's cache reorder, top-k, ... The table gives each part's
+milliseconds per step (the operations' own times; on several cores two operations may run
+at once, so the parts can add up to more than a step's wall time).
+"""
+
+import collections
+import dataclasses
+import gzip
+import itertools
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "A trained workdir.", required=True)
+flags.DEFINE_string("split", "", "Split whose first sentences are decoded (default: the "
+                    "config's test split).")
+flags.DEFINE_integer("sentences", 128, "Sentences in the batch.")
+flags.DEFINE_integer("batch", 0, "Which batch of the length-sorted split (0: the shortest "
+                     "sources).")
+flags.DEFINE_integer("beam_size", 4, "Beam size.")
+flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
+
+LOOP = "jit__advance_beam"
+PARTS = (  # (part, a pattern of the operation's op_name), the first that matches
+    ("output layer + log-softmax", r"log_softmax"),
+    ("beam reorder (cache gather)", r"take_along_axis"),
+    ("cross-attention products", r"cross_attention/b\w+,b\w+->"),
+    ("self-attention products", r"self_attention/b\w+,b\w+->"),
+    ("dense projections (Q, K, V, O, FFN)", r"/(query|key|value|output|wi|wo)/\.\.\."),
+    ("attention softmax", r"softmax"),
+    ("top-k", r"top_k|selection"),
+    ("layer norm", r"norm"),
+)
+
+
+def _instructions(dump: Path) -> dict[str, str]:
+  """XLA operation -> its HLO line, from the first search loop compiled (the full size)."""
+  first = sorted(dump.glob(f"module_*.{LOOP}.cpu_after_optimizations.txt"))[0]
+  return dict(re.findall(r"^\s*(?:ROOT )?%(\S+) = (.*)$", first.read_text(), re.M))
+
+
+def _part(op: str, instruction: str) -> str:
+  if op.startswith("copy"):
+    return "copies (the loop's carry)"
+  op_name = re.search(r'op_name="([^"]*)"', instruction)
+  if op_name is None and re.search(r"\bdot\(.*lhs_batch_dims", instruction):
+    return "self-attention products"  # (XLA's rewrite of the cache's einsums drops op_name)
+  for part, pattern in PARTS:
+    if op_name and re.search(pattern, op_name.group(1)):
+      return part
+  return "other (elementwise, bookkeeping)"
+
+
+def _first_loop_run(trace_dir: Path) -> list[dict]:
+  """The trace's events of the search loop's first run (its full-size program)."""
+  trace = next(trace_dir.rglob("perfetto_trace.json.gz"))
+  events = [e for e in json.load(gzip.open(trace))["traceEvents"]
+            if e.get("ph") == "X" and e.get("args", {}).get("hlo_module") == LOOP]
+  first = min(events, key=lambda e: e["ts"])["args"]["run_id"]
+  return [e for e in events if e["args"]["run_id"] == first]
+
+
+def main(_):
+  work = Path(tempfile.mkdtemp(prefix="decode_profile_"))
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_dump_to={work / 'hlo'} --xla_dump_hlo_module_re={LOOP}")
+  import jax  # (after XLA_FLAGS: the backend reads them when it starts)
+  import numpy as np
+
+  from transformer_jax.data.eval_sets import load_eval_set
+  from transformer_jax.decoding.batches import sentence_caps
+  from transformer_jax.decoding.search import beam_search
+  from transformer_jax.inference import trained_run
+  from transformer_jax.parallel import hardware
+
+  run = trained_run.load(FLAGS.workdir)
+  params = run.params(run.select_one(FLAGS.checkpoint, "decode_profile"))
+  split = FLAGS.split or run.cfg.data.test_split
+  eval_set = load_eval_set(run.cfg.data, split, run.tokenizer, dataset=run.cfg.data.test_dataset)
+  batches = eval_set.batches(FLAGS.sentences, max_len=run.cfg.model.max_len)
+  rows, batch = next(itertools.islice(batches, FLAGS.batch, None))
+  inputs = np.asarray(batch["inputs"][:len(rows)])
+  cfg = dataclasses.replace(run.cfg.decode, beam_size=FLAGS.beam_size)
+  caps = sentence_caps(cfg, inputs, None, run.cfg.model.max_len)
+
+  def decode():
+    start = time.perf_counter()
+    beam_search(run.model, params, inputs, beam_size=cfg.beam_size, alpha=cfg.length_penalty,
+                max_len=int(caps.max()), caps=caps)
+    return time.perf_counter() - start
+
+  cold, warm = decode(), decode()
+  jax.profiler.start_trace(str(work / "trace"), create_perfetto_trace=True)
+  traced = decode()
+  jax.profiler.stop_trace()
+
+  instructions = _instructions(work / "hlo")
+  events = _first_loop_run(work / "trace")
+  # (most operations of the loop's body run once a step: the commonest count is the steps)
+  runs_per_op = collections.Counter(e["args"]["hlo_op"] for e in events)
+  steps = collections.Counter(runs_per_op.values()).most_common(1)[0][0]
+  loop_ops = [e for e in events if not e["args"]["hlo_op"].startswith("while")]
+  span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+  per_part = collections.Counter()
+  for e in loop_ops:
+    op = e["args"]["hlo_op"]
+    per_part[_part(op, instructions.get(op, ""))] += e["dur"]
+  total = sum(per_part.values())
+  print(f"machine: {hardware.describe_machine()}; dtype {run.cfg.model.dtype}; {split}: "
+        f"batch {FLAGS.batch}, {len(rows)} sentences (sources of {inputs.shape[1]} positions), "
+        f"beam {cfg.beam_size}: cold {cold:.1f} s, warm {warm:.2f} s, traced {traced:.2f} s")
+  print(f"the loop's full-size run ({len(rows)} x {cfg.beam_size} rows): {steps} steps, "
+        f"{span / steps / 1e3:.1f} ms a step (wall), {total / steps / 1e3:.1f} ms of operations")
+  print("| part | ms per step | share |\n|---|---|---|")
+  for part, micros in per_part.most_common():
+    print(f"| {part} | {micros / steps / 1e3:.1f} | {100 * micros / total:.0f}% |")
+  print(f"(trace and HLO in {work})")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -125,3 +125,39 @@ def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_p
   steps = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
                  if p.name.isdigit())
   assert steps == [saved[0]]
+
+
+def test_a_host_whose_clock_runs_fast_stops_with_the_others_at_the_same_step(tmp_path, tfds_cache,
+                                                                              tiny_tokenizer):
+  """The time budget follows process 0's clock on every host: process 1's clock runs 600 times
+  fast (fault injection), which alone would end its budget at its first step and leave
+  process 0 waiting in the next collective. Both must stop at the same step with the same
+  cooldown factor."""
+  port = str(helpers.free_port())
+  (tmp_path / "run").mkdir()
+  shutil.copy(tiny_tokenizer, tmp_path / "run" / "spm.model")
+  procs = []
+  for i in range(2):
+    env = helpers.xla_env(2)
+    env["TRANSFORMER_JAX_FAULTS"] = "fast_clock@600" if i == 1 else ""
+    procs.append(subprocess.Popen(
+        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
+         f"--config.data.cache_dir={tfds_cache}", *helpers.ONE_LAYER_FLAGS,
+         "--config.num_train_steps=100000", "--config.time_budget_minutes=0.25",
+         "--config.optimizer.cooldown_fraction=0.5", "--config.log_every_steps=5",
+         "--config.checkpoint_every_steps=100000", "--config.eval_every_steps=100000",
+         f"--coordinator_address=127.0.0.1:{port}",
+         "--num_processes=2", f"--process_id={i}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  try:
+    outputs = [p.communicate(timeout=300) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  stops = []
+  for p, (_, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+    stops.append([x.split("training ended at step ")[1].split(" (")[0] for x in err.splitlines()
+                  if "Time budget of 0.25 minutes spent" in x])
+  assert stops[0] == stops[1] and len(stops[0]) == 1, stops  # "N of 100000, factor F"
+  assert int(stops[0][0].split()[0]) >= 5  # past the first logging step on both

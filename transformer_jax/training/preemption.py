@@ -14,6 +14,8 @@ cluster's preemption handling. Set TRANSFORMER_JAX_FAULTS to comma-separated `ki
   enospc_saving@N   the save of step N fails as on a full disk (OSError ENOSPC)
   slow_validation@N the validation of step N waits SLOW_BATCH_S before each batch (a long
                     evaluation, without the CPU time of one)
+  fast_clock@N      this process's training clock runs N times fast (a host whose clock
+                    disagrees: the time budget must not follow it; N is a factor, not a step)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 ENV = "TRANSFORMER_JAX_FAULTS"
 SLOW_BATCH_S = 0.5
+_CLOCK_START = time.time()  # (fast_clock@N counts from here)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Faults:
   sigkill_saving_at: int = 0
   enospc_saving_at: int = 0
   slow_validation_at: int = 0
+  fast_clock_at: int = 0  # (fast_clock@N: a factor)
 
   @classmethod
   def from_env(cls) -> "Faults":
@@ -53,11 +57,18 @@ class Faults:
       if field not in {f.name for f in dataclasses.fields(cls)} or not step.isdigit():
         raise ValueError(f"{ENV}={spec!r}: {item!r} is not one of sigkill@N, sigterm@N, "
                          "sigterm_validating@N, nonfinite@N, sigkill_saving@N, "
-                         "enospc_saving@N, slow_validation@N")
+                         "enospc_saving@N, slow_validation@N, fast_clock@N")
       values[field] = int(step)
     if values:
       log.warning("fault injection (%s=%s): %s", ENV, spec, values)
     return cls(**values)
+
+  def clock(self) -> float:
+    """The training clock in seconds: time.time(), or under fast_clock@N N times fast."""
+    now = time.time()
+    if not self.fast_clock_at:
+      return now
+    return _CLOCK_START + (now - _CLOCK_START) * self.fast_clock_at
 
   def before_save(self, step: int, directory):
     """A full disk at the save of `step`."""

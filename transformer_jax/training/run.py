@@ -79,6 +79,7 @@ class Run:
   real_tokens: int = 0
   t_last: float = dataclasses.field(default_factory=time.time)
   lr_scale: float = 1.0
+  resumed_factor: tuple = (0, 1.0)  # (the step resumed at, the lr factor logged before it)
   skipped: int = 0
   preempted: bool = False
   validating: int = -1  # the step being validated
@@ -86,7 +87,8 @@ class Run:
   def begin(self) -> bool:
     """Before the first step: a validation that SIGTERM cut short is done first; a spent time
     budget trains no step. Returns whether training stops here."""
-    start = self.schedule.start(self.history, self.start_step, self.budget.spent())
+    start = self.schedule.start(self.history, self.start_step,
+                                 self.budget.spent(self.start_step))
     stop = False
     if start.validate_first:
       log.info("Validating step %d first: SIGTERM cut its validation short", self.start_step)
@@ -103,15 +105,18 @@ class Run:
     batch, real, stats = next(self.train_iter)
     self.real_tokens += real
     self.pipeline.count(stats)
-    self.lr_scale = self.schedule.learning_rate_scale(step, self.budget.minutes())
+    self.lr_scale = self.schedule.learning_rate_scale(step, self.budget.minutes(step),
+                                                      self.resumed_factor)
     cooling = [np.float32(self.lr_scale)] * (self.schedule.cooldown_fraction > 0)
     self.state, step_metrics = self.step_fn(self.state, batch, self.dropout_rng, *cooling)
     self.acc = sum_metrics(self.acc, step_metrics)
     self.faults.after_step(step)
     self.preempted = self.preemption.requested(step)
+    if step % self.schedule.log_every_steps == 0:  # (every process, at the same steps)
+      self.budget.agree(step)
     due = (self.clock.due() if self.schedule.asks_wall_clock(step, self.clock.active)
            else (False, False))
-    return self.schedule.actions(step, self.preempted, self.budget.spent(), *due)
+    return self.schedule.actions(step, self.preempted, self.budget.spent(step), *due)
 
   def log_train(self, step: int, actions: Actions):
     """The train metrics of the steps since the last log (a non-finite step under 'stop'
@@ -122,7 +127,8 @@ class Run:
     logged = train_metrics(acc, time.time() - self.t_last, self.real_tokens,
                            float(self.lr_fn(step - 1)) * self.lr_scale, self.skipped,
                            self.pipeline)
-    logged["time/train_minutes"] = self.budget.minutes()
+    logged["time/train_minutes"] = self.budget.minutes(step)
+    logged["train/lr_scale"] = self.lr_scale
     if actions.out_of_time:
       logged["train/time_budget_stop"] = 1.0
     self.writer.write(step, logged)
@@ -171,9 +177,10 @@ class Run:
     self.preemption.close()
     self.train_iter.close()
     if out_of_time and not self.preempted:
-      log.warning("Time budget of %g minutes spent: training ended at step %d of %d (saved, "
-                  "validated; rerun with a larger config.time_budget_minutes to go on)",
-                  self.cfg.time_budget_minutes, step, self.cfg.num_train_steps)
+      log.warning("Time budget of %g minutes spent: training ended at step %d of %d, "
+                  "learning-rate factor %.6f (saved, validated; rerun with a larger "
+                  "config.time_budget_minutes to go on)", self.cfg.time_budget_minutes, step,
+                  self.cfg.num_train_steps, self.lr_scale)
       self.final["time_budget_stop_at_step"] = step
     log.info("Data: %s", self.pipeline.filter.summary())
     if self.preempted:
@@ -255,8 +262,12 @@ def _resume(run: Run, config_dict: dict | None):
   _carry_counts(run.pipeline, run.history)
   run.clock = WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes)
   run.budget = TimeBudget(cfg.time_budget_minutes,
-                          schedule.last_logged(run.history, "time/train_minutes", 0.0))
-  run.progress = Progress(cfg.num_train_steps, run.start_step, run.budget.seconds_left())
+                          schedule.last_logged(run.history, "time/train_minutes", 0.0),
+                          run.start_step, clock=run.faults.clock)
+  run.resumed_factor = (run.start_step,
+                        schedule.last_logged(run.history, "train/lr_scale", 1.0))
+  run.progress = Progress(cfg.num_train_steps, run.start_step,
+                          run.budget.seconds_left(run.start_step))
   run.t_last = time.time()
   run.nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
   run.stopper = schedule.EarlyStopping(cfg.early_stopping_patience,

@@ -50,13 +50,14 @@ class Schedule:
   checkpoint_every_steps: int
   cooldown_fraction: float = 0.0
   time_budget_minutes: float = 0.0
+  warmup_steps: int = 0
 
   @classmethod
   def of(cls, cfg) -> Schedule:
     """The schedule of a TrainConfig."""
     return cls(cfg.num_train_steps, cfg.log_every_steps, cfg.eval_every_steps,
                cfg.checkpoint_every_steps, cfg.optimizer.cooldown_fraction,
-               cfg.time_budget_minutes)
+               cfg.time_budget_minutes, cfg.optimizer.warmup_steps)
 
   def start(self, history: list[dict], start_step: int, budget_spent: bool) -> Start:
     """Before the first step of a run resumed at `start_step` (0: a new run)."""
@@ -80,11 +81,22 @@ class Schedule:
                    and not preempted,
                    save=save, last=last, out_of_time=out_of_time)
 
-  def learning_rate_scale(self, step: int, minutes: float) -> float:
+  def learning_rate_scale(self, step: int, minutes: float,
+                          resumed: tuple[int, float] = (0, 1.0)) -> float:
     """The cooldown factor on the learning rate of update `step` (1-based) after `minutes` of
-    training: see cooldown_scale."""
-    return cooldown_scale(self.cooldown_fraction, step, self.num_train_steps, minutes,
-                          self.time_budget_minutes)
+    training: see cooldown_scale. `resumed`: (the step this run resumed at, the factor logged
+    last before it). A run resumed with a larger time budget or more steps after its cooldown
+    began would jump from that factor up to the new schedule's; instead the factor ramps
+    linearly from it to the schedule's over `warmup_steps` updates (at least 1), as training
+    warmed up at its start, then follows the schedule. A factor already at or above the
+    schedule's (a plain resume) follows the schedule at once."""
+    target = cooldown_scale(self.cooldown_fraction, step, self.num_train_steps, minutes,
+                            self.time_budget_minutes)
+    start_step, start_factor = resumed
+    if start_factor >= target:
+      return target
+    ramp = min(1.0, (step - start_step) / max(self.warmup_steps, 1))
+    return start_factor + (target - start_factor) * ramp
 
 
 def cooldown_scale(fraction: float, step: int, num_steps: int, minutes: float = 0.0,

@@ -46,20 +46,54 @@ class NonFiniteGuard:
 
 class TimeBudget:
   """The wall clock of the training loop against config.time_budget_minutes (0: no limit),
-  counted from this object's creation on top of the `prior_minutes` of earlier runs."""
+  counted from this object's creation on top of the `prior_minutes` of earlier runs.
 
-  def __init__(self, budget_minutes: float, prior_minutes: float):
-    self.budget, self.prior, self.t0 = budget_minutes, prior_minutes, time.time()
+  Every process must stop at the same step and scale its updates by the same cooldown factor,
+  so with several processes the minutes are process 0's: at each logging step (`agree`, which
+  every process calls at the same step) all take process 0's reading, broadcast, and between
+  two logging steps each extrapolates it by the steps done at the last interval's minutes per
+  step: the same numbers on every host, with no collective per step (the budget can therefore
+  end no earlier than the first logging step). One process reads its own clock at every step.
+  `clock`: seconds (time.time; fault injection runs it fast); `shared`/`broadcast`: several
+  processes and process 0's value (default: jax's process count and a broadcast)."""
 
-  def minutes(self) -> float:
-    """Training-loop minutes so far, earlier runs of the workdir included."""
-    return self.prior + (time.time() - self.t0) / 60
+  def __init__(self, budget_minutes: float, prior_minutes: float, start_step: int = 0,
+               clock=time.time, shared: bool | None = None, broadcast=None):
+    self.budget, self.prior, self.clock, self.t0 = budget_minutes, prior_minutes, clock, clock()
+    self.shared = jax.process_count() > 1 if shared is None else shared
+    self.broadcast = broadcast or _from_process_0
+    self.anchor = (start_step, prior_minutes)  # (step, minutes) agreed last
+    self.rate = 0.0                            # minutes per step over the last interval
 
-  def spent(self) -> bool:
-    return self.budget > 0 and self.minutes() >= self.budget
+  def _local_minutes(self) -> float:
+    return self.prior + (self.clock() - self.t0) / 60
 
-  def seconds_left(self) -> float | None:
-    return max(self.budget - self.minutes(), 0.0) * 60 if self.budget > 0 else None
+  def agree(self, step: int):
+    """At a logging step: every process takes process 0's minutes (one process: nothing)."""
+    if not self.shared:
+      return
+    minutes = self.broadcast(self._local_minutes())
+    last_step, last_minutes = self.anchor
+    if step > last_step:
+      self.rate = (minutes - last_minutes) / (step - last_step)
+    self.anchor = (step, minutes)
+
+  def minutes(self, step: int) -> float:
+    """Training-loop minutes at `step`, earlier runs of the workdir included."""
+    if not self.shared:
+      return self._local_minutes()
+    last_step, last_minutes = self.anchor
+    return last_minutes + self.rate * (step - last_step)
+
+  def spent(self, step: int) -> bool:
+    return self.budget > 0 and self.minutes(step) >= self.budget
+
+  def seconds_left(self, step: int) -> float | None:
+    return max(self.budget - self.minutes(step), 0.0) * 60 if self.budget > 0 else None
+
+
+def _from_process_0(value: float) -> float:
+  return float(multihost_utils.broadcast_one_to_all(np.float32(value)))
 
 
 class WallClockIntervals:

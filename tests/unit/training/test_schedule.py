@@ -3,6 +3,7 @@ validates, saves or ends training; what a resumed run does first and carries ove
 cooldown and early stopping. No JAX, no model: the whole file runs in well under a second."""
 
 import ast
+import dataclasses
 import inspect
 import sys
 
@@ -110,6 +111,23 @@ def test_cooldown_decays_to_zero_at_the_last_step_or_at_the_end_of_the_time_budg
   assert scale(0.2, 91, 100, minutes=1.0, budget_minutes=20.0) == pytest.approx(0.5)
   cooled = Schedule(100, 10, 10, 10, cooldown_fraction=0.2, time_budget_minutes=20.0)
   assert cooled.learning_rate_scale(10, 18.0) == pytest.approx(0.5)
+
+
+def test_a_larger_budget_after_a_budget_stop_ramps_the_cooldown_back_up_without_a_jump():
+  """The rule (Schedule.learning_rate_scale): resumed below the new schedule's factor, the
+  factor ramps linearly from where it stopped over warmup_steps updates."""
+  old = Schedule(1000, 10, 10, 10, cooldown_fraction=0.2, time_budget_minutes=20.0,
+                 warmup_steps=50)
+  stop_factor = old.learning_rate_scale(300, 20.0)  # the budget ran out at step 300
+  assert stop_factor == 0.0
+  new = dataclasses.replace(old, time_budget_minutes=60.0)  # rerun with a larger budget
+  factors = [new.learning_rate_scale(step, 20.0 + (step - 300) * 0.01, (300, stop_factor))
+             for step in range(301, 500)]
+  steps = [stop_factor] + factors
+  assert max(abs(b - a) for a, b in zip(steps, steps[1:])) <= 1 / 50 + 1e-9  # no jump
+  assert factors[0] == 1 / 50 and factors[49] == 1.0  # ramped up over 50 updates
+  # A plain resume (its factor at or above the schedule's) follows the schedule at once.
+  assert new.learning_rate_scale(301, 55.0, (300, 0.9)) == new.learning_rate_scale(301, 55.0)
 
 
 def test_early_stopping_counts_evaluations_without_improvement_across_a_resume():

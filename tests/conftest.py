@@ -3,7 +3,8 @@
 - The repository root on sys.path (the tests import `configs.*` and `tests.helpers`).
 - The suite's XLA flags and caches that outlive a run (tests/caches.py): one JAX compilation
   cache per machine, used by every process the tests start, and the tiny config's prepared
-  data and tokenizer, built once per machine.
+  data and tokenizer, built once per machine; XDG_CACHE_HOME points there too, so nothing the
+  package caches (config.folders) lands in the user's home.
 - Session fixtures, built once per test run (also across pytest-xdist workers, under a file
   lock) and then only read. The controller starts `python -m tests.builders` at once, which
   builds those the selected test files use in the background while the workers run the tests
@@ -33,7 +34,10 @@ if _CONTROLLER:
   os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="transformer_jax_tests_")
   os.environ["XLA_FLAGS"] = caches.suite_xla_flags()
   _CACHE = caches.cache_root(os.environ["XLA_FLAGS"])
-  os.environ.update(JAX_COMPILATION_CACHE_DIR=str(_CACHE / "jax_cache"),
+  # XDG_CACHE_HOME: the package's caches (prepared data, compiled programs, the numerics
+  # probe's figures; matplotlib's too) go under the suite's folder, never the user's home.
+  os.environ.update(XDG_CACHE_HOME=str(_CACHE / "xdg"),
+                    JAX_COMPILATION_CACHE_DIR=str(_CACHE / "jax_cache"),
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
                     TRANSFORMER_JAX_TEST_DATA=str(_CACHE / f"data_{caches.data_fingerprint()}"))

@@ -26,6 +26,7 @@ from array_record.python import array_record_module
 from tensorflow_datasets.core import example_serializer
 
 from transformer_jax.config.corpora import CleaningConfig
+from transformer_jax.config.folders import cache_home
 from transformer_jax.config.sections import DataConfig
 from transformer_jax.data import cleaning as cleaning_lib
 from transformer_jax.data.text import read_lines
@@ -35,7 +36,9 @@ log = logging.getLogger(__name__)
 
 # The embedded default corpus (Multi30k Task 1, de/en, train/val/test2016).
 EMBEDDED_MULTI30K = Path(__file__).parents[1] / "corpora" / "multi30k"
-DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "transformer_jax", "tfds")
+def default_cache_dir() -> str:
+  """Prepared datasets when config.data.cache_dir is "": the package's cache folder's tfds/."""
+  return str(cache_home() / "tfds")
 
 
 def corpus_file(folder: str | Path, split: str, lang: str) -> Path:
@@ -316,7 +319,7 @@ def corpus_spec(cfg: DataConfig, dataset: str = "") -> CorpusSpec:
                                      (cfg.test_split, cfg.test_dataset))
              if split and (ds or cfg.dataset) == dataset]
   return CorpusSpec(dataset, cfg.data_dir, cfg.source_lang, cfg.target_lang,
-                    tuple(dict.fromkeys(splits)), cfg.cache_dir or DEFAULT_CACHE_DIR,
+                    tuple(dict.fromkeys(splits)), cfg.cache_dir or default_cache_dir(),
                     cfg.cleaning, cfg.train_split)
 
 

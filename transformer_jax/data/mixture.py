@@ -31,7 +31,7 @@ def spec_of(entry: CorpusConfig, cfg: DataConfig, splits: tuple[str, ...] = ()
             ) -> corpus.CorpusSpec:
   """Where a mixture's corpus lives, serving `splits` (default: its training split)."""
   return corpus.CorpusSpec(entry.dataset, entry.data_dir, entry.source_lang, entry.target_lang,
-                           splits or (entry.split,), cfg.cache_dir or corpus.DEFAULT_CACHE_DIR,
+                           splits or (entry.split,), cfg.cache_dir or corpus.default_cache_dir(),
                            cfg.cleaning, entry.split)
 
 

@@ -121,14 +121,19 @@ class TrainedRun:
 def load(workdir: str | Path, dtype: str = "") -> TrainedRun:
   """Reads `<workdir>/config.json` and the run's tokenizer; errors name what is missing.
   `dtype`: the matmul dtype to run the model in ("float32", "bfloat16", "auto"; "" = the
-  run's)."""
+  run's, except that a run trained in bf16 runs in this machine's choice: its bf16 weights
+  lose nothing in f32, and a CPU without native bf16 would only emulate it, slower)."""
   workdir = Path(workdir)
   cfg = from_config_dict(ml_collections.ConfigDict(layout.read_config(workdir)))
   if dtype:
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
-  if cfg.model.dtype == "auto":  # (training records the resolved dtype; a hand-made file may not)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(
-        cfg.model, dtype=numerics.resolve("auto").dtype))
+  # ("auto": training records the resolved dtype, a hand-made file may not)
+  if cfg.model.dtype == "auto" or (not dtype and cfg.model.dtype == "bfloat16"):
+    choice = numerics.resolve("auto")
+    if choice.dtype != cfg.model.dtype:
+      log.info("%s runs in %s (this machine's choice: %s)", workdir, choice.dtype,
+               choice.reason)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=choice.dtype))
   tok_path = layout.tokenizer_path(cfg, workdir)
   with layout.naming_recorded_fingerprint(workdir):
     tokenizer = Tokenizer.load(tok_path)

@@ -2,9 +2,10 @@
 compiled on this machine (a resumed run, each sweep trial, evaluate after train) loads it.
 
 JAX's own settings win (`JAX_COMPILATION_CACHE_DIR`, or `jax_compilation_cache_dir` set in
-code); otherwise the cache lives in `~/.cache/transformer_jax/jax_cache/<machine>`, one folder
-per CPU model, ISA flags, jax version and XLA_FLAGS, so that a home directory shared by
-machines of different kinds never hands one of them code compiled for another.
+code); otherwise the cache lives in `jax_cache/<machine>` under the package's cache folder
+(`config.folders.cache_home`: `$XDG_CACHE_HOME/transformer_jax` or `~/.cache/transformer_jax`),
+one folder per CPU model, ISA flags, jax version and XLA_FLAGS, so that a home directory
+shared by machines of different kinds never hands one of them code compiled for another.
 `TRANSFORMER_JAX_COMPILATION_CACHE=0` turns it off. Programs that took at least
 MIN_COMPILE_SECONDS to compile are kept (JAX's default is 1 s: the decoder's search loops for a
 few rows compile faster than that, and a line translated interactively would wait for them
@@ -20,27 +21,28 @@ from pathlib import Path
 
 import jax
 
+from transformer_jax.config.folders import cache_home
 from transformer_jax.parallel import numerics
 from transformer_jax.parallel.hardware import cpu_info
 
 log = logging.getLogger(__name__)
 
 SWITCH = "TRANSFORMER_JAX_COMPILATION_CACHE"
-DEFAULT_ROOT = Path(os.path.expanduser("~")) / ".cache" / "transformer_jax" / "jax_cache"
 MIN_COMPILE_SECONDS = 0.1
 
 
 def cache_dir(environ: Mapping[str, str], configured: str | None,
-              root: Path = DEFAULT_ROOT) -> Path | None:
-  """Where the cache should be, or None when JAX's own setting or the switch decides."""
+              root: Path | None = None) -> Path | None:
+  """Where the cache should be (under `root`, by default the package's cache folder's
+  jax_cache/), or None when JAX's own setting or the switch decides."""
   if environ.get(SWITCH, "1") == "0" or environ.get("JAX_COMPILATION_CACHE_DIR") or configured:
     return None
-  return root / numerics.machine_key(*cpu_info())
+  return (root or cache_home() / "jax_cache") / numerics.machine_key(*cpu_info())
 
 
 def enable_compilation_cache():
   """Points JAX's persistent compilation cache at this machine's folder (see the module doc)."""
-  folder = cache_dir(os.environ, jax.config.jax_compilation_cache_dir, DEFAULT_ROOT)
+  folder = cache_dir(os.environ, jax.config.jax_compilation_cache_dir)
   if folder is None:
     return
   try:

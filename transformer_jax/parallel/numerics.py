@@ -1,18 +1,24 @@
 """The matmul input dtype the hardware runs fastest: `config.model.dtype="auto"` resolved.
 
 bf16 inputs with f32 accumulation where the backend multiplies bf16 natively and faster than
-f32 (GPUs, TPUs, CPUs with AVX-512 BF16 or AMX), exact f32 elsewhere. On a CPU:
+f32, exact f32 elsewhere:
 
-- flags without a native bf16 dot product (no `avx512_bf16`, no `amx_bf16`, e.g. AVX2-only
-  machines): f32 at once; there bf16 is emulated and slower than f32;
-- flags with one, or no flags to read (not Linux): a short measured probe (one bf16 and one f32
-  matmul, well under a second) decides, since a library or an `XLA_FLAGS` setting may still
-  run bf16 slowly. Its figures are cached per machine (CPU model, flags, jax version and
-  XLA_FLAGS) in `~/.cache/transformer_jax/numerics.json`, so later runs start without it.
+- TPUs: bf16. NVIDIA GPUs: bf16 from compute capability 8.0 (Ampere: A100, RTX 30xx; Hopper,
+  Ada, Blackwell), f32 below (P100, V100, T4 and older emulate bf16). AMD GPUs: bf16 on the
+  CDNA matrix cores (gfx908, gfx90a, gfx94x, gfx95x), f32 elsewhere.
+- CPUs whose flags show no native bf16 dot product (no `avx512_bf16` or `amx_bf16` on x86, no
+  `bf16` on ARM; e.g. AVX2-only machines): f32 at once; there bf16 is emulated and slower.
+- CPUs with one, or no flags to read (not Linux): a short measured probe decides (bf16 against
+  f32 matmuls, three times, the median ratio kept; about a second), since a library or an
+  `XLA_FLAGS` setting may still run bf16 slowly. Its figures are cached per machine (CPU
+  model, flags, jax version and XLA_FLAGS) in the package's cache folder
+  (`config.folders.cache_home`: `$XDG_CACHE_HOME/transformer_jax/numerics.json`, or under
+  `~/.cache`), so later runs start without it.
 
-Training records the resolved dtype in the workdir's config.json, so a run resumes, evaluates
-and translates with the dtype it trained with, on any machine. On several processes, process
-0's choice holds for all.
+Training records the resolved dtype in the workdir's config.json, so a run resumes with the
+dtype it trained with, on any machine; decoding tools run a run trained in bf16 in this
+machine's choice (`decoding_dtype`): bf16 weights lose nothing in f32, and emulated bf16 would
+only be slower. On several processes, process 0's choice holds for all.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -31,15 +38,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from transformer_jax.config.folders import cache_home
 from transformer_jax.config.sections import DTYPES
 from transformer_jax.parallel.hardware import cpu_info, isa_summary
 
 log = logging.getLogger(__name__)
 
-BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo names of native bf16 dot products
+# /proc/cpuinfo names of native bf16 dot products: x86 (AVX-512 BF16, AMX) and ARM (BFDOT)
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 MIN_SPEEDUP = 1.25  # bf16 must beat f32 by this factor in the probe to be chosen
-CACHE_FILE = Path(os.path.expanduser("~")) / ".cache" / "transformer_jax" / "numerics.json"
-ACCELERATORS = ("gpu", "cuda", "rocm", "tpu")
+PROBE_REPEATS = 3   # the probe's median of this many ratios decides
+GPUS = ("gpu", "cuda", "rocm")
+NATIVE_BF16_AMD = ("gfx908", "gfx90a", "gfx94", "gfx95")  # CDNA matrix cores (prefixes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +58,10 @@ class Choice:
   reason: str  # why, for the log
 
 
-def probe_bf16_speedup(n: int = 1024, reps: int = 4) -> float:
+def probe_bf16_speedup(n: int = 1024, reps: int = 4, repeats: int = PROBE_REPEATS) -> float:
   """How many times faster an n³ matmul runs with bf16 inputs (f32 accumulation) than in f32
-  on the default device: the best of `reps` timings of each."""
+  on the default device: the median over `repeats` of the ratio of the best of `reps`
+  timings of each (a single ratio taken while another process is busy misleads)."""
   def best_seconds(dtype) -> float:
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
     f = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
@@ -61,7 +72,8 @@ def probe_bf16_speedup(n: int = 1024, reps: int = 4) -> float:
       f(a, a).block_until_ready()
       times.append(time.perf_counter() - t)
     return min(times)
-  return best_seconds(jnp.float32) / best_seconds(jnp.bfloat16)
+  return statistics.median(best_seconds(jnp.float32) / best_seconds(jnp.bfloat16)
+                           for _ in range(repeats))
 
 
 def machine_key(cpu_model: str, flags: Iterable[str]) -> str:
@@ -71,11 +83,35 @@ def machine_key(cpu_model: str, flags: Iterable[str]) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def accelerator_choice(backend: str, capability: str) -> Choice:
+  """bf16 on TPUs and on GPUs that multiply it natively (see the module docstring), from the
+  device's compute capability ("8.0" on NVIDIA, e.g. "gfx90a" on AMD)."""
+  if backend == "tpu":
+    return Choice("bfloat16", "TPUs multiply bf16 natively")
+  if capability.startswith("gfx"):
+    if capability.startswith(NATIVE_BF16_AMD):
+      return Choice("bfloat16", f"the AMD GPU ({capability}) multiplies bf16 natively")
+    return Choice("float32", f"the AMD GPU ({capability}) has no bf16 matrix cores: bf16 "
+                  "would be emulated")
+  try:
+    major = int(capability.split(".")[0])
+  except ValueError:
+    return Choice("float32", f"the GPU's compute capability is unknown ({capability!r})")
+  if major >= 8:
+    return Choice("bfloat16", f"the GPU (compute capability {capability}) multiplies bf16 "
+                  "natively")
+  return Choice("float32", f"the GPU (compute capability {capability}, below 8.0) would "
+                "emulate bf16")
+
+
 def choose(backend: str, cpu_model: str, flags: frozenset[str],
-           probe: Callable[[], float] = probe_bf16_speedup, cache: Path = CACHE_FILE) -> Choice:
-  """The dtype `auto` means for this backend and CPU (see the module docstring)."""
-  if backend in ACCELERATORS:
-    return Choice("bfloat16", f"{backend} multiplies bf16 natively")
+           probe: Callable[[], float] = probe_bf16_speedup, cache: Path | None = None,
+           capability: str = "") -> Choice:
+  """The dtype `auto` means for this backend (`capability`: an accelerator's, see
+  accelerator_choice) and CPU (see the module docstring). `cache`: the probe's figures
+  (default: numerics.json in the package's cache folder)."""
+  if backend in GPUS or backend == "tpu":
+    return accelerator_choice(backend, capability)
   if backend != "cpu":
     return Choice("float32", f"unknown backend {backend!r}")
   native = sorted(set(flags) & set(BF16_CPU_FLAGS))
@@ -83,6 +119,7 @@ def choose(backend: str, cpu_model: str, flags: frozenset[str],
     return Choice("float32", f"the CPU has no native bf16 dot product ({isa_summary(flags)}): "
                   "bf16 would be emulated, slower than f32")
   key = machine_key(cpu_model, flags)
+  cache = cache or cache_home() / "numerics.json"
   cached = _read_cache(cache)
   entry = cached.get(key)
   if isinstance(entry, dict) and isinstance(entry.get("bf16_speedup"), (int, float)):
@@ -106,7 +143,9 @@ def resolve(requested: str, recorded: str | None = None) -> Choice:
     choice = Choice(recorded, "recorded in the workdir's config.json: the dtype the run "
                     "trained with")
   else:
-    choice = choose(jax.default_backend(), *cpu_info())
+    device = jax.devices()[0]
+    choice = choose(jax.default_backend(), *cpu_info(),
+                    capability=str(getattr(device, "compute_capability", "") or ""))
   if jax.process_count() > 1:  # every process computes what process 0 chose
     index = int(multihost_utils.broadcast_one_to_all(np.int32(DTYPES.index(choice.dtype))))
     if DTYPES[index] != choice.dtype:

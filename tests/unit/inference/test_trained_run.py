@@ -10,6 +10,7 @@ from transformer_jax.cli import translate as translate_cli
 from transformer_jax.data import text, tokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.inference import trained_run
+from transformer_jax.parallel import numerics
 
 
 def test_bad_checkpoint_selections_are_named(tiny_run):
@@ -58,3 +59,16 @@ def test_a_config_json_from_before_later_keys_still_loads(tiny_run, tmp_path):
   loaded = trained_run.load(run)
   assert loaded.cfg.time_budget_minutes == 0.0 and loaded.cfg.optimizer.cooldown_fraction == 0.0
   assert loaded.select_one("latest", "translate")  # and its checkpoints are there to use
+
+
+def test_a_run_trained_in_bf16_decodes_in_this_machines_dtype_unless_asked(tiny_run, tmp_path):
+  run = helpers.copy_run(tiny_run, tmp_path / "bf16")
+  config = json.loads((run / "config.json").read_text())
+  config["model"]["dtype"] = "bfloat16"
+  (run / "config.json").write_text(json.dumps(config))
+  machine = numerics.resolve("auto").dtype
+  assert trained_run.load(run).cfg.model.dtype == machine
+  assert trained_run.load(run, dtype="bfloat16").cfg.model.dtype == "bfloat16"
+  config["model"]["dtype"] = "float32"  # a run trained in f32 stays in f32
+  (run / "config.json").write_text(json.dumps(config))
+  assert trained_run.load(run).cfg.model.dtype == "float32"

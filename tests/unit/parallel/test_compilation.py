@@ -2,7 +2,6 @@
 first, and a switch to turn it off."""
 
 import types
-from pathlib import Path
 
 from transformer_jax.parallel import compilation
 
@@ -16,7 +15,9 @@ def test_the_cache_is_per_machine_unless_jax_settings_or_the_switch_decide(tmp_p
   assert compilation.cache_dir({"JAX_COMPILATION_CACHE_DIR": "/x"}, None, root) is None
   assert compilation.cache_dir({}, "/already/set", root) is None
   assert compilation.cache_dir({compilation.SWITCH: "0"}, None, root) is None
-  assert isinstance(compilation.DEFAULT_ROOT, Path)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the default root follows it
+  assert compilation.cache_dir({}, None).parent == tmp_path / "xdg" / "transformer_jax" / \
+      "jax_cache"
 
 
 def test_enabling_points_jax_at_this_machines_folder(tmp_path, monkeypatch):
@@ -27,11 +28,11 @@ def test_enabling_points_jax_at_this_machines_folder(tmp_path, monkeypatch):
   fake_config = types.SimpleNamespace(jax_compilation_cache_dir=None,
                                       update=lambda key, value: updates.update({key: value}))
   monkeypatch.setattr(compilation, "jax", types.SimpleNamespace(config=fake_config))
-  monkeypatch.setattr(compilation, "DEFAULT_ROOT", tmp_path / "root")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "root"))
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   monkeypatch.delenv(compilation.SWITCH, raising=False)
   compilation.enable_compilation_cache()
-  expected = compilation.cache_dir({}, None, tmp_path / "root")
+  expected = compilation.cache_dir({}, None, tmp_path / "root" / "transformer_jax" / "jax_cache")
   assert updates == {"jax_compilation_cache_dir": str(expected),
                      "jax_persistent_cache_min_compile_time_secs":
                      compilation.MIN_COMPILE_SECONDS} and expected.is_dir()

@@ -1,5 +1,6 @@
 """config.model.dtype="auto": bf16 where the hardware multiplies it faster, f32 elsewhere, decided
-by the CPU flags and a cached probe (both simulated here), and an explicit dtype wins."""
+by the accelerator's compute capability, the CPU flags and a cached probe (simulated here; the
+real probe runs once), and an explicit dtype wins."""
 
 import json
 
@@ -54,9 +55,40 @@ def test_the_xla_flags_are_part_of_the_machine(monkeypatch):
   assert numerics.machine_key("EPYC", AVX512_BF16) != plain
 
 
-def test_accelerators_take_bf16_and_unknown_cpus_are_measured(tmp_path):
-  assert numerics.choose("gpu", "", frozenset(), never_called, tmp_path / "c").dtype == "bfloat16"
-  assert numerics.choose("tpu", "", frozenset(), never_called, tmp_path / "c").dtype == "bfloat16"
+@pytest.mark.parametrize("backend,capability,dtype", [
+    ("tpu", "", "bfloat16"),
+    ("gpu", "9.0", "bfloat16"), ("gpu", "8.0", "bfloat16"), ("gpu", "8.6", "bfloat16"),  # H100
+    ("gpu", "7.5", "float32"), ("gpu", "7.0", "float32"), ("gpu", "6.0", "float32"),  # T4 V100 P100
+    ("gpu", "", "float32"),  # unknown
+    ("rocm", "gfx90a", "bfloat16"), ("gpu", "gfx942", "bfloat16"), ("gpu", "gfx1030", "float32")])
+def test_accelerators_take_bf16_only_where_they_multiply_it_natively(backend, capability, dtype,
+                                                                     tmp_path):
+  choice = numerics.choose(backend, "", frozenset(), never_called, tmp_path / "c",
+                           capability=capability)
+  assert choice.dtype == dtype and choice.reason  # (the reason is logged)
+  assert not (tmp_path / "c").exists()
+
+
+def test_arm_cpus_with_bf16_are_measured_and_those_without_take_f32(tmp_path):
+  neoverse = frozenset({"fp", "asimd", "sve", "i8mm", "bf16"})
+  assert numerics.choose("cpu", "", neoverse, lambda: 2.0, tmp_path / "c").dtype == "bfloat16"
+  assert numerics.choose("cpu", "", frozenset({"fp", "asimd"}), never_called,
+                         tmp_path / "d").dtype == "float32"
+
+
+def test_the_real_probe_gives_a_sane_ratio_as_the_median_of_its_repeats():
+  speedup = numerics.probe_bf16_speedup(n=256, reps=2)  # (small: the figure, not its accuracy)
+  assert 0.01 < speedup < 50.0
+
+
+def test_the_probes_figures_go_under_xdg_cache_home(tmp_path, monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  numerics.choose("cpu", "EPYC", AVX512_BF16, lambda: 2.0)
+  cached = json.loads((tmp_path / "transformer_jax" / "numerics.json").read_text())
+  assert [entry["bf16_speedup"] for entry in cached.values()] == [2.0]
+
+
+def test_unknown_cpus_are_measured(tmp_path):
   unknown = numerics.choose("cpu", "", frozenset(), lambda: 1.5, tmp_path / "c")
   assert unknown.dtype == "bfloat16" and "flags are unknown" in unknown.reason
 

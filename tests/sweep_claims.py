@@ -4,7 +4,7 @@ that each spawned process starts in a fraction of a second."""
 
 import optuna
 
-from transformer_jax.sweeps import spec as sweep_spec
+from transformer_jax.config import search_space as sweep_spec
 from transformer_jax.sweeps import study
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from tests import helpers
 
 SPEC = """
-from transformer_jax.sweeps.spec import choice, new_spec
+from transformer_jax.config.search_space import choice, new_spec
 def get_config():
   s = new_spec()
   s.sampler = "grid"

@@ -11,8 +11,8 @@ import os
 import shlex
 from pathlib import Path
 
+from transformer_jax.config import search_space as sweep_spec
 from transformer_jax.reporting import plots
-from transformer_jax.sweeps import spec as sweep_spec
 
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running",
           "WAITING": "waiting"}

@@ -16,8 +16,8 @@ import sqlalchemy
 from optuna.trial import TrialState
 from sqlalchemy import event
 
+from transformer_jax.config import search_space as sweep_spec
 from transformer_jax.errors import UsageError
-from transformer_jax.sweeps import spec as sweep_spec
 
 log = logging.getLogger(__name__)
 

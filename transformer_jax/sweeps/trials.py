@@ -19,8 +19,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from transformer_jax.config import search_space as sweep_spec
 from transformer_jax.reporting.metrics import METRICS_FILE, read_metrics
-from transformer_jax.sweeps import spec as sweep_spec
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ import ml_collections
 import optuna
 from optuna.trial import TrialState
 
+from transformer_jax.config import search_space as sweep_spec
 from transformer_jax.errors import Interrupted, UsageError
 from transformer_jax.sweeps import report
-from transformer_jax.sweeps import spec as sweep_spec
 from transformer_jax.sweeps import study as study_lib
 from transformer_jax.sweeps.trials import TrialRunner
 

@@ -7,7 +7,7 @@ r"""A TPE search over the default config's optimisation and regularisation setti
 by the last validation BLEU; median pruning after 4 finished trials, from step 500.
 """
 
-from transformer_jax.sweeps.spec import choice, loguniform, new_spec, uniform
+from transformer_jax.config.search_space import choice, loguniform, new_spec, uniform
 
 
 def get_config():

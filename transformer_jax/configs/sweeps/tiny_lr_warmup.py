@@ -7,7 +7,7 @@ Six trials of 30 steps each; a few minutes on 2 CPU cores. Median pruning stops 
 whose validation loss at step 10 or 20 is worse than the median of the finished trials there.
 """
 
-from transformer_jax.sweeps.spec import choice, new_spec
+from transformer_jax.config.search_space import choice, new_spec
 
 
 def get_config():

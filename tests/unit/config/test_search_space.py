@@ -6,10 +6,10 @@ import pytest
 
 from tests import helpers
 from transformer_jax.cli import sweep as sweep_cli
+from transformer_jax.config import search_space as sweep_spec
+from transformer_jax.config.search_space import SweepError, choice, integer, loguniform, uniform
 from transformer_jax.configs import default, tiny
 from transformer_jax.configs.sweeps import default_tpe, tiny_lr_warmup
-from transformer_jax.sweeps import spec as sweep_spec
-from transformer_jax.sweeps.spec import SweepError, choice, integer, loguniform, uniform
 
 
 def _spec(**fields):
@@ -91,7 +91,7 @@ def test_unknown_and_ill_typed_sweep_keys():
 
 def test_cli_rejects_a_bad_spec_before_any_trial(tmp_path):
   bad = tmp_path / "bad.py"
-  bad.write_text("from transformer_jax.sweeps.spec import choice, new_spec\n"
+  bad.write_text("from transformer_jax.config.search_space import choice, new_spec\n"
                  "def get_config():\n"
                  "  s = new_spec()\n"
                  "  s.sampler = 'grid'\n"

@@ -89,11 +89,16 @@ UTILITIES = {"chrf": chrf_matrix, "bleu": bleu_matrix}
 
 
 def expected_utilities(candidates: list[str], utility: str) -> list[float]:
-  """For each candidate h: the mean over the candidates y (itself included) of u(h, y), each
-  candidate weighted equally (samples are drawn from the model; an n-best list is treated
-  the same way)."""
+  """For each candidate h: the mean over the other candidates y of u(h, y), each weighted
+  equally (samples are drawn from the model; an n-best list is treated the same way). A
+  candidate is not its own pseudo-reference: u(h, h) is 100 for chrF but below 100 for BLEU
+  on a short h (no 4-grams), which would bias the choice against short candidates; a
+  duplicate candidate still counts as another."""
+  if len(candidates) < 2:
+    return [0.0] * len(candidates)
   # (summed in order, as a Python sum: the same floats as summing sacreBLEU's scores)
-  return [sum(row) / len(row) for row in UTILITIES[utility](candidates).tolist()]
+  return [sum(u for j, u in enumerate(row) if j != i) / (len(row) - 1)
+          for i, row in enumerate(UTILITIES[utility](candidates).tolist())]
 
 
 def mbr_order(candidates: list[str], utility: str) -> list[int]:

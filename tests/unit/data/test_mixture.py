@@ -9,6 +9,7 @@ import pytest
 
 from tests import helpers
 from transformer_jax.config.corpora import CorpusConfig
+from transformer_jax.data import mixture
 from transformer_jax.data import pipeline as data
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.errors import ConfigError, DataError
@@ -61,6 +62,18 @@ def test_the_pairs_drawn_follow_the_weights_and_only_the_tagged_corpus_has_its_t
   assert pipe.corpus_names == ("x", "y") and pipe.corpus_sizes == (8, 6)
   # tokens: what each corpus put into the batches (tags included)
   assert pipe.filter.corpus_tokens.tolist() == [tokens["x"], tokens["y"]]
+
+
+@pytest.mark.parametrize("weights", [(0.9, 0.1), (0.5, 0.3, 0.2)])
+def test_any_stretch_of_1024_pairs_holds_each_share_within_a_pair_or_two(weights):
+  """The README's claim on the interleaving (mixture.mixed_order), over 8,000 pairs."""
+  order = mixture.mixed_order([500, 300, 200][:len(weights)], list(weights), seed=0,
+                              process_index=0, process_count=1)
+  corpus = np.array([order[i][0] for i in range(8_000)])
+  for k, weight in enumerate(weights):
+    drawn = np.concatenate([[0], np.cumsum(corpus == k)])
+    per_stretch = drawn[1024:] - drawn[:-1024]
+    assert np.abs(per_stretch - weight / sum(weights) * 1024).max() <= 2.0
 
 
 def test_a_mixture_resumes_at_the_same_batch_with_the_same_counts(tmp_path):

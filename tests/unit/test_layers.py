@@ -14,7 +14,7 @@ PACKAGE = ROOT / "transformer_jax"
 # Bottom to top: a module may import from its own package and from the layers below it.
 # The shipped config files sit just above config/: they import only each other and config/
 # (the sweep specs' search-space vocabulary), never the code that runs them.
-LAYERS = ["errors", "config", "configs", "ops", "model", "data", "parallel", "reporting",
+LAYERS = ["errors", "atomic", "config", "configs", "ops", "model", "data", "parallel", "reporting",
           "workdir", "decoding", "evaluation", "training", "inference", "export", "sweeps",
           "cli"]
 

@@ -16,6 +16,7 @@ import json
 import logging
 from pathlib import Path
 
+from transformer_jax import atomic
 from transformer_jax.config.corpora import CleaningConfig
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def report(cfg: CleaningConfig, split: str, langs, source: str, read: int, dropp
 
 
 def write_report(folder: Path, reports: list[dict]):
-  (Path(folder) / REPORT).write_text(json.dumps(reports, indent=1, ensure_ascii=False) + "\n")
+  atomic.write_json(Path(folder) / REPORT, reports, indent=1, ensure_ascii=False)
 
 
 def log_report(rep: dict):

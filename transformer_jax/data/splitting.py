@@ -23,11 +23,11 @@ from __future__ import annotations
 import collections
 import gzip
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from transformer_jax import atomic
 from transformer_jax.data.corpus import read_aligned
 from transformer_jax.data.text import read_lines
 from transformer_jax.errors import DataError, UsageError
@@ -102,7 +102,7 @@ def split_corpus(pairs: list[Path], columns: list[str], out: Path, *, group_by: 
             "dev_fraction": dev_fraction, "seed": seed, "dedup_test_by": dedup_test_by,
             "pairs": [str(p) for p in pairs], "test": {k: str(v) for k, v in test.items()},
             "exclude": [str(p) for p in exclude]}
-  (out / "split.json").write_text(json.dumps(report, indent=2) + "\n")
+  atomic.write_json(out / "split.json", report, indent=2)
   return report
 
 

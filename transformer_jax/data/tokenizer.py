@@ -12,6 +12,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from transformer_jax import atomic
 from transformer_jax.errors import ConfigError, DataError, TokenizerDamaged
 
 log = logging.getLogger(__name__)
@@ -115,11 +116,8 @@ def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,
                         f"data's characters and the special tokens ({needed}): raise it"
                         ) from None
     raise
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # (parallel trainers of one path)
-  tmp.write_bytes(model.getvalue())
-  os.replace(tmp, path)  # atomic: a half-written model is never picked up by the next run
+  with atomic.replacing(path) as tmp:  # (a half-written model is never picked up)
+    tmp.write_bytes(model.getvalue())
   return Tokenizer(model.getvalue(), str(path))
 
 

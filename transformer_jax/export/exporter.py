@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from transformer_jax import atomic
 from transformer_jax.errors import UsageError
 from transformer_jax.export import ctranslate2_decoding, ctranslate2_model
 from transformer_jax.inference import trained_run
@@ -75,9 +76,7 @@ def export(workdir: str | Path, checkpoint: str, out: str | Path, quantization: 
     record = _record(run, selected, quantization, ctranslate2.__version__)
     (partial / "export.json").write_text(json.dumps(record, indent=2) + "\n")
     (partial / "README.md").write_text(readme(record, out.name))
-    if out.exists():
-      shutil.rmtree(out)
-    os.replace(partial, out)
+    atomic.replace_folder(partial, out)  # (--force: the old export until the new one is in)
   finally:
     shutil.rmtree(partial, ignore_errors=True)
   log.info("Exported %s (%s) of %s to %s (%s)", selected.label, selected.steps, workdir, out,

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from transformer_jax import atomic
 from transformer_jax.errors import DataError, UsageError
 from transformer_jax.inference.translator import Translator
 from transformer_jax.reporting.progress import hms
@@ -184,6 +185,4 @@ def _changed(recorded: dict, settings: dict) -> list[str]:
 
 
 def _write_json(path: Path, value: dict):
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(json.dumps(value, indent=1, ensure_ascii=False) + "\n")
-  os.replace(tmp, path)
+  atomic.write_json(path, value, indent=1, ensure_ascii=False)

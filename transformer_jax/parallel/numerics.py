@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from transformer_jax import atomic
 from transformer_jax.config.folders import cache_home
 from transformer_jax.config.sections import DTYPES
 from transformer_jax.parallel.hardware import cpu_info, isa_summary
@@ -163,9 +164,6 @@ def _read_cache(path: Path) -> dict:
 
 def _write_cache(path: Path, data: dict):
   try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)  # atomic: a concurrent reader sees the old or the new file
+    atomic.write_json(path, data, indent=1, sort_keys=True)
   except OSError as e:  # a read-only home: the probe runs again next time
     log.warning("could not cache the numerics probe in %s: %s", path, e)

@@ -4,13 +4,13 @@ step) and TensorBoard events, written by process 0."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from transformer_jax import atomic
 from transformer_jax.errors import DataError
 
 METRICS_FILE = "metrics.jsonl"
@@ -78,10 +78,7 @@ def truncate_metrics(path: str | Path, last_step: int) -> list[dict]:
   records = read_metrics(path)
   kept = [r for r in records if r["step"] <= last_step]
   if len(kept) < len(records) and jax.process_index() == 0:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(tmp, path)
+    atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
   return kept
 
 

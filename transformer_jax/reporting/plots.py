@@ -3,11 +3,11 @@ run (loss and BLEU by step) and of a checkpoint evaluation (BLEU by checkpoint).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import jax
 
+from transformer_jax import atomic
 from transformer_jax.reporting.metrics import METRICS_FILE, read_metrics
 
 
@@ -22,11 +22,9 @@ def pyplot():
 
 def save(fig, path: Path, dpi: int = 100):
   """Writes `fig` to `path` (readers never see a half-written file) and closes it."""
-  path = Path(path)
-  tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
   fig.tight_layout()
-  fig.savefig(tmp, dpi=dpi)
-  os.replace(tmp, path)
+  with atomic.replacing(path) as tmp:
+    fig.savefig(tmp, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png")
   pyplot().close(fig)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import jax
 
+from transformer_jax import atomic
 from transformer_jax.config.sections import DecodeConfig, TrainConfig
 from transformer_jax.errors import CheckpointError, FilesystemError, TokenizerDamaged
 
@@ -64,7 +65,7 @@ def eval_dir(workdir: str | Path, name: str) -> Path:
 
 def save_config(config_dict: dict, workdir: str | Path):
   if jax.process_index() == 0:
-    (Path(workdir) / CONFIG).write_text(json.dumps(config_dict, indent=2, sort_keys=True))
+    atomic.write_json(Path(workdir) / CONFIG, config_dict, indent=2, sort_keys=True)
 
 
 # Config keys added after workdirs were first written, with the value that means what a run
@@ -100,8 +101,8 @@ def record_tokenizer(workdir: str | Path, tok):
   """Writes tokenizer.json (path and fingerprint of `tok`) unless the run has one already."""
   record = Path(workdir) / TOKENIZER_RECORD
   if not record.is_file() and jax.process_index() == 0:
-    record.write_text(json.dumps({"path": str(tok.path), "fingerprint": tok.fingerprint,
-                                  "vocab_size": tok.vocab_size}))
+    atomic.write_json(record, {"path": str(tok.path), "fingerprint": tok.fingerprint,
+                               "vocab_size": tok.vocab_size})
 
 
 @contextlib.contextmanager
@@ -136,8 +137,7 @@ def tokenizer_mismatch(workdir: str | Path, tok) -> str | None:
 def write_lines(path: Path, lines: list[str]):
   """One line per entry, UTF-8 (translations, in input order)."""
   if jax.process_index() == 0:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    atomic.write_text(path, "".join(line + "\n" for line in lines))
 
 
 def result_record(label: str, steps: list[int], data: str, score, sentences: int,
@@ -163,6 +163,5 @@ def write_results(out_dir: Path, records: list[dict]) -> Path:
   kept = [r for r in read_results(out_dir) if key(r) not in new]
   path = Path(out_dir) / RESULTS
   if jax.process_index() == 0:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(kept + records, indent=2))
+    atomic.write_json(path, kept + records, indent=2)
   return path

@@ -19,6 +19,7 @@ from absl import flags
 from transformer_jax.cli import runner
 from transformer_jax.inference.corpus_translation import translate_corpus as run
 from transformer_jax.inference.translator import Translator
+from transformer_jax.workdir import lock
 
 
 def define_flags(fv: flags.FlagValues):
@@ -42,9 +43,10 @@ def define_flags(fv: flags.FlagValues):
 
 
 def translate_corpus(args: runner.Args):
-  translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag)
-  run(translator, args.workdir, args.checkpoint, args.input, args.out, args.split, args.tag,
-      args.block_lines)
+  with lock.hold(args.out, "translate-corpus"):  # (one writer of the output folder)
+    translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag)
+    run(translator, args.workdir, args.checkpoint, args.input, args.out, args.split, args.tag,
+        args.block_lines)
 
 
 def main(argv=None):

@@ -24,6 +24,7 @@ from transformer_jax.errors import UsageError
 from transformer_jax.export import ctranslate2_decoding, ctranslate2_model
 from transformer_jax.inference import trained_run
 from transformer_jax.model.transformer import unscanned
+from transformer_jax.workdir import lock
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,18 @@ def check_request(quantization: str, out: Path, force: bool):
 
 def export(workdir: str | Path, checkpoint: str, out: str | Path, quantization: str = "float32",
            force: bool = False) -> dict:
-  """Writes the CTranslate2 folder `out` for `checkpoint` of the run in `workdir`; returns
-  the record written to its export.json."""
+  """Writes the CTranslate2 folder `out` for `checkpoint` of the run in `workdir`, holding the
+  lock `.<out's name>.lock` beside it (one writer); returns the record written to its
+  export.json."""
   out = Path(out)
   check_request(quantization, out, force)
   ctranslate2 = _ctranslate2()
+  with lock.hold(out, "export", lock_path=out.with_name(f".{out.name}.lock")):
+    check_request(quantization, out, force)  # (again, holding the lock)
+    return _export(workdir, checkpoint, out, quantization, ctranslate2)
+
+
+def _export(workdir, checkpoint: str, out: Path, quantization: str, ctranslate2) -> dict:
   run = trained_run.load(workdir)
   selected = run.select_one(checkpoint, "export")
   # (writable copies: CTranslate2 quantizes in place)

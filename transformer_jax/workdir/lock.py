@@ -1,5 +1,6 @@
 """One writer per workdir: an exclusive lock (`<workdir>/.lock`) that every command writing a
-workdir holds while it runs (train, evaluate into it, attention maps, average's output).
+folder holds while it runs (train, evaluate into it, attention maps, average's output,
+translate-corpus's output; export's folder, replaced as a whole, has `.<name>.lock` beside it).
 
 The lock is `flock` on the file, which the kernel releases when its process ends in any way,
 SIGKILL included, so a lock left by a dead run is simply taken over (the file then names the
@@ -45,15 +46,18 @@ def _describe(holder: dict) -> str:
 
 
 @contextlib.contextmanager
-def hold(workdir: str | Path, command: str, wait_seconds: float = 0.0):
+def hold(workdir: str | Path, command: str, wait_seconds: float = 0.0,
+         lock_path: str | Path | None = None):
   """Holds the workdir's lock for the `with` block; WorkdirBusy (naming the holder) if another
-  process holds it for longer than `wait_seconds`. Processes other than process 0 take none."""
+  process holds it for longer than `wait_seconds`. Processes other than process 0 take none.
+  `lock_path`: the lock file of a folder that is replaced as a whole (an export), kept beside
+  it, instead of <workdir>/.lock (the folder is then not created here)."""
   if jax.process_index() != 0:
     yield
     return
   workdir = Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  path = workdir / LOCK_FILE
+  path = Path(lock_path) if lock_path else workdir / LOCK_FILE
+  path.parent.mkdir(parents=True, exist_ok=True)
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   held = False
   try:

@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from tests import helpers
+from transformer_jax.cli import export, translate_corpus
 from transformer_jax.errors import WorkdirBusy
 from transformer_jax.workdir import lock
 
@@ -32,3 +34,19 @@ def test_the_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     with lock.hold(tmp_path, "train"):
       assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["pid"] == os.getpid()
   assert "lock of pid 999999 on elsewhere (train" in caplog.text and "taken over" in caplog.text
+
+
+@pytest.mark.parametrize("tool", ["export", "translate_corpus"])
+def test_export_and_translate_corpus_hold_their_output_folders_lock(tool, tmp_path):
+  """Both refuse, in one line, an output folder another process is writing (the lock is
+  taken before anything is read or written)."""
+  out = tmp_path / "out"
+  held = dict(export=(out, out.with_name(".out.lock")), translate_corpus=(out, None))[tool]
+  args = [f"--workdir={tmp_path / 'run'}", f"--out={out}"]
+  if tool == "translate_corpus":
+    args.append(f"--input={tmp_path / 'mono.en'}")
+  main = dict(export=export.main, translate_corpus=translate_corpus.main)[tool]
+  with lock.hold(held[0], "another " + tool, lock_path=held[1]):
+    status, _, err = helpers.run_tool(main, *args)
+  assert status == 1 and "is in use by pid" in helpers.one_line_error(err), err
+  assert not out.exists() or tool == "translate_corpus"

@@ -96,7 +96,15 @@ class Checkpointer:
     items = {"state": ocp.args.StandardRestore(abstract_state)}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception:  # noqa: BLE001 (what a vanished file raises depends on where it vanished)
+      if (self.directory / str(step)).exists():
+        raise
+      raise CheckpointError(
+          f"checkpoint step {step} in {self.directory} was deleted while it was read (a "
+          "training run writing that workdir keeps only its newest checkpoints): select a "
+          "newer one, or evaluate when the run has ended") from None
     log.info("Restored checkpoint at step %d from %s", step, self.directory)
     return restored["state"]
 

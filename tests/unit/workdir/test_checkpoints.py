@@ -26,6 +26,23 @@ def test_checkpoints_that_all_fail_to_restore_are_an_error_and_stay(tmp_path):
   ckpt.close()
 
 
+def test_a_checkpoint_deleted_while_it_is_restored_is_a_one_line_error(tmp_path, monkeypatch):
+  """As when a running train's max_to_keep deletes the step `evaluate --output_dir` reads."""
+  ckpt = checkpoints.Checkpointer(tmp_path / "checkpoints", max_to_keep=2)
+  ckpt.save(1, {"w": jnp.zeros(3)})
+  ckpt.wait()
+  restore = ckpt.manager.restore
+
+  def deleted_under_it(step, **kwargs):
+    shutil.rmtree(tmp_path / "checkpoints" / str(step))
+    return restore(step, **kwargs)
+  monkeypatch.setattr(ckpt.manager, "restore", deleted_under_it)
+  with pytest.raises(CheckpointError, match=r"^checkpoint step 1 in .* was deleted while it "
+                                            r"was read \(a training run"):
+    ckpt.restore(1, {"w": jax.ShapeDtypeStruct((3,), jnp.float32)})
+  ckpt.close()
+
+
 def test_failed_save_keeps_every_good_checkpoint(tmp_path, monkeypatch):
   state = {"w": jnp.arange(6, dtype=jnp.float32), "step": jnp.int32(0)}
   data_iter = iter(grain.MapDataset.range(100).to_iter_dataset())

@@ -1,6 +1,7 @@
 """The package as a user installs it: `pip install .` (not editable) builds without a warning
 from the build backend, puts nothing into site-packages but `transformer_jax`, and, from a
-folder outside the source tree, trains the shipped tiny config on the embedded corpus.
+folder outside the source tree, trains the shipped tiny config on the embedded corpus, and the
+multilingual and back-translation recipes (their data shipped or made beside) for 2 steps.
 
 The fresh venv gets this test environment's installed dependencies through a path file (they
 are what `pip install .` would fetch; installing them again would only repeat the download),
@@ -74,3 +75,27 @@ def test_pip_install_dot_installs_only_transformer_jax_and_trains_the_shipped_ti
   assert (workdir / "checkpoints" / "4").is_dir()
   assert json.loads((workdir / "config.json").read_text())["model"]["d_model"] == 32
   assert sys.prefix != str(fresh)  # (the test itself ran in the test environment)
+
+  # The mixture recipes, from the wheel too (2 steps at a tiny size: their data, not their
+  # model, is the point): multilingual on the embedded de/fr/cs-en Multi30k; back-translation
+  # with a back-translated folder made beside (translate-corpus's output format).
+  bt = outside / "bt"
+  bt.mkdir()
+  (bt / "train.de").write_text("ein hund läuft .\nzwei männer sitzen .\n" * 20)
+  (bt / "train.en").write_text("a dog runs .\ntwo men sit .\n" * 20)
+  small = ["--config.num_train_steps=2", "--config.eval_every_steps=2",
+           "--config.checkpoint_every_steps=2", "--config.eval_max_sentences=2",
+           "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
+           "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1",
+           "--config.model.vocab_size=400", "--config.data.tokenizer_max_sentences=3000",
+           "--config.data.batch_size=8", "--config.data.test_split=",
+           "--config.time_budget_minutes=0", f"--config.data.cache_dir={tmp_path / 'tfds'}"]
+  recipes = {"multilingual": [f"--config.data.corpora.{lang}.test_split=" for lang in ("fr", "cs")],
+             "backtranslation": [f"--config.data.corpora.bt.data_dir={bt}"]}
+  for name, extra in recipes.items():
+    r = subprocess.run(
+        [str(fresh / "bin" / "transformer-jax-train"), f"--config=configs/{name}.py",
+         f"--workdir={outside / name}", *small, *extra],
+        capture_output=True, text=True, timeout=600, cwd=outside, env=_clean_env())
+    assert r.returncode == 0, name + ": " + r.stderr[-4000:]
+    assert (outside / name / "checkpoints" / "2").is_dir(), name

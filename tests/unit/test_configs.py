@@ -2,16 +2,46 @@
 
 import pytest
 
+from transformer_jax.config.files import SHIPPED
 from transformer_jax.config.parse import from_config_dict
-from transformer_jax.configs import default, multi30k_modern, tatoeba_deen, tiny, wmt_base, wmt_big
+from transformer_jax.configs import (
+  backtranslation,
+  default,
+  multi30k_modern,
+  multilingual,
+  tatoeba_deen,
+  tiny,
+  wmt_base,
+  wmt_big,
+)
+from transformer_jax.errors import ConfigError
 
 
 @pytest.mark.parametrize("get_config", [default.get_config, tiny.get_config, wmt_base.get_config,
                                         wmt_big.get_config, tatoeba_deen.get_config,
-                                        multi30k_modern.get_config])
+                                        multi30k_modern.get_config, multilingual.get_config])
 def test_shipped_configs_build(get_config):
   cfg = from_config_dict(get_config())
   assert cfg.model.d_model % cfg.model.num_heads == 0
+
+
+def test_no_shipped_config_reaches_into_the_development_tree():
+  """Every shipped config runs from an installed wheel: no path to ../shared or above."""
+  for path in sorted(SHIPPED.rglob("*.py")):
+    text = path.read_text()
+    assert "shared/" not in text and '"../' not in text, path
+
+
+def test_the_back_translation_recipe_needs_its_folder_and_multilingual_uses_the_embedded_one():
+  with pytest.raises(ConfigError, match=r"corpora\.bt and \.real read the same data .* the "
+                                        "embedded corpus"):
+    from_config_dict(backtranslation.get_config())
+  config = backtranslation.get_config()
+  config.data.corpora.bt.data_dir = "/somewhere/bt"
+  assert from_config_dict(config).data.corpora["bt"].tag == "<BT>"
+  corpora = from_config_dict(multilingual.get_config()).data.corpora
+  assert {(c.source_lang, c.data_dir) for c in corpora.values()} == {
+      ("de", ""), ("fr", ""), ("cs", "")}
 
 
 def _paper_sizes(cfg):

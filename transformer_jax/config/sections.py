@@ -157,6 +157,15 @@ class DataConfig:
     object.__setattr__(self, "corpora", {
         name: parse_nested(CorpusConfig, entry, f"config.data.corpora.{name}").resolved(
             name, self) for name, entry in self.corpora.items()})
+    seen = {}
+    for name, c in self.corpora.items():  # (e.g. a back-translated corpus left without data)
+      same = seen.setdefault((c.dataset, c.data_dir, c.source_lang, c.target_lang, c.split),
+                             name)
+      if same != name:
+        raise ConfigError(
+            f"config.data.corpora.{same} and .{name} read the same data (dataset "
+            f"{c.dataset!r}, data_dir {c.data_dir!r}{' = the embedded corpus' * (not c.data_dir)}"
+            f", {c.source_lang}-{c.target_lang}, split {c.split!r}): give one its own data_dir")
     if self.corpora and not (self.eval_split or any(c.eval_split
                                                     for c in self.corpora.values())):
       raise ConfigError("config.data.eval_split is '' and no corpus of config.data.corpora "

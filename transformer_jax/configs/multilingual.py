@@ -1,8 +1,8 @@
-"""One model for {de, fr, cs} -> en on Multi30k (the files of `../shared/data/multi30k/raw`,
-or any folder with train/val/test_2016_flickr .{de,fr,cs,en}[.gz]), evaluated per direction.
+"""One model for {de, fr, cs} -> en on Multi30k (embedded in the package: train, val and
+test2016 in all four languages; or any folder with the same file names,
+`--config.data.data_dir=DIR`), evaluated per direction.
 
-  python train.py --config=configs/multilingual.py --workdir=runs/multi \
-      [--config.data.data_dir=../shared/data/multi30k/raw]
+  transformer-jax-train --config=configs/multilingual.py --workdir=runs/multi
   transformer-jax-evaluate --workdir=runs/multi     # test BLEU of each direction
 
 The three corpora are drawn 1:1:1. Many-to-one needs no tags; for one-to-many directions
@@ -18,10 +18,10 @@ from transformer_jax.configs import default
 
 def get_config():
   config = default.get_config()
-  config.data.data_dir = "../shared/data/multi30k/raw"  # de-en: validation and the de test
-  config.data.test_split = "test_2016_flickr"
+  config.data.data_dir = ""             # the embedded Multi30k; de-en: validation, the de test
+  config.data.test_split = "test2016"
   config.data.corpora = ml_collections.ConfigDict({
       lang: dict(source_lang=lang, target_lang="en", weight=1.0,
-                 test_split="" if lang == "de" else "test_2016_flickr")
+                 test_split="" if lang == "de" else "test2016")
       for lang in ("de", "fr", "cs")})
   return config

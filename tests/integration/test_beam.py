@@ -46,12 +46,20 @@ def _corpus(folder, n=2600, gz=False):
   return pairs
 
 
-def test_input_shards_read_back_every_line_once(tmp_path):
-  pairs = _corpus(tmp_path / "c")
-  shards = line_shards(tmp_path / "c" / "train.de", tmp_path / "c" / "train.en", 500)
-  assert len(shards) == -(-len(pairs) // 500)
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzipped"])
+def test_input_shards_read_back_every_line_once(tmp_path, gz):
+  """Gzipped files too are split into line ranges (through plain copies unpacked in the same
+  pass), so no worker holds more than a shard of the corpus."""
+  pairs = _corpus(tmp_path / "c", gz=gz)
+  suffix = ".gz" if gz else ""
+  (tmp_path / "unpacked").mkdir()
+  shards = line_shards(tmp_path / "c" / f"train.de{suffix}", tmp_path / "c" / f"train.en{suffix}",
+                       500, tmp_path / "unpacked")
+  assert len(shards) == -(-len(pairs) // 500) > 1
+  assert max(s.count for s in shards) == 500
   read = [t for s in shards for t in read_shard(s)]
   assert read == list(corpus.read_parallel(tmp_path / "c", "train", ("de", "en")))
+  assert len(list((tmp_path / "unpacked").iterdir())) == (2 if gz else 0)
 
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzipped"])

@@ -4,7 +4,10 @@ makes in one process.
 
 `beam_writer(runner, options)` is a `write_splits` for `corpus.prepare_local`. Per split:
 1. the driver indexes both files in one sequential pass: the byte offsets of every
-   `lines_per_shard`-th line (gzipped files cannot be sought in: each is one input shard);
+   `lines_per_shard`-th line (a gzipped file cannot be sought in: the same pass unpacks it
+   into a plain copy beside the output, which the workers read by offset and which is removed
+   at the end; OPUS corpora come gzipped, and one shard would put the whole corpus on one
+   worker);
 2. workers read the input shards (both files from those offsets), apply the rules before
    "duplicates" (`cleaning.broken_rule`), group the survivors by `cleaning.pair_key` keeping
    each pair's first line (the rest count as duplicates), then apply the rules after it;
@@ -43,46 +46,56 @@ LINES_PER_SHARD = 100_000  # input lines a worker reads at a time
 
 @dataclasses.dataclass(frozen=True)
 class LineShard:
-  """Lines first_line .. first_line + count - 1 (1-based) of both files, from these offsets."""
+  """Lines first_line .. first_line + count - 1 (1-based) of both files, read from `paths` (the
+  files, or plain copies of gzipped ones) at these offsets; `names`: the files, for errors."""
   index: int
   first_line: int
   count: int
   paths: tuple[str, str]
   offsets: tuple[int, int]
+  names: tuple[str, str] = ("", "")
 
 
-def line_shards(path_a: Path, path_b: Path, lines_per_shard: int) -> list[LineShard]:
-  """The input shards of two line-aligned files (one sequential pass over each)."""
-  paths = (str(path_a), str(path_b))
-  if any(p.endswith(".gz") for p in paths):
-    count = sum(1 for _ in corpus.read_aligned(path_a, path_b))
-    return [LineShard(0, 1, count, paths, (0, 0))]
-  starts = []
-  for path in paths:
+def line_shards(path_a: Path, path_b: Path, lines_per_shard: int,
+                unpack_dir: Path | None = None) -> list[LineShard]:
+  """The input shards of two line-aligned files (one sequential pass over each). A gzipped file
+  is unpacked in that pass into `unpack_dir` (a folder every worker reads), as
+  `.beam-input-<its name without .gz>`, and the shards read the copy."""
+  names, paths, starts = (str(path_a), str(path_b)), [], []
+  for name in names:
+    gz = name.endswith(".gz")
+    if gz and unpack_dir is None:
+      raise ValueError(f"{name} is gzipped: line_shards needs an unpack_dir")
+    paths.append(str(Path(unpack_dir) / f".beam-input-{Path(name).name[:-3]}") if gz else name)
     offsets, position, lines = [], 0, 0
-    with open(path, "rb") as f:
+    with (gzip.open if gz else open)(name, "rb") as f, \
+        (open(paths[-1], "wb") if gz else contextlib.nullcontext()) as copy:
       for raw in f:
         if lines % lines_per_shard == 0:
           offsets.append(position)
         position += len(raw)
         lines += 1
+        if copy is not None:
+          copy.write(raw)
     starts.append((offsets, lines))
   (offsets_a, lines_a), (offsets_b, lines_b) = starts
   if lines_a != lines_b:
     raise DataError(f"parallel files have different line counts: {path_a} has {lines_a} lines, "
                     f"{path_b} has {lines_b}")
   return [LineShard(i, 1 + i * lines_per_shard, min(lines_per_shard, lines_a - i * lines_per_shard),
-                    paths, (offsets_a[i], offsets_b[i])) for i in range(len(offsets_a))]
+                    tuple(paths), (offsets_a[i], offsets_b[i]), names)
+          for i in range(len(offsets_a))]
 
 
 def read_shard(shard: LineShard):
   """(line number, text a, text b) of the shard's lines, as `corpus.read_parallel` reads them."""
   with contextlib.ExitStack() as stack:
     sides = []
-    for path, offset in zip(shard.paths, shard.offsets):
-      f = stack.enter_context((gzip.open if path.endswith(".gz") else open)(path, "rb"))
+    for path, name, offset in zip(shard.paths, shard.names, shard.offsets):
+      f = stack.enter_context(open(path, "rb"))
       f.seek(offset)
-      sides.append(itertools.islice(iter_lines(f, path, shard.first_line), shard.count))
+      sides.append(itertools.islice(iter_lines(f, name or path, shard.first_line),
+                                    shard.count))
     for line, (a, b) in enumerate(zip(*sides), start=shard.first_line):
       yield line, a, b
 
@@ -115,7 +128,7 @@ def _split_graph(p, tmp: Path, folder: Path, split: str, langs, cfg: CleaningCon
                  lines_per_shard: int, pairs_per_shard: int):
   import apache_beam as beam
   shards = line_shards(corpus.corpus_file(folder, split, langs[0]),
-                       corpus.corpus_file(folder, split, langs[1]), lines_per_shard)
+                       corpus.corpus_file(folder, split, langs[1]), lines_per_shard, tmp)
   pairs = (p | f"{split}/shards" >> beam.Create(shards) | f"{split}/spread" >> beam.Reshuffle()
            | f"{split}/read" >> beam.FlatMap(read_shard))
   dropped = []
@@ -242,6 +255,8 @@ def beam_writer(runner: str = "DirectRunner", options: list[str] | tuple[str, ..
       for split in splits:
         _split_graph(p, tmp, folder, split, langs, cfg if split == clean_split else None,
                      lines_per_shard, corpus.PAIRS_PER_SHARD)
+    for unpacked in tmp.glob(".beam-input-*"):  # (gzipped inputs' plain copies)
+      unpacked.unlink()
     infos, reports = [], []
     for split in splits:
       summary = json.loads((tmp / f".beam-{split}.json").read_text())

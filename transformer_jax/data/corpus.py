@@ -25,6 +25,7 @@ import tensorflow_datasets as tfds
 from array_record.python import array_record_module
 from tensorflow_datasets.core import example_serializer
 
+from transformer_jax import atomic
 from transformer_jax.config.corpora import CleaningConfig
 from transformer_jax.config.folders import cache_home
 from transformer_jax.config.sections import DataConfig
@@ -173,8 +174,7 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   except BaseException:  # (a bad file, an interrupt: no half-written folder left behind)
     shutil.rmtree(tmp, ignore_errors=True)
     raise
-  shutil.rmtree(out, ignore_errors=True)
-  os.replace(tmp, out)
+  atomic.replace_folder(tmp, out)  # (a dataset prepared meanwhile by another process: swapped)
   return out
 
 

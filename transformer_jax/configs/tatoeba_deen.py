@@ -3,6 +3,12 @@
   make tatoeba-data          # the leak-free split: data/tatoeba-deen/{train,dev,test}.{de,en}.gz
   python train.py --config=configs/tatoeba_deen.py --workdir=runs/tatoeba_deen
 
+From an installed wheel, the same split (Tatoeba's deu.txt.gz and the Tatoeba-test files are
+the user's downloads; see the Makefile's `tatoeba-data` for every --test/--exclude file):
+  transformer-jax-split-corpus --pairs=deu.txt.gz --columns=en,de --group_by=en \
+      --dedup_test_by=de --out=data/tatoeba-deen --test=de=TEST.deu.gz,en=TEST.eng.gz
+  transformer-jax-train --config=configs/tatoeba_deen.py --workdir=runs/tatoeba_deen
+
 The split (transformer_jax/data/splitting.py) groups pairs by English sentence (all translations
 of a sentence in one split, 1% of sentences for dev), removes every pair with a side that occurs
 in any Tatoeba-test version, and writes the v2021-08-07 test set deduplicated by German source

@@ -25,7 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
 from absl import app, flags
+
+from transformer_jax.data.eval_sets import load_eval_set
+from transformer_jax.decoding.batches import sentence_caps
+from transformer_jax.decoding.search import beam_search
+from transformer_jax.inference import trained_run
+from transformer_jax.parallel import hardware
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained workdir.", required=True)
@@ -79,17 +87,9 @@ def _first_loop_run(trace_dir: Path) -> list[dict]:
 
 def main(_):
   work = Path(tempfile.mkdtemp(prefix="decode_profile_"))
+  # (before anything runs: the backend reads XLA_FLAGS when it starts, at the first use)
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              f" --xla_dump_to={work / 'hlo'} --xla_dump_hlo_module_re={LOOP}")
-  import jax  # (after XLA_FLAGS: the backend reads them when it starts)
-  import numpy as np
-
-  from transformer_jax.data.eval_sets import load_eval_set
-  from transformer_jax.decoding.batches import sentence_caps
-  from transformer_jax.decoding.search import beam_search
-  from transformer_jax.inference import trained_run
-  from transformer_jax.parallel import hardware
-
   run = trained_run.load(FLAGS.workdir)
   params = run.params(run.select_one(FLAGS.checkpoint, "decode_profile"))
   split = FLAGS.split or run.cfg.data.test_split

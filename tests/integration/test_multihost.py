@@ -88,38 +88,49 @@ def test_two_processes_train_like_one_and_their_checkpoint_restores_in_one(tmp_p
   assert one["restored"]["digest"] == two["digest"]  # bit for bit
 
 
+def _train_on_two_hosts(run, tfds_cache, tiny_tokenizer, fault_on_process_1: str, flags):
+  """train.py on the tiny config as 2 processes × 2 CPU devices (jax.distributed on
+  127.0.0.1), `fault_on_process_1` injected into process 1 only; asserts both exit 0 and
+  returns their stderr (both are killed if they outlast the timeout)."""
+  port = str(helpers.free_port())
+  run.mkdir()
+  shutil.copy(tiny_tokenizer, run / "spm.model")
+  procs = []
+  for i in range(2):
+    env = helpers.xla_env(2)
+    env["TRANSFORMER_JAX_FAULTS"] = fault_on_process_1 if i == 1 else ""
+    procs.append(subprocess.Popen(
+        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={run}",
+         f"--config.data.cache_dir={tfds_cache}", *helpers.ONE_LAYER_FLAGS, *flags,
+         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  try:
+    outputs = [p.communicate(timeout=300) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  for p, (_, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+  return [err for _, err in outputs]
+
+
 def test_sigterm_on_one_host_stops_both_at_the_same_step_with_a_checkpoint(tmp_path, tfds_cache,
                                                                           tiny_tokenizer):
   """JAX's preemption service: SIGTERM reaches process 1 only; both processes agree on the
   step, save one checkpoint there collectively, and exit cleanly. (With dtype "auto", which
   both resolve to process 0's choice, as config.json records.)"""
-  port = str(helpers.free_port())
-  (tmp_path / "run").mkdir()
-  shutil.copy(tiny_tokenizer, tmp_path / "run" / "spm.model")
-  procs = []
-  for i in range(2):
-    env = helpers.xla_env(2)
-    env.pop("TRANSFORMER_JAX_FAULTS", None)
-    if i == 1:
-      env["TRANSFORMER_JAX_FAULTS"] = "sigterm@5"
-    procs.append(subprocess.Popen(
-        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
-         f"--config.data.cache_dir={tfds_cache}", *helpers.ONE_LAYER_FLAGS,
-         "--config.num_train_steps=1000", "--config.model.dtype=auto",
-         "--config.checkpoint_every_steps=1000",  # (only the preemption saves)
-         "--config.eval_every_steps=1000", "--config.log_every_steps=1",
-         f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-  outputs = [p.communicate(timeout=600) for p in procs]
+  errs = _train_on_two_hosts(tmp_path / "run", tfds_cache, tiny_tokenizer, "sigterm@5", [
+      "--config.num_train_steps=1000", "--config.model.dtype=auto",
+      "--config.checkpoint_every_steps=1000",  # (only the preemption saves)
+      "--config.eval_every_steps=1000", "--config.log_every_steps=1"])
   saved = []
-  for p, (_, err) in zip(procs, outputs):
-    assert p.returncode == 0, err[-3000:]
+  for err in errs:
     lines = [x for x in err.splitlines() if "Preempted: checkpoint saved at step" in x]
     assert len(lines) == 1, err[-3000:]
     saved.append(int(lines[0].split("at step ")[1].split()[0]))
   assert saved[0] == saved[1] >= 5  # the same step on both hosts, not before the signal
   resolved = [[x.split("resolved to ")[1].split(":")[0] for x in err.splitlines()
-               if "config.model.dtype=auto resolved to" in x] for _, err in outputs]
+               if "config.model.dtype=auto resolved to" in x] for err in errs]
   recorded = json.loads((tmp_path / "run" / "config.json").read_text())["model"]["dtype"]
   assert resolved[0] == resolved[1] == [recorded] and recorded in ("float32", "bfloat16")
   steps = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
@@ -133,30 +144,12 @@ def test_a_host_whose_clock_runs_fast_stops_with_the_others_at_the_same_step(tmp
   fast (fault injection), which alone would end its budget at its first step and leave
   process 0 waiting in the next collective. Both must stop at the same step with the same
   cooldown factor."""
-  port = str(helpers.free_port())
-  (tmp_path / "run").mkdir()
-  shutil.copy(tiny_tokenizer, tmp_path / "run" / "spm.model")
-  procs = []
-  for i in range(2):
-    env = helpers.xla_env(2)
-    env["TRANSFORMER_JAX_FAULTS"] = "fast_clock@600" if i == 1 else ""
-    procs.append(subprocess.Popen(
-        [sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path / 'run'}",
-         f"--config.data.cache_dir={tfds_cache}", *helpers.ONE_LAYER_FLAGS,
-         "--config.num_train_steps=100000", "--config.time_budget_minutes=0.25",
-         "--config.optimizer.cooldown_fraction=0.5", "--config.log_every_steps=5",
-         "--config.checkpoint_every_steps=100000", "--config.eval_every_steps=100000",
-         f"--coordinator_address=127.0.0.1:{port}",
-         "--num_processes=2", f"--process_id={i}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-  try:
-    outputs = [p.communicate(timeout=300) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
+  errs = _train_on_two_hosts(tmp_path / "run", tfds_cache, tiny_tokenizer, "fast_clock@600", [
+      "--config.num_train_steps=100000", "--config.time_budget_minutes=0.25",
+      "--config.optimizer.cooldown_fraction=0.5", "--config.log_every_steps=5",
+      "--config.checkpoint_every_steps=100000", "--config.eval_every_steps=100000"])
   stops = []
-  for p, (_, err) in zip(procs, outputs):
-    assert p.returncode == 0, err[-3000:]
+  for err in errs:
     stops.append([x.split("training ended at step ")[1].split(" (")[0] for x in err.splitlines()
                   if "Time budget of 0.25 minutes spent" in x])
   assert stops[0] == stops[1] and len(stops[0]) == 1, stops  # "N of 100000, factor F"

@@ -162,10 +162,11 @@ class DataConfig:
       same = seen.setdefault((c.dataset, c.data_dir, c.source_lang, c.target_lang, c.split),
                              name)
       if same != name:
+        folder = repr(c.data_dir) if c.data_dir else "'' = the embedded corpus"
         raise ConfigError(
             f"config.data.corpora.{same} and .{name} read the same data (dataset "
-            f"{c.dataset!r}, data_dir {c.data_dir!r}{' = the embedded corpus' * (not c.data_dir)}"
-            f", {c.source_lang}-{c.target_lang}, split {c.split!r}): give one its own data_dir")
+            f"{c.dataset!r}, data_dir {folder}, {c.source_lang}-{c.target_lang}, split "
+            f"{c.split!r}): give one its own data_dir")
     if self.corpora and not (self.eval_split or any(c.eval_split
                                                     for c in self.corpora.values())):
       raise ConfigError("config.data.eval_split is '' and no corpus of config.data.corpora "

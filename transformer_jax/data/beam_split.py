@@ -32,6 +32,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+import tensorflow_datasets as tfds
+from array_record.python import array_record_module
 
 from transformer_jax.config.corpora import CleaningConfig
 from transformer_jax.data import cleaning as cleaning_lib
@@ -127,7 +129,8 @@ def _scan(shard, tmp: str, split: str, cfg: CleaningConfig) -> int:
 
 
 def _dedup(partition: int, tmp: str, split: str, _scanned) -> int:
-  """Step 2: the partition's duplicate lines (all but each key's smallest line), sorted."""
+  """Step 2: the partition's duplicate lines (all but each key's smallest line), sorted.
+  (`_scanned`, the scans' results, is a side input only so that this runs after them.)"""
   files = sorted(Path(tmp).glob(f".beam-keys-{split}-{partition:03d}-*.npy"))
   keys = np.concatenate([np.load(f) for f in files]) if files else np.zeros(0, KEY)
   keys = keys[np.lexsort((keys["line"], keys["lo"], keys["hi"]))]
@@ -163,7 +166,8 @@ def _verdicts(shard, tmp: str, split: str, cfg: CleaningConfig | None):
 
 
 def _count(shard, tmp: str, split: str, cfg: CleaningConfig | None, _deduped):
-  """Step 3: (shard, pairs kept, dropped per rule, the first examples of each rule)."""
+  """Step 3: (shard, pairs kept, dropped per rule, the first examples of each rule).
+  (`_deduped`: a side input only so that this runs after the dedup step.)"""
   kept, dropped, examples = 0, collections.Counter(), collections.defaultdict(list)
   for line, a, b, rule in _verdicts(shard, tmp, split, cfg):
     if not rule:
@@ -179,8 +183,6 @@ def _parts(shard, tmp: str, split: str, langs, cfg: CleaningConfig | None, count
            per_shard: int):
   """Step 4: the shard's kept pairs into part files of their output shards; yields
   (output shard, (input shard, pairs in the part))."""
-  import tensorflow_datasets as tfds
-  from array_record.python import array_record_module
   kept = {index: n for index, n, _, _ in counts}
   rank = sum(n for index, n in kept.items() if index < shard.index)
   features = tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in langs})
@@ -205,7 +207,6 @@ def _parts(shard, tmp: str, split: str, langs, cfg: CleaningConfig | None, count
 
 def _concatenate(item, tmp: str, split: str, counts, per_shard: int):
   """Step 5: output shard `index` from its parts; returns (index, pairs, bytes)."""
-  from array_record.python import array_record_module
   index, parts = item
   total = sum(n for _, n, _, _ in counts)
   path = corpus.shard_path(Path(tmp), split, index, math.ceil(total / per_shard))

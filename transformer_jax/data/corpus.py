@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # The embedded default corpus (Multi30k Task 1, de/en, train/val/test2016).
 EMBEDDED_MULTI30K = Path(__file__).parents[1] / "corpora" / "multi30k"
+
+
 def default_cache_dir() -> str:
   """Prepared datasets when config.data.cache_dir is "": the package's cache folder's tfds/."""
   return str(cache_home() / "tfds")

@@ -17,8 +17,8 @@ f32, exact f32 elsewhere:
 
 Training records the resolved dtype in the workdir's config.json, so a run resumes with the
 dtype it trained with, on any machine; decoding tools run a run trained in bf16 in this
-machine's choice (`decoding_dtype`): bf16 weights lose nothing in f32, and emulated bf16 would
-only be slower. On several processes, process 0's choice holds for all.
+machine's choice (`inference.trained_run.load`): bf16 weights lose nothing in f32, and
+emulated bf16 would only be slower. On several processes, process 0's choice holds for all.
 """
 
 from __future__ import annotations

@@ -30,10 +30,12 @@ class MetricWriter:
     self._tb = None
     if self.active:
       from tensorboardX import SummaryWriter  # imported here: only the writing process needs it
-      # (the file is named by the second it was opened in, then this suffix: the nanoseconds,
-      # so that a run resumed within the same second writes a new file, sorting after)
+      # (the file is named by the second it was opened in, then this suffix: the whole clock in
+      # nanoseconds, so that a run resumed within the same second writes a new file, sorting
+      # after; the second is read after the suffix, so a suffix of its fraction alone could
+      # belong to the second before and sort an earlier writer's file after a later one's)
       self._tb = SummaryWriter(str(Path(workdir) / "tensorboard"), purge_step=resumed_at + 1,
-                               filename_suffix=f".{time.time_ns() % 10**9:09d}")
+                               filename_suffix=f".{time.time_ns():020d}")
 
   def write(self, step: int, metrics: dict[str, float]):
     if not self.active:

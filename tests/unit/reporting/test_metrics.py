@@ -35,3 +35,22 @@ def test_a_resumed_writer_hides_the_redone_steps_from_tensorboard(tmp_path):
   events.Reload()
   assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
       (1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+
+
+def test_a_writer_opened_as_the_second_turns_still_sorts_before_the_resumed_one(
+    tmp_path, monkeypatch):
+  """The event file's second is read after our suffix: with a suffix of the fraction alone, a
+  writer opened at x.9999 s (its file named x+1) sorted after one opened at x+1.0002 (CI saw the
+  resumed run's values hidden by the first run's)."""
+  import time
+  now = [1000.9999]
+  monkeypatch.setattr(time, "time_ns", lambda: int(now[0] * 1e9))
+  monkeypatch.setattr(time, "time", lambda: now[0] + 0.0001)  # (a moment later)
+  first = metrics.MetricWriter(tmp_path)
+  first.close()
+  now[0] = 1001.0002
+  resumed = metrics.MetricWriter(tmp_path, resumed_at=2)
+  resumed.close()
+  files = sorted(p.name for p in (tmp_path / "tensorboard").iterdir())
+  assert [f.split(".")[3] for f in files] == ["1001", "1001"]  # (the same second)
+  assert files[0].endswith(f"{int(1000.9999e9):020d}")

@@ -1,6 +1,7 @@
-"""The data sections nested in `config.data`: the training corpora of a mixture and the cleaning
-rules applied when a local corpus is prepared. Both have defaults (unlike the sections), so
-configs written before they existed still load: no mixture, no cleaning.
+"""The data sections nested in `config.data`: the training corpora of a mixture, the cleaning
+rules applied when a local corpus is prepared, subword sampling. They have defaults (unlike the
+sections), so configs written before they existed still load: no mixture, no cleaning, no
+sampling.
 """
 
 from __future__ import annotations
@@ -75,6 +76,27 @@ class CleaningConfig:
   def active(self) -> dict:
     """The rules that are on, with their settings (what a prepared corpus depends on)."""
     return {rule: getattr(self, rule) for rule in self.RULES if getattr(self, rule)}
+
+
+@dataclasses.dataclass(frozen=True)
+class SubwordSamplingConfig:
+  """Subword regularization (`config.data.subword_sampling`, Kudo 2018): each training pair
+  segmented anew at every epoch by SentencePiece's sampling; validation, test and decoding keep
+  the one best segmentation. alpha 0 = off (the pre-tokenized ids as stored)."""
+  alpha: float = 0.0            # smoothing exponent: P(segmentation)^alpha; small = more varied
+  nbest_size: int = -1          # sample from the n best segmentations; -1 = the whole lattice
+
+  def __post_init__(self):
+    if not 0.0 <= self.alpha <= 1.0:
+      raise ConfigError(f"config.data.subword_sampling.alpha={self.alpha} must be in [0, 1] "
+                        "(0: off)")
+    if self.nbest_size == 0 or self.nbest_size == 1 or self.nbest_size < -1:
+      raise ConfigError(f"config.data.subword_sampling.nbest_size={self.nbest_size} must be "
+                        "-1 (the whole lattice) or >= 2")
+
+  @property
+  def active(self) -> bool:
+    return self.alpha > 0
 
 
 def parse_nested(cls, values, where: str):

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from transformer_jax.config.corpora import CleaningConfig, CorpusConfig, parse_nested
+from transformer_jax.config.corpora import (
+  CleaningConfig,
+  CorpusConfig,
+  SubwordSamplingConfig,
+  parse_nested,
+)
 from transformer_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")     # the device mesh's axes, in mesh_shape's order
@@ -145,6 +150,8 @@ class DataConfig:
   corpora: dict = dataclasses.field(default_factory=dict, hash=False)  # NAME -> CorpusConfig:
                                 # train on a mixture of these, not the corpus above ({} = it)
   cleaning: object = dataclasses.field(default_factory=CleaningConfig)  # CleaningConfig
+  subword_sampling: object = dataclasses.field(  # SubwordSamplingConfig: a new segmentation
+      default_factory=SubwordSamplingConfig)     # of each training pair at every epoch
 
   def __post_init__(self):
     if self.source_lang == self.target_lang:
@@ -152,6 +159,14 @@ class DataConfig:
                         f"{self.source_lang!r}")
     object.__setattr__(self, "cleaning", parse_nested(CleaningConfig, self.cleaning,
                                                       "config.data.cleaning"))
+    object.__setattr__(self, "subword_sampling", parse_nested(
+        SubwordSamplingConfig, self.subword_sampling, "config.data.subword_sampling"))
+    if self.subword_sampling.active and self.corpora:
+      raise ConfigError("config.data.subword_sampling is not supported with config.data.corpora "
+                        "(a mixture) yet: train one corpus with it")
+    if self.subword_sampling.active and not self.pretokenize:
+      raise ConfigError("config.data.subword_sampling needs config.data.pretokenize=True (it "
+                        "samples from the stored pairs)")
     if not isinstance(self.corpora, dict):
       raise ConfigError("config.data.corpora must be a section of named corpora")
     object.__setattr__(self, "corpora", {

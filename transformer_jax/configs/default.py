@@ -89,6 +89,9 @@ def get_config():
   config.data.cleaning = ml_collections.ConfigDict(dict(
       empty=False, max_words=0, max_length_ratio=0.0, identical=False, duplicates=False,
       min_letter_fraction=0.0, examples=3))
+  # Subword regularization: each training pair segmented anew at every epoch by SentencePiece's
+  # sampling, P(segmentation)^alpha over the lattice (nbest_size -1) or its n best; 0 = off.
+  config.data.subword_sampling = ml_collections.ConfigDict(dict(alpha=0.0, nbest_size=-1))
 
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.learning_rate = 2e-3  # peak

@@ -23,7 +23,7 @@ from grain.experimental import FirstFitPackIterDataset
 
 from transformer_jax.config.sections import DataConfig
 from transformer_jax.data import corpus, mixture, packing, tokenized
-from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.data.tokenizer import UNK_ID, Tokenizer
 from transformer_jax.errors import ConfigError, DataError
 
 # Pairs of the shuffled stream read (and filtered) together by the pre-tokenized path.
@@ -189,6 +189,37 @@ class _ReadChunk:
                          (tgt, (tgt_end - tgt_start)[kept]))
 
 
+class _SampleChunk(_ReadChunk):
+  """Reads a chunk like `_ReadChunk`, each pair segmented anew by SentencePiece's sampling
+  (`config.data.subword_sampling`) from the text its stored ids decode to; the chunk's
+  generator (grain's, from the seed and the chunk's place in the stream) seeds the sampling,
+  so a resumed run draws the same segmentations. A pair with an unknown piece keeps its stored
+  ids (its text is not recoverable from them); lengths are filtered after sampling."""
+
+  def __init__(self, store: tokenized.TokenizedSplit, cfg: DataConfig, tokenizer: Tokenizer):
+    super().__init__(store, cfg)
+    self.tokenizer, self.sampling = tokenizer, cfg.subword_sampling
+
+  def __call__(self, indices: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    sides = []
+    for side in tokenized.SIDES:
+      start, end = self.store.bounds(side, indices)
+      stored = np.split(self.store.read_ids(side, start, end), np.cumsum(end - start)[:-1])
+      known = [i for i, ids in enumerate(stored) if not (ids == UNK_ID).any()]
+      sampled = self.tokenizer.sample_batch(
+          [self.tokenizer.decode(stored[i]) for i in known], self.sampling.alpha,
+          self.sampling.nbest_size, int(rng.integers(2**32)))
+      for i, ids in zip(known, sampled):
+        stored[i] = np.asarray(ids, np.int32)
+      sides.append(stored)
+    lengths = [np.asarray([len(ids) for ids in side], np.int64) for side in sides]
+    codes = tokenized.filter_codes(*lengths, self.cfg)
+    kept = np.flatnonzero(codes == tokenized.KEEP)
+    return packing.chunk(codes, *((np.concatenate([side[i] for i in kept] or
+                                                   [np.empty(0, np.int32)]), length[kept])
+                                  for side, length in zip(sides, lengths)))
+
+
 def _pretokenized(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: int,
                   process_count: int) -> TrainPipeline:
   store = tokenized.tokenized_split(cfg, tokenizer)
@@ -203,15 +234,23 @@ def _pretokenized(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_inde
         f"({empty + too_long} in this host's shard): "
         + dataclasses.replace(counts, empty=empty, too_long=too_long).summary())
   chunk = min(CHUNK_PAIRS, kept + empty + too_long)
-  ds = _chunks(_order(store.num_pairs, seed, process_index, process_count), chunk,
-               _ReadChunk(store, cfg), cfg)
+  read = (_SampleChunk(store, cfg, tokenizer) if cfg.subword_sampling.active
+          else _ReadChunk(store, cfg))
+  ds = _chunks(_order(store.num_pairs, seed, process_index, process_count), chunk, read, cfg,
+               seed if cfg.subword_sampling.active else None)
   return TrainPipeline(_packed(ds, cfg, process_count), counts, kept + empty + too_long)
 
 
-def _chunks(order: grain.MapDataset, chunk: int, read, cfg: DataConfig) -> grain.IterDataset:
-  """Chunks of `chunk` indices of `order`, read (and filtered) by `read` in reader threads."""
+def _chunks(order: grain.MapDataset, chunk: int, read, cfg: DataConfig,
+            random_seed: int | None = None) -> grain.IterDataset:
+  """Chunks of `chunk` indices of `order`, read (and filtered) by `read` in reader threads;
+  with `random_seed`, `read` also takes a generator of its own for each chunk (grain's, from
+  the seed and the chunk's index: the same chunk, the same draws, also after a resume)."""
   ahead = max(-(-cfg.prefetch_buffer_size // chunk), cfg.num_threads)  # (chunks; it counts pairs)
-  return order.batch(chunk).map(read).to_iter_dataset(
+  chunks = order.batch(chunk)
+  chunks = (chunks.map(read) if random_seed is None
+            else chunks.random_map(read, seed=random_seed))
+  return chunks.to_iter_dataset(
       grain.ReadOptions(num_threads=cfg.num_threads, prefetch_buffer_size=ahead))
 
 

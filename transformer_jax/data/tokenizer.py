@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import random
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,6 +19,10 @@ from transformer_jax.errors import ConfigError, DataError, TokenizerDamaged
 log = logging.getLogger(__name__)
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2  # PAD doubles as the decoder's start-of-sequence token.
+
+# SentencePiece's sampler seeds each thread's generator from one process-wide seed, when the
+# thread first samples: the seed is set and a new thread started under this lock.
+_SAMPLING_SEED_LOCK = threading.Lock()
 
 
 class Tokenizer:
@@ -55,6 +60,27 @@ class Tokenizer:
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
     """`encode` of each text, on SentencePiece's threads."""
     return [ids + [EOS_ID] for ids in self.sp.encode(texts, num_threads=os.cpu_count() or 1)]
+
+  def sample_batch(self, texts: list[str], alpha: float, nbest_size: int,
+                   seed: int) -> list[list[int]]:
+    """One sampled segmentation of each text (subword regularization: unigram models sample
+    from the lattice, or its `nbest_size` best, by P^alpha; BPE models drop merges with
+    probability alpha), EOS appended. The same texts and seed give the same ids: they are
+    sampled in a thread of their own whose generator starts from `seed`."""
+    out: list[list[int]] = []
+
+    def sample():
+      out.extend(self.sp.encode(text, enable_sampling=True, alpha=alpha, nbest_size=nbest_size)
+                 for text in texts)
+
+    with _SAMPLING_SEED_LOCK:
+      spm.set_random_generator_seed(seed)
+      thread = threading.Thread(target=sample, name="subword-sampling")
+      thread.start()
+      thread.join()
+    if len(out) != len(texts):
+      raise RuntimeError("SentencePiece sampling stopped short (see the error above)")
+    return [ids + [EOS_ID] for ids in out]
 
   def tag_id(self, tag: str, where: str) -> int:
     """The id of reserved token `tag` (a piece of its own); an error naming `where` (the

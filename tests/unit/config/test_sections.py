@@ -50,3 +50,14 @@ def test_parallelism_config_takes_at_most_one_free_axis():
     helpers.section("parallelism", mesh_shape=(-1, -1, 1))
   with pytest.raises(ConfigError, match="unknown mesh axis 'model'"):
     helpers.section("parallelism", axis_rules=(("embed", "model"),))
+
+
+def test_subword_sampling_settings_fail_fast_with_the_key_named():
+  for values, message in (({"alpha": 1.5}, r"subword_sampling\.alpha=1\.5 must be in \[0, 1\]"),
+                          ({"alpha": 0.1, "nbest_size": 1}, r"nbest_size=1 must be -1"),
+                          ({"beta": 0.1}, r"subword_sampling\.beta")):
+    with pytest.raises(ConfigError, match=message):
+      helpers.section("data", subword_sampling=values)
+  with pytest.raises(ConfigError, match="subword_sampling needs config.data.pretokenize=True"):
+    helpers.section("data", subword_sampling={"alpha": 0.1}, pretokenize=False)
+  assert not helpers.section("data").subword_sampling.active  # (off in the default config)

@@ -118,3 +118,26 @@ def test_pretokenized_counts_are_the_pairs_the_batches_took(tmp_path):
   assert pipe.filter.too_long == too_long > 0 and pipe.filter.empty == 0
   assert pipe.epochs == taken / 8
 
+
+
+
+def test_subword_sampling_segments_pairs_anew_each_epoch_and_resumes_bit_for_bit(tmp_path):
+  """config.data.subword_sampling: a sentence seen in several epochs gets several segmentations,
+  each spelling the sentence; a restored iterator draws the same ones (two reader threads)."""
+  cfg, tok = helpers.small_corpus(tmp_path)
+  cfg = dataclasses.replace(cfg, num_threads=2, subword_sampling={"alpha": 0.2})
+  pipe = data.train_pipeline(cfg, tok, seed=0)
+  it, seen = iter(pipe.dataset), {}
+  for _ in range(12):  # (about 6 epochs of the 7 short pairs)
+    for src, tgt in helpers.unpack_batch(_next(pipe, it)):
+      seen.setdefault(tok.decode(src), set()).add(src)
+      assert tok.decode(tgt) in TGT
+  assert set(seen) <= set(SRC) and len(seen) >= 5
+  assert max(len(ways) for ways in seen.values()) >= 3  # a sentence segmented 3+ ways
+  helpers.assert_resumes_at_the_same_batches(
+      lambda: data.train_pipeline(cfg, tok, seed=0).dataset, skip=5, check=4)
+  off = data.train_pipeline(dataclasses.replace(cfg, subword_sampling={"alpha": 0.0}), tok, 0)
+  it = iter(off.dataset)
+  for _ in range(6):
+    for src, _tgt in helpers.unpack_batch(_next(off, it)):
+      assert src == tuple(tok.encode(tok.decode(src)))  # off: the one best segmentation

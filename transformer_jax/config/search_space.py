@@ -106,6 +106,8 @@ class SweepSpec:
   """A validated sweep; `search_space` and `fixed` are flat, keyed by dotted config field."""
   search_space: dict[str, Distribution]
   fixed: dict[str, Any]
+  start_points: tuple = ()       # the first trials' values (dicts of swept fields; a field left
+                                 # out is sampled), e.g. the recipe to beat; part of num_trials
   objective: str = "eval/bleu"   # a metric the run logs (OBJECTIVES)
   direction: str = ""            # "maximize" | "minimize"; "" = the objective's natural one
   reduce: str = "last"           # objective of a run: its "last" evaluation, or the "best"
@@ -135,17 +137,18 @@ class SweepSpec:
                              for k, v in self.search_space.items()},
             "fixed": self.fixed, "objective": self.objective, "direction": self.direction,
             "reduce": self.reduce, "sampler": self.sampler, "num_trials": self.num_trials,
-            "seed": self.seed}
+            "seed": self.seed, "start_points": [dict(p) for p in self.start_points]}
 
 
 def new_spec() -> ml_collections.ConfigDict:
   """The spec a `configs/sweeps/*.py` file starts from (defaults of SweepSpec)."""
   spec = ml_collections.ConfigDict()
   for f in dataclasses.fields(SweepSpec):
-    if f.name not in ("search_space", "fixed"):
+    if f.name not in ("search_space", "fixed", "start_points"):
       spec[f.name] = f.default
   spec.search_space = ml_collections.ConfigDict()
   spec.fixed = ml_collections.ConfigDict()
+  spec.start_points = ()
   return spec
 
 
@@ -206,8 +209,10 @@ def load_spec(spec: ml_collections.ConfigDict, base: ml_collections.ConfigDict) 
   values = spec.to_dict()
   search = _flatten(values.pop("search_space", {}) or {})
   fixed = _flatten(values.pop("fixed", {}) or {})
+  starts = values.pop("start_points", ()) or ()
   try:
-    values = checked_kwargs(SweepSpec, values, "sweep.", skip=("search_space", "fixed"))
+    values = checked_kwargs(SweepSpec, values, "sweep.",
+                            skip=("search_space", "fixed", "start_points"))
   except ConfigError as e:
     raise SweepError(str(e)) from None
   if not search:
@@ -230,8 +235,14 @@ def load_spec(spec: ml_collections.ConfigDict, base: ml_collections.ConfigDict) 
   if overlap:
     raise SweepError(f"sweep.fixed and sweep.search_space both set {', '.join(overlap)}")
 
-  result = SweepSpec(search_space=search, fixed=fixed, **values)
+  starts = _start_points(starts, search, base, fixed)
+  result = SweepSpec(search_space=search, fixed=fixed, start_points=starts, **values)
   _check_settings(result, base)
+  if result.sampler == "grid" and starts:
+    raise SweepError("sweep.start_points: a grid sweep runs every point already")
+  if len(starts) > result.num_trials:
+    raise SweepError(f"sweep.start_points holds {len(starts)} points but sweep.num_trials="
+                     f"{result.num_trials}: the start points are part of the budget")
   # Every configuration a trial can get passes the training config's own validation.
   if result.sampler == "grid":
     for point in result.grid_points:
@@ -244,6 +255,31 @@ def load_spec(spec: ml_collections.ConfigDict, base: ml_collections.ConfigDict) 
   if not result.direction:
     result = dataclasses.replace(result, direction=OBJECTIVES[result.objective])
   return result
+
+
+def _start_points(starts, search: dict, base, fixed: dict) -> tuple:
+  """The start points as flat dicts, each value one its distribution can take and each point
+  a valid training config."""
+  if isinstance(starts, (dict, ml_collections.ConfigDict)):
+    starts = (starts,)
+  out = []
+  for i, point in enumerate(starts):
+    where = f"sweep.start_points[{i}]"
+    if not isinstance(point, (dict, ml_collections.ConfigDict)):
+      raise SweepError(f"{where} must be a dict of swept fields, got {type(point).__name__}")
+    point = _flatten(point)
+    for path, value in point.items():
+      if path not in search:
+        raise SweepError(f"{where}: {path} is not in sweep.search_space")
+      dist, at = search[path], f"{where}.{path}"
+      _check_value(base, path, value, at)
+      inside = (value in dist.values if isinstance(dist, Choice)
+                else dist.low <= value <= dist.high)
+      if not inside:
+        raise SweepError(f"{at}={value!r} is outside its search range {dist}")
+    _validate_training_config(base, {**fixed, **point}, where)
+    out.append(point)
+  return tuple(out)
 
 
 def _check_distribution(dist: Distribution, where: str):

@@ -174,7 +174,8 @@ def open_study(storage, name: str, spec: sweep_spec.SweepSpec, identity: dict,
     log.info("Joined study %r (%d trials so far)", name, len(study.trials))
     return study
   study.set_user_attr("sweep", identity)
-  points = spec.grid_points if spec.sampler == "grid" else [{}] * spec.num_trials
+  points = (spec.grid_points if spec.sampler == "grid" else
+            [*spec.start_points, *[{}] * (spec.num_trials - len(spec.start_points))])
   for point in points:
     study.enqueue_trial(point)
   study.set_user_attr("ready", True)

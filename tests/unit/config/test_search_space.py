@@ -9,7 +9,8 @@ from transformer_jax.cli import sweep as sweep_cli
 from transformer_jax.config import search_space as sweep_spec
 from transformer_jax.config.search_space import SweepError, choice, integer, loguniform, uniform
 from transformer_jax.configs import default, tiny
-from transformer_jax.configs.sweeps import default_tpe, tiny_lr_warmup
+from transformer_jax.configs.sweeps import default_tpe, recipe_tpe, tiny_lr_warmup
+from transformer_jax.sweeps import study
 
 
 def _spec(**fields):
@@ -70,6 +71,12 @@ def test_ranges_and_overrides_as_config_flags_parse_them():
     ({"objective": "test/bleu"}, "needs a test split"),
     ({"num_trials": 0}, "needs a budget >= 1"),
     ({"fixed": {"optimizer": {"learning_rate": 1e-3}}}, "both set optimizer.learning_rate"),
+    ({"start_points": ({"optimizer": {"warmup_steps": 10}},)},
+     "sweep.start_points[0]: optimizer.warmup_steps is not in sweep.search_space"),
+    ({"start_points": ({"optimizer": {"learning_rate": 0.5}},)},
+     "sweep.start_points[0].optimizer.learning_rate=0.5 is outside its search range"),
+    ({"start_points": ({"optimizer": {"learning_rate": 1e-3}},) * 5},
+     "holds 5 points but sweep.num_trials=4"),
 ])
 def test_bad_specs_are_rejected_with_the_key(fields, message):
   with pytest.raises(SweepError) as e:
@@ -119,3 +126,22 @@ def test_shipped_tpe_spec_loads_against_the_default_config():
   assert spec.sampler == "tpe" and spec.num_trials == 20 and spec.direction == "maximize"
   assert set(spec.search_space) == {"optimizer.learning_rate", "optimizer.warmup_steps",
                                     "model.dropout_rate", "label_smoothing"}
+
+
+def test_start_points_are_the_first_trials_and_the_others_are_sampled(tmp_path):
+  spec = sweep_spec.load_spec(_spec(start_points=({"optimizer": {"learning_rate": 3e-3}},)),
+                              tiny.get_config())
+  storage = study.open_storage(f"sqlite:///{tmp_path / 'study.db'}", 60, 120, 2)
+  opened = study.open_study(storage, "s", spec, spec.to_json())
+  rates = []
+  for _ in range(spec.num_trials):
+    trial, _ = study.claim_next_trial(opened, storage, opened._study_id, spec)
+    rates.append(trial.suggest_float("optimizer.learning_rate", 1e-4, 1e-2, log=True))
+  assert rates[0] == 3e-3 and len(set(rates)) == 4
+
+
+def test_shipped_recipe_spec_starts_from_the_modern_recipe():
+  spec = sweep_spec.load_spec(recipe_tpe.get_config(), default.get_config())
+  (start,) = spec.start_points
+  assert set(start) == set(spec.search_space)  # (the whole recipe, nothing sampled)
+  assert start["model.positional_encoding"] == "rotary" and spec.fixed["data.test_split"] == ""

@@ -371,3 +371,24 @@ def test_nonfinite_gradient_skipped_when_configured(train, tmp_path):
   assert [r["train/skipped_steps"] for r in logged if r["step"] == 6] == [1]
 
 
+
+
+def test_a_fine_tuning_run_killed_and_rerun_ends_bitwise_equal_to_one_run_alone(
+    reference, train, tmp_path):
+  """config.init_from: the rerun of a killed fine-tuning run resumes from its own checkpoint
+  (not from the source's weights again), and ends as the run without the kill."""
+  start = ["--config.num_train_steps=8", "--config.checkpoint_every_steps=2",
+           f"--config.init_from.workdir={reference}", "--config.init_from.checkpoint=8"]
+  alone, killed = tmp_path / "alone", tmp_path / "killed"
+  r = train(alone, *start)
+  assert "Initialised from" in r.stderr
+  r = train(killed, *start, fault="sigkill@7", check=False)
+  assert r.returncode == -signal.SIGKILL
+  saved = _steps(killed)  # (a save waits for the one before: step 6's may not be complete)
+  assert saved in ([2, 4], [2, 4, 6])
+  r = train(killed, *start)
+  assert f"Resuming from step {saved[-1]}" in r.stderr and "Initialised from" not in r.stderr
+  _assert_bitwise_equal(_state(killed), _state(alone))
+  assert not np.array_equal(_state(alone)["params"]["decoder_0"]["feed_forward"]["wi"]["kernel"],
+                            _state(reference, 8)["params"]["decoder_0"]["feed_forward"]["wi"][
+                                "kernel"])  # (it trained on)

@@ -304,6 +304,21 @@ class ParallelismConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class InitFromConfig:
+  """Fine-tuning (`config.init_from`): a new run starts from another run's weights, with a
+  fresh optimizer and step 0 and the other run's tokenizer; "" = from random weights."""
+  workdir: str                  # the run to start from
+  checkpoint: str               # which of its weights: "best", "latest", a step, "average:N",
+                                # "steps:A,B", each with ":ema" / ":raw" (default: its moving
+                                # average where it keeps one), as `evaluate --checkpoint` takes
+
+  def __post_init__(self):
+    if self.workdir and not self.checkpoint:
+      raise ConfigError("config.init_from.checkpoint is '': name the checkpoint to start "
+                        "from (e.g. 'best', 'latest', a step)")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """A whole run: the sections above and the run-level keys (`config.<key>`)."""
   model: ModelConfig
@@ -311,6 +326,7 @@ class TrainConfig:
   optimizer: OptimizerConfig
   decode: DecodeConfig
   parallelism: ParallelismConfig
+  init_from: InitFromConfig
   seed: int                     # parameters, dropout and data order
   num_train_steps: int
   log_every_steps: int          # train metrics and the progress line
@@ -359,4 +375,5 @@ class TrainConfig:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optimizer": OptimizerConfig,
-            "decode": DecodeConfig, "parallelism": ParallelismConfig}
+            "decode": DecodeConfig, "parallelism": ParallelismConfig,
+            "init_from": InitFromConfig}

@@ -126,6 +126,10 @@ def get_config():
   config.decode.mbr = ""                # "chrf" / "bleu": minimum-Bayes-risk choice of the output
   config.decode.mbr_candidates = 4      # mbr: n-best of the beam (<= beam_size), or samples
 
+  # Fine-tuning: start from another run's weights (fresh optimizer, step 0, its tokenizer);
+  # checkpoint as `evaluate --checkpoint` takes it: best, latest, a step, average:N (+ :raw).
+  config.init_from = ml_collections.ConfigDict(dict(workdir="", checkpoint="best"))
+
   config.parallelism = ml_collections.ConfigDict()
   config.parallelism.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = all other devices
   # Logical parameter axis -> mesh axis (None: replicated): d_model over fsdp (FSDP), heads,

@@ -18,21 +18,10 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel import numerics
 from transformer_jax.training.state import abstract_state
-from transformer_jax.workdir import layout
-from transformer_jax.workdir.checkpoints import Checkpointer, average_states, parse_selection
+from transformer_jax.workdir import layout, selection
+from transformer_jax.workdir.selection import Selected
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Selected:
-  """One model a checkpoint selection names: its label, the steps averaged into it, whether
-  they live in the best-checkpoint folder, and which weights: "ema" (the moving average),
-  "raw" (the trained parameters) or "auto" (the moving average when the run keeps one)."""
-  label: str
-  steps: list[int]
-  from_best: bool = False
-  weights: str = "auto"
 
 
 @dataclasses.dataclass
@@ -44,78 +33,32 @@ class TrainedRun:
   model: Transformer
   mesh: typing.Any
 
-  def _checkpoints(self, from_best: bool = False, by_bleu: bool = False) -> Checkpointer:
-    """The run's checkpoints (read only: nothing is saved through it, so nothing deleted)."""
-    folder = layout.BEST_CHECKPOINTS if from_best else layout.CHECKPOINTS
-    return Checkpointer(self.workdir / folder, best_metric="bleu" if by_bleu else "")
-
   def steps(self) -> list[int]:
-    ckpt = self._checkpoints()
-    try:
-      return ckpt.all_steps()
-    finally:
-      ckpt.close()
+    return selection.steps(self.workdir)
 
   def best_step(self) -> int | None:
-    if not (self.workdir / layout.BEST_CHECKPOINTS).is_dir():
-      return None
-    ckpt = self._checkpoints(from_best=True, by_bleu=True)
-    try:
-      return ckpt.best_step()
-    finally:
-      ckpt.close()
+    return selection.best_step(self.workdir)
 
-  def select(self, selection: str) -> list[Selected]:
-    """Each model a selection string names (`latest`, `best`, `all`, a step, `average:N`,
-    `steps:A,B`), each optionally with `:ema` or `:raw` (which weights of a run that keeps a
-    moving average; it is the default there, and the label says which)."""
-    weights = "auto"
-    for suffix in ("ema", "raw"):
-      if selection.endswith(f":{suffix}"):
-        selection, weights = selection[:-len(suffix) - 1], suffix
-    has_ema = self.cfg.optimizer.ema_decay > 0
-    if weights == "ema" and not has_ema:
-      raise CheckpointError(f"--checkpoint={selection}:ema: {self.workdir} keeps no moving "
-                            "average (trained with config.optimizer.ema_decay=0)")
-    chosen = self._select(selection)
-    if has_ema:  # (the label says which weights: results of both can sit side by side)
-      suffix = "_raw" if weights == "raw" else "_ema"
-      chosen = [dataclasses.replace(c, label=c.label + suffix, weights=weights)
-                for c in chosen]
-    return chosen
+  def select(self, checkpoint: str) -> list[Selected]:
+    """Each model a selection string names (`workdir.selection.select`)."""
+    return selection.select(self.workdir, checkpoint, self.cfg.optimizer.ema_decay > 0)
 
-  def _select(self, selection: str) -> list[Selected]:
-    if selection == "best":
-      best = self.best_step()
-      if best is None:
-        raise CheckpointError(
-            f"no best checkpoint in {self.workdir / layout.BEST_CHECKPOINTS}: it is kept by "
-            "validation BLEU during training")
-      return [Selected(f"best_step_{best}", [best], True)]
-    return [Selected(label, steps) for label, steps in parse_selection(selection, self.steps())]
-
-  def select_one(self, selection: str, tool: str) -> Selected:
-    chosen = self.select(selection)
+  def select_one(self, checkpoint: str, tool: str) -> Selected:
+    chosen = self.select(checkpoint)
     if len(chosen) != 1:
-      raise CheckpointError(f"--checkpoint={selection} names {len(chosen)} models; {tool} "
+      raise CheckpointError(f"--checkpoint={checkpoint} names {len(chosen)} models; {tool} "
                             "takes one")
     return chosen[0]
 
   def state(self, selected: Selected):
     """The train state of a selection: one checkpoint's, or their parameters' mean."""
-    ckpt = self._checkpoints(selected.from_best)
-    abstract = abstract_state(self.cfg, self.model, self.mesh)
-    try:
-      states = [ckpt.restore(step, abstract) for step in selected.steps]
-    finally:
-      ckpt.close()
-    return average_states(states)
+    return selection.restore(self.workdir, selected,
+                             abstract_state(self.cfg, self.model, self.mesh))
 
   def params(self, selected: Selected):
     """The weights of a selection: the moving average unless "raw" was asked for (or the run
     keeps none)."""
-    state = self.state(selected)
-    return state.params if selected.weights == "raw" else state.eval_params
+    return selection.weights(self.state(selected), selected)
 
 
 def load(workdir: str | Path, dtype: str = "") -> TrainedRun:

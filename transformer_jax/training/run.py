@@ -28,7 +28,7 @@ from transformer_jax.reporting.metrics import (
   truncate_metrics,
 )
 from transformer_jax.reporting.progress import Progress
-from transformer_jax.training import resolution, schedule, validation
+from transformer_jax.training import init_from, resolution, schedule, validation
 from transformer_jax.training.optimizer import learning_rate_schedule
 from transformer_jax.training.preemption import Faults, Preemption
 from transformer_jax.training.prefetch import DevicePrefetch
@@ -217,7 +217,11 @@ def _model_and_data(cfg: TrainConfig, workdir: Path) -> Run:
   mesh = resolution.make_mesh(cfg)
   model = Transformer(cfg.model)
   init, state_sharding = state_init(cfg, model, mesh)  # fails fast on an uneven split
+  if cfg.init_from.workdir:  # (fine-tuning: the tokenizer of the run it starts from)
+    init_from.adopt_tokenizer(cfg, workdir)
   tok = load_tokenizer(cfg, workdir)
+  if cfg.init_from.workdir:
+    init_from.check_tokenizer(cfg, workdir, tok)
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
   pipeline = train_pipeline(cfg.data, tok, cfg.seed, jax.process_index(), jax.process_count())
 
@@ -247,6 +251,8 @@ def _resume(run: Run, config_dict: dict | None):
   if restored is not None:
     run.state = restored
     log.info("Resuming from step %d", run.start_step)
+  elif cfg.init_from.workdir:
+    run.state = init_from.initial_state(cfg, workdir, run.model, run.mesh, run.state)
   if config_dict is not None:  # (only now: a config its checkpoints reject is not recorded)
     layout.save_config(config_dict, workdir)
   run.faults = Faults.from_env()

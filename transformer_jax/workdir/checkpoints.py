@@ -144,8 +144,8 @@ class Checkpointer:
       return
     if saved is None:
       return
-    expected = _shapes_by_path(abstract_state)
-    found = _shapes_by_path(saved)
+    expected = shapes_by_path(abstract_state)
+    found = shapes_by_path(saved)
     problems = [f"{'/'.join(k)}: saved {found[k]}, config {shape}"
                 for k, shape in expected.items() if k in found and found[k] != shape]
     if problems:
@@ -177,7 +177,7 @@ def _one_line(e: Exception) -> str:
   return f"{type(e).__name__}: {first}"
 
 
-def _shapes_by_path(tree) -> dict[tuple[str, ...], tuple[int, ...]]:
+def shapes_by_path(tree) -> dict[tuple[str, ...], tuple[int, ...]]:
   """{path as names: shape} of a tree's arrays, however the tree spells its keys (dataclass
   fields and dicts alike), so that a state and a checkpoint's metadata can be compared."""
   return {tuple(re.findall(r"\w+", jax.tree_util.keystr(path))): tuple(getattr(x, "shape", ()))

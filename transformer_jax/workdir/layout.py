@@ -78,7 +78,8 @@ ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"):
               ("model", "ffn_activation"): "relu", ("model", "num_kv_heads"): 0,
               ("model", "relative_num_buckets"): 32, ("model", "relative_max_distance"): 128,
               ("optimizer", "schedule"): "inverse_sqrt", ("optimizer", "ema_decay"): 0.0,
-              ("decode", "mbr"): "", ("decode", "mbr_candidates"): 4}
+              ("decode", "mbr"): "", ("decode", "mbr_candidates"): 4,
+              ("init_from", "workdir"): "", ("init_from", "checkpoint"): "best"}
 
 
 def read_config(workdir: str | Path) -> dict:

@@ -1,0 +1,125 @@
+"""Fine-tuning (`config.init_from`): a new run's first state from another run's checkpoint.
+
+Its parameters (the moving average by default, where the run keeps one) replace the freshly
+initialised ones once their names and shapes are checked against this config's model; the
+optimizer and the step start afresh (fairseq's --reset-optimizer, Marian's
+--pretrained-model); the other run's tokenizer is copied into this workdir and its fingerprint
+checked. Only a run's start: a resumed run restores its own checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from transformer_jax import atomic
+from transformer_jax.config.parse import from_config_dict
+from transformer_jax.config.sections import TrainConfig
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.errors import CheckpointError, ConfigError
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training.state import abstract_state
+from transformer_jax.workdir import layout, selection
+from transformer_jax.workdir.checkpoints import shapes_by_path
+
+log = logging.getLogger(__name__)
+
+RECORD = "init_from.json"  # where the weights came from (in the fine-tuned run's workdir)
+
+# Model options that change what the weights compute without changing their shapes.
+SAME_FUNCTION = ("positional_encoding", "pre_layer_norm", "ffn_activation",
+                 "relative_max_distance", "share_embeddings", "tie_output_embedding")
+
+
+def source(cfg: TrainConfig, workdir: Path) -> tuple[Path, TrainConfig]:
+  """The run to start from and the config it was trained with."""
+  src = Path(cfg.init_from.workdir)
+  where = f"config.init_from.workdir={cfg.init_from.workdir}"
+  if src.absolute() == Path(workdir).absolute():
+    raise ConfigError(f"{where} is this run's own workdir (to go on training it, leave "
+                      "config.init_from.workdir empty and rerun)")
+  if not (src / layout.CONFIG).is_file():
+    raise ConfigError(f"{where}: no {layout.CONFIG} there (not a transformer_jax run)")
+  return src, from_config_dict(ml_collections.ConfigDict(layout.read_config(src)))
+
+
+def adopt_tokenizer(cfg: TrainConfig, workdir: Path):
+  """The source run's tokenizer copied to this run's (unless config.data.tokenizer_path names
+  one, or the workdir has one: `check_tokenizer` compares them)."""
+  src, src_cfg = source(cfg, workdir)
+  theirs = layout.tokenizer_path(src_cfg, src)
+  if not theirs.is_file():
+    raise ConfigError(f"config.init_from.workdir={src}: its tokenizer {theirs} is missing")
+  ours = layout.tokenizer_path(cfg, workdir)
+  if not cfg.data.tokenizer_path and not ours.exists() and jax.process_index() == 0:
+    with atomic.replacing(ours) as tmp:
+      shutil.copyfile(theirs, tmp)
+    log.info("Tokenizer of %s copied to %s", src, ours)
+
+
+def check_tokenizer(cfg: TrainConfig, workdir: Path, tok: Tokenizer):
+  """A ConfigError unless `tok` is the source run's tokenizer (the same fingerprint)."""
+  src, src_cfg = source(cfg, workdir)
+  theirs = Tokenizer.load(layout.tokenizer_path(src_cfg, src))
+  if tok.fingerprint != theirs.fingerprint:
+    raise ConfigError(
+        f"config.init_from.workdir={src}: its tokenizer {theirs.path} (fingerprint "
+        f"{theirs.fingerprint}) is not this run's {tok.path} ({tok.fingerprint}); a fine-tuned "
+        "run keeps the vocabulary of the run it starts from (leave config.data.tokenizer_path "
+        "empty to take it)")
+
+
+def initial_state(cfg: TrainConfig, workdir: Path, model: Transformer, mesh, state):
+  """`state`, freshly initialised, with the source run's selected weights as its parameters
+  (and as the start of its moving average, if it keeps one); step and optimizer untouched."""
+  src, src_cfg = source(cfg, workdir)
+  for name in SAME_FUNCTION:
+    ours, theirs = getattr(cfg.model, name), getattr(src_cfg.model, name)
+    if ours != theirs:
+      raise ConfigError(f"config.model.{name}={ours!r}, but {src} was trained with {theirs!r}: "
+                        "its weights would compute another function; use its value")
+  src_cfg = dataclasses.replace(src_cfg, parallelism=cfg.parallelism)  # (laid out as ours)
+  chosen = selection.select(src, cfg.init_from.checkpoint, src_cfg.optimizer.ema_decay > 0)
+  if len(chosen) != 1:
+    raise CheckpointError(f"config.init_from.checkpoint={cfg.init_from.checkpoint} names "
+                          f"{len(chosen)} models of {src}; fine-tuning starts from one")
+  (selected,) = chosen
+  abstract = abstract_state(src_cfg, Transformer(src_cfg.model), mesh)
+  _check_shapes(shapes_by_path(abstract.params), shapes_by_path(state.params), src, selected)
+  params = selection.weights(selection.restore(src, selected, abstract), selected)
+  params = jax.tree_util.tree_map(lambda new, old: new.astype(old.dtype), params, state.params)
+  state = state.replace(params=params)
+  if getattr(state, "ema_params", None) is not None:
+    state = state.replace(ema_params=params)
+  record = {"workdir": str(src.absolute()), "checkpoint": cfg.init_from.checkpoint,
+            "selected": selected.label, "steps": selected.steps,
+            "weights": "raw" if selected.weights == "raw" or not src_cfg.optimizer.ema_decay
+            else "ema"}
+  if jax.process_index() == 0:
+    atomic.write_json(Path(workdir) / RECORD, record, indent=2)
+  log.info("Initialised from %s (%s, %s weights): optimizer and step start afresh", src,
+           selected.label, record["weights"])
+  return state
+
+
+def _check_shapes(theirs: dict, ours: dict, src: Path, selected):
+  """A ConfigError naming the first parameter that the two models do not share."""
+  for path in sorted(set(theirs) | set(ours)):
+    name = "/".join(path)
+    if path not in ours:
+      problem = f"parameter {name} of {src} has no place in this config's model"
+    elif path not in theirs:
+      problem = f"this config's parameter {name} is not in {src}"
+    elif theirs[path] != ours[path]:
+      problem = (f"parameter {name} is {theirs[path]} in {src} but {ours[path]} in this "
+                 "config's model")
+    else:
+      continue
+    raise ConfigError(f"config.init_from ({selected.label}): {problem}; the model options that "
+                      "set shapes (sizes, layers, vocab_size, norm, ...) must be the source "
+                      "run's")

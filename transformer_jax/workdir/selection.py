@@ -1,0 +1,90 @@
+"""Which weights of a run's workdir a checkpoint selection names (`latest`, `best`, `all`, a
+step, `average:N`, `steps:A,B`, each optionally `:ema` / `:raw`) and their restored state:
+what the tools' --checkpoint and config.init_from take."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from transformer_jax.errors import CheckpointError
+from transformer_jax.workdir import layout
+from transformer_jax.workdir.checkpoints import Checkpointer, average_states, parse_selection
+
+
+@dataclasses.dataclass(frozen=True)
+class Selected:
+  """One model a checkpoint selection names: its label, the steps averaged into it, whether
+  they live in the best-checkpoint folder, and which weights: "ema" (the moving average),
+  "raw" (the trained parameters) or "auto" (the moving average when the run keeps one)."""
+  label: str
+  steps: list[int]
+  from_best: bool = False
+  weights: str = "auto"
+
+
+def checkpoints(workdir: Path, from_best: bool = False, by_bleu: bool = False) -> Checkpointer:
+  """A run's checkpoints (read only: nothing is saved through it, so nothing deleted)."""
+  folder = layout.BEST_CHECKPOINTS if from_best else layout.CHECKPOINTS
+  return Checkpointer(Path(workdir) / folder, best_metric="bleu" if by_bleu else "")
+
+
+def best_step(workdir: Path) -> int | None:
+  if not (Path(workdir) / layout.BEST_CHECKPOINTS).is_dir():
+    return None
+  ckpt = checkpoints(workdir, from_best=True, by_bleu=True)
+  try:
+    return ckpt.best_step()
+  finally:
+    ckpt.close()
+
+
+def steps(workdir: Path) -> list[int]:
+  ckpt = checkpoints(workdir)
+  try:
+    return ckpt.all_steps()
+  finally:
+    ckpt.close()
+
+
+def select(workdir: Path, selection: str, has_ema: bool) -> list[Selected]:
+  """Each model `selection` names in the run of `workdir` (`has_ema`: whether it keeps a
+  moving average, then the default weights, and the label says which)."""
+  weights = "auto"
+  for suffix in ("ema", "raw"):
+    if selection.endswith(f":{suffix}"):
+      selection, weights = selection[:-len(suffix) - 1], suffix
+  if weights == "ema" and not has_ema:
+    raise CheckpointError(f"--checkpoint={selection}:ema: {workdir} keeps no moving "
+                          "average (trained with config.optimizer.ema_decay=0)")
+  if selection == "best":
+    best = best_step(workdir)
+    if best is None:
+      raise CheckpointError(
+          f"no best checkpoint in {Path(workdir) / layout.BEST_CHECKPOINTS}: it is kept by "
+          "validation BLEU during training")
+    chosen = [Selected(f"best_step_{best}", [best], True)]
+  else:
+    chosen = [Selected(label, steps_) for label, steps_ in parse_selection(selection,
+                                                                           steps(workdir))]
+  if has_ema:  # (the label says which weights: results of both can sit side by side)
+    suffix = "_raw" if weights == "raw" else "_ema"
+    chosen = [dataclasses.replace(c, label=c.label + suffix, weights=weights) for c in chosen]
+  return chosen
+
+
+def restore(workdir: Path, selected: Selected, abstract):
+  """The train state of a selection (shaped like `abstract`): one checkpoint's, or their
+  parameters' mean."""
+  ckpt = checkpoints(workdir, selected.from_best)
+  try:
+    states = [ckpt.restore(step, abstract) for step in selected.steps]
+  finally:
+    ckpt.close()
+  return average_states(states)
+
+
+def weights(state, selected: Selected):
+  """The weights of a restored selection: the moving average unless "raw" was asked for (or
+  the run keeps none)."""
+  return state.params if selected.weights == "raw" else state.eval_params

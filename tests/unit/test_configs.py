@@ -11,6 +11,7 @@ from transformer_jax.configs import (
   multilingual,
   tatoeba_deen,
   tiny,
+  vaswani,
   wmt_base,
   wmt_big,
 )
@@ -19,7 +20,8 @@ from transformer_jax.errors import ConfigError
 
 @pytest.mark.parametrize("get_config", [default.get_config, tiny.get_config, wmt_base.get_config,
                                         wmt_big.get_config, tatoeba_deen.get_config,
-                                        multi30k_modern.get_config, multilingual.get_config])
+                                        multi30k_modern.get_config, multilingual.get_config,
+                                        vaswani.get_config])
 def test_shipped_configs_build(get_config):
   cfg = from_config_dict(get_config())
   assert cfg.model.d_model % cfg.model.num_heads == 0

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from transformer_jax import atomic
@@ -94,8 +95,8 @@ def initial_state(cfg: TrainConfig, workdir: Path, model: Transformer, mesh, sta
   params = selection.weights(selection.restore(src, selected, abstract), selected)
   params = jax.tree_util.tree_map(lambda new, old: new.astype(old.dtype), params, state.params)
   state = state.replace(params=params)
-  if getattr(state, "ema_params", None) is not None:
-    state = state.replace(ema_params=params)
+  if getattr(state, "ema_params", None) is not None:  # (buffers of their own: both donated)
+    state = state.replace(ema_params=jax.tree_util.tree_map(jnp.copy, params))
   record = {"workdir": str(src.absolute()), "checkpoint": cfg.init_from.checkpoint,
             "selected": selected.label, "steps": selected.steps,
             "weights": "raw" if selected.weights == "raw" or not src_cfg.optimizer.ema_decay

@@ -24,9 +24,10 @@ def _open(workdir, tfds_cache, source, **overrides):
 
 def test_a_fine_tuning_run_starts_at_its_sources_validation_loss_and_trains_on(
     tiny_run, tfds_cache, tmp_path):
+  """(The new run keeps a moving average, the source none: it starts at the loaded weights.)"""
   source = trained_run.load(tiny_run)
   theirs = source.params(source.select_one("latest", "test"))
-  with _open(tmp_path / "ft", tfds_cache, tiny_run) as run:
+  with _open(tmp_path / "ft", tfds_cache, tiny_run, **{"optimizer.ema_decay": 0.99}) as run:
     assert run.start_step == 0 and int(run.state.step) == 0
     assert not any(np.any(np.asarray(x)) for x in jax.tree_util.tree_leaves(
         run.state.opt_state) if np.ndim(x))  # (Adam's moments afresh)

@@ -142,6 +142,8 @@ def test_start_points_are_the_first_trials_and_the_others_are_sampled(tmp_path):
 
 def test_shipped_recipe_spec_starts_from_the_modern_recipe():
   spec = sweep_spec.load_spec(recipe_tpe.get_config(), default.get_config())
-  (start,) = spec.start_points
+  start, *variants = spec.start_points
   assert set(start) == set(spec.search_space)  # (the whole recipe, nothing sampled)
   assert start["model.positional_encoding"] == "rotary" and spec.fixed["data.test_split"] == ""
+  for point in variants:  # (one change at a time)
+    assert len([k for k in start if point[k] != start[k]]) == 1, point

@@ -1,4 +1,4 @@
-"""Tagged back-translation (Caswell et al., 2019): the default model trained on a mixture of
+"""Tagged back-translation (Caswell et al., 2019): configs/vaswani.py's model trained on a mix of
 real pairs and back-translated ones, the synthetic sources tagged `<BT>`.
 
   # 1. a reverse (en->de) run on the real pairs, 2. back-translate English monolingual text
@@ -15,11 +15,11 @@ batch); BENCHMARKS.md "Back-translation and multilingual training" has the measu
 
 import ml_collections
 
-from transformer_jax.configs import default
+from transformer_jax.configs import vaswani
 
 
 def get_config():
-  config = default.get_config()
+  config = vaswani.get_config()
   config.data.corpora = ml_collections.ConfigDict({
       "real": dict(weight=1.0),               # config.data.data_dir's training split
       "bt": dict(data_dir="", weight=1.0, tag="<BT>"),  # set data_dir: the tool's --out

@@ -13,11 +13,11 @@ has the measured outcome against de->en alone.
 
 import ml_collections
 
-from transformer_jax.configs import default
+from transformer_jax.configs import vaswani
 
 
 def get_config():
-  config = default.get_config()
+  config = vaswani.get_config()
   config.data.data_dir = ""             # the embedded Multi30k; de-en: validation, the de test
   config.data.test_split = "test2016"
   config.data.corpora = ml_collections.ConfigDict({

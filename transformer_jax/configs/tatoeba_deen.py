@@ -12,18 +12,18 @@ the user's downloads; see the Makefile's `tatoeba-data` for every --test/--exclu
 The split (transformer_jax/data/splitting.py) groups pairs by English sentence (all translations
 of a sentence in one split, 1% of sentences for dev), removes every pair with a side that occurs
 in any Tatoeba-test version, and writes the v2021-08-07 test set deduplicated by German source
-(16,739 sentences, one reference each). Model: the default 3+3-layer d_model-256 Transformer with
-a joint 8k SentencePiece; sized to train in under an hour on 2 CPU cores (result and time: see
+(16,739 sentences, one reference each). Model: configs/vaswani.py's 3+3-layer d_model-256
+Transformer with a joint 8k SentencePiece; sized to train in under an hour on 2 CPU cores (result and time: see
 BENCHMARKS.md). `--config.data.source_lang=en --config.data.target_lang=de` trains en→de (its
 test set then has several references per English sentence as separate lines: regenerate the split
 with --dedup_test_by=en).
 """
 
-from transformer_jax.configs import default
+from transformer_jax.configs import vaswani
 
 
 def get_config():
-  config = default.get_config()
+  config = vaswani.get_config()
   config.num_train_steps = 2700
   config.time_budget_minutes = 0.0       # the step count is the recipe (no time limit)
   config.optimizer.cooldown_fraction = 0.0

@@ -6,11 +6,11 @@ Runtime: well under a minute on 2 CPU cores. Result: not a useful model (BLEU â‰
 exercises every stage: tokenizer, packing, training, checkpoint, evaluation, beam search.
 """
 
-from transformer_jax.configs import default
+from transformer_jax.configs import vaswani
 
 
 def get_config():
-  config = default.get_config()
+  config = vaswani.get_config()
   config.num_train_steps = 20
   config.time_budget_minutes = 0.0
   config.optimizer.cooldown_fraction = 0.0

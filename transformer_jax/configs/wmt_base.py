@@ -18,11 +18,11 @@ beam 4 with length penalty 0.6, a joint 32k SentencePiece (the paper: 37k BPE) t
 cannot hold a 256-row batch, keep the batch and split it: `--config.num_micro_batches=4`.
 """
 
-from transformer_jax.configs import default
+from transformer_jax.configs import vaswani
 
 
 def get_config():
-  config = default.get_config()
+  config = vaswani.get_config()
   config.num_train_steps = 100_000
   config.time_budget_minutes = 0.0      # the step count is the recipe (no time limit)
   config.optimizer.cooldown_fraction = 0.0

@@ -16,6 +16,8 @@ from transformer_jax.configs import default
 
 def get_config():
   config = default.get_config()
+  config.num_train_steps = 1000
+  config.eval_every_steps = 250
   config.label_smoothing = 0.1
   config.model.positional_encoding = "sinusoidal"
   config.model.norm = "layernorm"

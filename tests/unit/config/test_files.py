@@ -16,7 +16,7 @@ def _write(tmp_path, text, name="cfg.py"):
 
 
 def test_a_config_file_loads_with_its_imports():
-  config = files.load_file("configs/tiny.py")  # (it builds on configs/default.py)
+  config = files.load_file("configs/tiny.py")  # (it builds on vaswani.py, on default.py)
   assert config.to_dict() == tiny.get_config().to_dict()
 
 

@@ -17,7 +17,7 @@ import ml_collections
 def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0                       # parameters, dropout and data order
-  config.num_train_steps = 1200         # optimizer steps (~13 epochs of Multi30k)
+  config.num_train_steps = 1200         # optimizer steps (~10 epochs of Multi30k)
   config.log_every_steps = 50           # train metrics and the progress line
   config.eval_every_steps = 400         # validation loss + BLEU (and at the last step)
   config.checkpoint_every_steps = 100   # Orbax checkpoint (and at the last step)

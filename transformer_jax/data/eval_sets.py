@@ -83,7 +83,10 @@ def load_eval_set(cfg: DataConfig, split: str, tokenizer: Tokenizer,
   """Reads a whole split (eval/test sets are small) in file order, tokenized; of `spec` when
   given (a mixture's corpus), each source after `source_prefix`."""
   sources, references = [], []
-  for src, ref in corpus.iterate_pairs(spec or corpus.corpus_spec(cfg, dataset), split):
+  read = spec or corpus.corpus_spec(cfg, dataset)
+  if split not in read.splits:  # (a split the run's config does not name: prepared on its own)
+    read = dataclasses.replace(read, splits=(split,))
+  for src, ref in corpus.iterate_pairs(read, split):
     sources.append(src)
     references.append(ref)
     if max_sentences and len(sources) >= max_sentences:

@@ -30,3 +30,14 @@ def test_eval_set_from_pairs_handles_translation_without_references():
       return [3] * len(s.split()) + [1]
   ev = data.EvalSet.from_pairs(["a b", "c"], [], Tok())
   assert ev.references == ["", ""] and len(ev) == 2
+
+
+def test_a_split_the_config_does_not_name_is_prepared_on_its_own(tmp_path):
+  """(evaluate --split=test2016 on a run trained with test_split="" ended in TFDS's "Unknown
+  split" traceback: the prepared corpus held only the config's splits.)"""
+  cfg, tok = helpers.small_corpus(tmp_path)
+  data.load_eval_set(cfg, "val", tok)  # (the corpus prepared with the config's splits first)
+  for lang, lines in (("de", SRC[:3]), ("en", TGT[:3])):
+    (tmp_path / "corpus" / f"extra.{lang}").write_text("".join(x + "\n" for x in lines))
+  ev = data.load_eval_set(cfg, "extra", tok)
+  assert ev.sources == SRC[:3] and ev.references == TGT[:3]

@@ -90,7 +90,7 @@ class SubwordSamplingConfig:
     if not 0.0 <= self.alpha <= 1.0:
       raise ConfigError(f"config.data.subword_sampling.alpha={self.alpha} must be in [0, 1] "
                         "(0: off)")
-    if self.nbest_size == 0 or self.nbest_size == 1 or self.nbest_size < -1:
+    if self.nbest_size < 2 and self.nbest_size != -1:
       raise ConfigError(f"config.data.subword_sampling.nbest_size={self.nbest_size} must be "
                         "-1 (the whole lattice) or >= 2")
 

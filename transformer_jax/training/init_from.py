@@ -25,7 +25,7 @@ from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.state import abstract_state
-from transformer_jax.workdir import layout, selection
+from transformer_jax.workdir import layout, preparation, selection
 from transformer_jax.workdir.checkpoints import shapes_by_path
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,11 @@ def source(cfg: TrainConfig, workdir: Path) -> tuple[Path, TrainConfig]:
   return src, from_config_dict(ml_collections.ConfigDict(layout.read_config(src)))
 
 
-def adopt_tokenizer(cfg: TrainConfig, workdir: Path):
-  """The source run's tokenizer copied to this run's (unless config.data.tokenizer_path names
-  one, or the workdir has one: `check_tokenizer` compares them)."""
+def load_tokenizer(cfg: TrainConfig, workdir: Path) -> Tokenizer:
+  """The fine-tuned run's tokenizer: the source run's, copied into this workdir unless
+  config.data.tokenizer_path names one or the workdir has one; then loaded as any run's
+  (`workdir.preparation.load_tokenizer`) and a ConfigError unless its fingerprint is the
+  source's."""
   src, src_cfg = source(cfg, workdir)
   theirs = layout.tokenizer_path(src_cfg, src)
   if not theirs.is_file():
@@ -61,18 +63,15 @@ def adopt_tokenizer(cfg: TrainConfig, workdir: Path):
     with atomic.replacing(ours) as tmp:
       shutil.copyfile(theirs, tmp)
     log.info("Tokenizer of %s copied to %s", src, ours)
-
-
-def check_tokenizer(cfg: TrainConfig, workdir: Path, tok: Tokenizer):
-  """A ConfigError unless `tok` is the source run's tokenizer (the same fingerprint)."""
-  src, src_cfg = source(cfg, workdir)
-  theirs = Tokenizer.load(layout.tokenizer_path(src_cfg, src))
-  if tok.fingerprint != theirs.fingerprint:
+  tok = preparation.load_tokenizer(cfg, workdir)
+  source_tok = Tokenizer.load(theirs)
+  if tok.fingerprint != source_tok.fingerprint:
     raise ConfigError(
-        f"config.init_from.workdir={src}: its tokenizer {theirs.path} (fingerprint "
-        f"{theirs.fingerprint}) is not this run's {tok.path} ({tok.fingerprint}); a fine-tuned "
-        "run keeps the vocabulary of the run it starts from (leave config.data.tokenizer_path "
-        "empty to take it)")
+        f"config.init_from.workdir={src}: its tokenizer {source_tok.path} (fingerprint "
+        f"{source_tok.fingerprint}) is not this run's {tok.path} ({tok.fingerprint}); a "
+        "fine-tuned run keeps the vocabulary of the run it starts from (leave "
+        "config.data.tokenizer_path empty to take it)")
+  return tok
 
 
 def initial_state(cfg: TrainConfig, workdir: Path, model: Transformer, mesh, state):

@@ -217,11 +217,9 @@ def _model_and_data(cfg: TrainConfig, workdir: Path) -> Run:
   mesh = resolution.make_mesh(cfg)
   model = Transformer(cfg.model)
   init, state_sharding = state_init(cfg, model, mesh)  # fails fast on an uneven split
-  if cfg.init_from.workdir:  # (fine-tuning: the tokenizer of the run it starts from)
-    init_from.adopt_tokenizer(cfg, workdir)
-  tok = load_tokenizer(cfg, workdir)
-  if cfg.init_from.workdir:
-    init_from.check_tokenizer(cfg, workdir, tok)
+  # (fine-tuning: the tokenizer of the run it starts from)
+  tok = (init_from.load_tokenizer(cfg, workdir) if cfg.init_from.workdir
+         else load_tokenizer(cfg, workdir))
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
   pipeline = train_pipeline(cfg.data, tok, cfg.seed, jax.process_index(), jax.process_count())
 

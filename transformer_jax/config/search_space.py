@@ -42,6 +42,9 @@ class Choice:
   def examples(self) -> tuple:
     return self.values
 
+  def contains(self, value) -> bool:
+    return value in self.values
+
 
 @dataclasses.dataclass(frozen=True)
 class Uniform:
@@ -55,6 +58,9 @@ class Uniform:
 
   def examples(self) -> tuple:
     return (self.low, self.high)
+
+  def contains(self, value) -> bool:
+    return self.low <= value <= self.high
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +79,9 @@ class Integer:
 
   def examples(self) -> tuple:
     return (self.low, self.high)
+
+  def contains(self, value) -> bool:
+    return self.low <= value <= self.high
 
 
 Distribution = Union[Choice, Uniform, Integer]
@@ -273,9 +282,7 @@ def _start_points(starts, search: dict, base, fixed: dict) -> tuple:
         raise SweepError(f"{where}: {path} is not in sweep.search_space")
       dist, at = search[path], f"{where}.{path}"
       _check_value(base, path, value, at)
-      inside = (value in dist.values if isinstance(dist, Choice)
-                else dist.low <= value <= dist.high)
-      if not inside:
+      if not dist.contains(value):
         raise SweepError(f"{at}={value!r} is outside its search range {dist}")
     _validate_training_config(base, {**fixed, **point}, where)
     out.append(point)

@@ -23,15 +23,10 @@ MODERN = {"model": {"positional_encoding": "rotary", "norm": "rmsnorm", "dropout
           "label_smoothing": 0.1, "data": {"subword_sampling": {"alpha": 0.0}}}
 
 
-def _variant(section: str, key: str, value) -> dict:
-  """MODERN with one value changed."""
-  point = {k: dict(v) if isinstance(v, dict) else v for k, v in MODERN.items()}
-  if section:
-    point[section] = {**MODERN[section], key: value} if section != "data" else {
-        "subword_sampling": {"alpha": value}}
-  else:
-    point[key] = value
-  return point
+def _variant(change: dict, base: dict = MODERN) -> dict:
+  """`base` with the values of `change` (nested like it) in their place."""
+  return {key: _variant(change[key], value) if isinstance(value, dict) and key in change
+          else change.get(key, value) for key, value in base.items()}
 
 
 def get_config():
@@ -52,10 +47,12 @@ def get_config():
   sweep.fixed = {"time_budget_minutes": 6.0,  # every trial ends on the clock, in its cooldown
                  "num_train_steps": 5000, "eval_every_steps": 250, "data": {"test_split": ""}}
   # The recipe to beat, and one change at a time around it; then the sampler's own picks.
-  sweep.start_points = (MODERN, _variant("data", "alpha", 0.3), _variant("data", "alpha", 0.5),
-                        _variant("model", "dropout_rate", 0.2),
-                        _variant("optimizer", "learning_rate", 3e-3),
-                        _variant("model", "num_encoder_layers", 4))
+  sweep.start_points = (MODERN,
+                        _variant({"data": {"subword_sampling": {"alpha": 0.3}}}),
+                        _variant({"data": {"subword_sampling": {"alpha": 0.5}}}),
+                        _variant({"model": {"dropout_rate": 0.2}}),
+                        _variant({"optimizer": {"learning_rate": 3e-3}}),
+                        _variant({"model": {"num_encoder_layers": 4}}))
   sweep.objective = "eval/bleu"
   sweep.sampler = "tpe"
   sweep.num_trials = 8

@@ -7,6 +7,7 @@ from transformer_jax.config.parse import from_config_dict
 from transformer_jax.configs import (
   backtranslation,
   default,
+  multi30k_ende,
   multi30k_modern,
   multilingual,
   tatoeba_deen,
@@ -21,7 +22,7 @@ from transformer_jax.errors import ConfigError
 @pytest.mark.parametrize("get_config", [default.get_config, tiny.get_config, wmt_base.get_config,
                                         wmt_big.get_config, tatoeba_deen.get_config,
                                         multi30k_modern.get_config, multilingual.get_config,
-                                        vaswani.get_config])
+                                        vaswani.get_config, multi30k_ende.get_config])
 def test_shipped_configs_build(get_config):
   cfg = from_config_dict(get_config())
   assert cfg.model.d_model % cfg.model.num_heads == 0

@@ -21,6 +21,7 @@ from transformer_jax.errors import ConfigError
 MESH_AXES = ("data", "fsdp", "tensor")     # the device mesh's axes, in mesh_shape's order
 REMAT_CHOICES = ("none", "full", "dots")   # see ModelConfig.remat
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")  # see ModelConfig.attention_impl
+POSITIONAL_ENCODINGS = ("sinusoidal", "sinusoidal_concat", "learned", "rotary", "relative")
 DTYPES = ("float32", "bfloat16")  # what a run computes in ("auto" resolves to one of them)
 
 
@@ -55,12 +56,17 @@ class ModelConfig:
   ffn_dropout_rate: float       # after the feed-forward activation
   pre_layer_norm: bool          # pre-LN (stable) or the paper's post-LN
   norm: str                     # "layernorm" (the paper's) or "rmsnorm" (no centring, no bias)
-  ffn_activation: str           # "relu" (the paper's), "gelu", or gated "swiglu" / "geglu":
+  norm_epsilon: float           # added to the variance in LayerNorm/RMSNorm (Flax's 1e-6;
+                                # PyTorch's and Marian's 1e-5)
+  ffn_activation: str           # "relu" (the paper's), "gelu", "silu" (swish: Marian's), or
+                                # gated "swiglu" / "geglu":
                                 # act(x W_gate) * (x W_up), each D->d_ff (so 3 D d_ff weights,
                                 # not 2: d_ff = 2/3 of a relu layer's keeps the parameter count)
   num_kv_heads: int             # key/value heads (grouped-query attention; 1 = multi-query);
                                 # 0 or num_heads = the paper's multi-head attention
-  positional_encoding: str      # "sinusoidal" (the paper's) or "learned", added to the
+  positional_encoding: str      # "sinusoidal" (the paper's: sin, cos interleaved),
+                                # "sinusoidal_concat" (all sines, then all cosines: the table of
+                                # tensor2tensor, fairseq and Marian) or "learned", added to the
                                 # embeddings; or, in self-attention only, "rotary" (RoFormer:
                                 # queries and keys rotated by position) or "relative" (T5: a
                                 # learned bias per head and bucket of key-query offsets)
@@ -68,7 +74,10 @@ class ModelConfig:
   relative_max_distance: int    # "relative": offsets beyond this share the last bucket
   max_len: int                  # longest source/target position supported
   share_embeddings: bool        # one embedding table for source and target
+  scale_embeddings: bool        # token embeddings times sqrt(d_model) (the paper's)
   tie_output_embedding: bool    # the output softmax uses the target embedding matrix
+  output_bias: bool             # a learned bias per vocabulary entry added to the output
+                                # logits (Marian's final_logits_bias)
   dtype: str                    # matmul inputs: "float32" (exact), "bfloat16" (f32 accumulation)
                                 # or "auto" (what the hardware runs fastest; parallel.numerics)
   attention_impl: str           # "einsum" (our products, tuned for XLA:CPU), "xla" or "cudnn"
@@ -90,14 +99,16 @@ class ModelConfig:
       raise ConfigError(f"config.model.d_model={self.d_model} is not divisible by "
                         f"config.model.num_heads={self.num_heads}")
     _check_choice("config.model.positional_encoding", self.positional_encoding,
-                  ("sinusoidal", "learned", "rotary", "relative"))
+                  POSITIONAL_ENCODINGS)
     if self.positional_encoding == "rotary" and self.head_dim % 2:
       raise ConfigError(f"config.model.positional_encoding='rotary' needs an even head "
                         f"dimension; d_model / num_heads = {self.head_dim}")
     _check_positive("model", self, ("relative_num_buckets", "relative_max_distance"))
     _check_choice("config.model.norm", self.norm, ("layernorm", "rmsnorm"))
     _check_choice("config.model.ffn_activation", self.ffn_activation,
-                  ("relu", "gelu", "swiglu", "geglu"))
+                  ("relu", "gelu", "silu", "swiglu", "geglu"))
+    if not 0 < self.norm_epsilon < 1:
+      raise ConfigError(f"config.model.norm_epsilon={self.norm_epsilon} must be in (0, 1)")
     if self.num_kv_heads < 0 or (self.num_kv_heads and self.num_heads % self.num_kv_heads):
       raise ConfigError(f"config.model.num_kv_heads={self.num_kv_heads} must divide "
                         f"config.model.num_heads={self.num_heads} (0 = num_heads)")

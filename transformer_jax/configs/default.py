@@ -46,14 +46,18 @@ def get_config():
   config.model.ffn_dropout_rate = 0.0
   config.model.pre_layer_norm = True    # False: the paper's post-LN
   config.model.norm = "rmsnorm"         # or "layernorm"
-  config.model.ffn_activation = "relu"  # "gelu", or gated "swiglu"/"geglu" (3 matrices of d_ff)
+  config.model.norm_epsilon = 1e-6      # in the norms' denominators (PyTorch's: 1e-5)
+  config.model.ffn_activation = "relu"  # "gelu", "silu", or gated "swiglu"/"geglu" (3 d_ff matrices)
   config.model.num_kv_heads = 0         # key/value heads (grouped-query); 0 = num_heads
-  config.model.positional_encoding = "rotary"  # "sinusoidal", "learned"; "relative" (T5 bias)
+  config.model.positional_encoding = "rotary"  # "sinusoidal" (+"_concat": sin|cos halves),
+                                        # "learned"; "relative" (T5 bias)
   config.model.relative_num_buckets = 32  # "relative": offset buckets (T5's)
   config.model.relative_max_distance = 128  # "relative": longer offsets share the last bucket
   config.model.max_len = 256            # longest position (source, target, decode)
   config.model.share_embeddings = True  # one table for source and target
+  config.model.scale_embeddings = True  # token embeddings times sqrt(d_model)
   config.model.tie_output_embedding = True  # softmax weights = target embedding
+  config.model.output_bias = False      # a learned bias on the output logits (Marian's)
   config.model.dtype = "auto"           # matmul inputs: "bfloat16" (f32 accumulation) where the
                                         # hardware multiplies bf16 faster, else "float32" (exact)
   config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs

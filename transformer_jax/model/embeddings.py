@@ -68,13 +68,17 @@ class Projection(nn.Module):
     return y
 
 
-def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
-  """The paper's fixed encodings: sin on even, cos on odd dims, wavelengths 2π…10000·2π."""
+def sinusoidal_positions(max_len: int, d_model: int, concat: bool = False) -> np.ndarray:
+  """The paper's fixed encodings: sin on even, cos on odd dims, wavelengths 2π…10000·2π; with
+  `concat`, the same sines in the first half of the dims and the cosines in the second
+  (tensor2tensor's, fairseq's and Marian's layout)."""
   position = np.arange(max_len)[:, None]
   div_term = np.exp(np.arange(0, d_model, 2) * -(math.log(10000.0) / d_model))
   table = np.zeros((max_len, d_model), dtype=np.float32)
-  table[:, 0::2] = np.sin(position * div_term)
-  table[:, 1::2] = np.cos(position * div_term)[:, : d_model // 2]
+  sines, cosines = (slice(0, (d_model + 1) // 2), slice((d_model + 1) // 2, None)) if concat \
+      else (slice(0, None, 2), slice(1, None, 2))
+  table[:, sines] = np.sin(position * div_term)
+  table[:, cosines] = np.cos(position * div_term)[:, : d_model // 2]
   return table
 
 
@@ -116,7 +120,8 @@ def relative_position_bucket(offset, bidirectional: bool, num_buckets: int, max_
 
 
 class Embedding(nn.Module):
-  """Token embedding scaled by sqrt(d_model); `attend` gives output logits (tied softmax)."""
+  """Token embedding scaled by sqrt(d_model) (unless config.model.scale_embeddings is off);
+  `attend` gives output logits (tied softmax)."""
   config: ModelConfig
 
   def setup(self):
@@ -125,7 +130,8 @@ class Embedding(nn.Module):
                            (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
 
   def __call__(self, ids_BT):
-    return jnp.take(self.table_VD, ids_BT, axis=0) * math.sqrt(self.config.d_model)
+    x_BTD = jnp.take(self.table_VD, ids_BT, axis=0)
+    return x_BTD * math.sqrt(self.config.d_model) if self.config.scale_embeddings else x_BTD
 
   def attend(self, x_BTD):
     return matmul("btd,vd->btv", x_BTD, self.table_VD, compute_dtype(self.config))
@@ -154,6 +160,7 @@ class PositionalEncoding(nn.Module):
       table = _param(self, "position_embedding", nn.initializers.normal(0.02),
                      (cfg.max_len, cfg.d_model), (None, "embed"))
     else:
-      table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
+      table = jnp.asarray(sinusoidal_positions(
+          cfg.max_len, cfg.d_model, concat=cfg.positional_encoding == "sinusoidal_concat"))
     return x_BTD + jnp.take(table, positions_BT, axis=0)
 

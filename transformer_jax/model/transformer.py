@@ -33,12 +33,12 @@ REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable
 
 # The feed-forward activations; the gated ones multiply act(x W_gate) by x W_up.
 ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False),
-               "swiglu": nn.silu, "geglu": functools.partial(nn.gelu, approximate=False)}
+               "silu": nn.silu, "swiglu": nn.silu, "geglu": functools.partial(nn.gelu, approximate=False)}
 GATED = ("swiglu", "geglu")
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward: Linear(D->F), ReLU (or GELU), dropout, Linear(F->D); or,
+  """Position-wise feed-forward: Linear(D->F), ReLU (or GELU, SiLU), dropout, Linear(F->D); or,
   gated (SwiGLU, GeGLU: Shazeer 2020), act(Linear_gate(x)) * Linear_up(x) before dropout."""
   config: ModelConfig
 
@@ -67,8 +67,8 @@ def make_norm(cfg: ModelConfig, name: str, dtype=None) -> nn.Module:
   """The configured normalisation (f32 parameters and statistics, output in `dtype`):
   LayerNorm (the paper's), or RMSNorm (x / rms(x) * scale: no centring, no bias)."""
   if cfg.norm == "rmsnorm":
-    return nn.RMSNorm(name=name, param_dtype=jnp.float32, dtype=dtype)
-  return nn.LayerNorm(name=name, param_dtype=jnp.float32, dtype=dtype)
+    return nn.RMSNorm(epsilon=cfg.norm_epsilon, name=name, param_dtype=jnp.float32, dtype=dtype)
+  return nn.LayerNorm(epsilon=cfg.norm_epsilon, name=name, param_dtype=jnp.float32, dtype=dtype)
 
 
 class ResidualBlock(nn.Module):
@@ -210,6 +210,10 @@ class Transformer(nn.Module):
     if not cfg.tie_output_embedding:
       self.output_projection = Projection((cfg.d_model,), (cfg.vocab_size,), ("embed", "vocab"),
                                           compute_dtype(cfg), use_bias=False)
+    if cfg.output_bias:  # (Marian's final_logits_bias; tied or untied softmax alike)
+      self.output_logits_bias = self.param(
+          "output_logits_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+          (cfg.vocab_size,), jnp.float32)
 
   def encode(self, inputs_BS, inputs_positions_BS=None, inputs_segmentation_BS=None,
              train: bool = False):
@@ -267,12 +271,16 @@ class Transformer(nn.Module):
     if cfg.pre_layer_norm:
       y_BTD = self.decoder_norm(y_BTD)
     if return_hidden:  # the softmax layer's input and matrix (ops.losses.output_loss does the rest)
-      if not cfg.tie_output_embedding:
-        raise ValueError("return_hidden needs tie_output_embedding")
+      if not cfg.tie_output_embedding or cfg.output_bias:
+        raise ValueError("return_hidden needs tie_output_embedding and no output_bias")
       return y_BTD, self.target_embedding.table_VD
     if cfg.tie_output_embedding:
-      return self.target_embedding.attend(y_BTD)
-    return self.output_projection(y_BTD)
+      logits_BTV = self.target_embedding.attend(y_BTD)
+    else:
+      logits_BTV = self.output_projection(y_BTD)
+    if cfg.output_bias:
+      logits_BTV = logits_BTV + self.output_logits_bias
+    return logits_BTV
 
   def __call__(self, inputs_BS, targets_BT, inputs_positions_BS=None, targets_positions_BT=None,
                inputs_segmentation_BS=None, targets_segmentation_BT=None, train: bool = False,

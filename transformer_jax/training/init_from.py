@@ -34,7 +34,8 @@ RECORD = "init_from.json"  # where the weights came from (in the fine-tuned run'
 
 # Model options that change what the weights compute without changing their shapes.
 SAME_FUNCTION = ("positional_encoding", "pre_layer_norm", "ffn_activation",
-                 "relative_max_distance", "share_embeddings", "tie_output_embedding")
+                 "relative_max_distance", "share_embeddings", "tie_output_embedding",
+                 "norm_epsilon", "scale_embeddings")
 
 
 def source(cfg: TrainConfig, workdir: Path) -> tuple[Path, TrainConfig]:

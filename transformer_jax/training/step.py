@@ -21,9 +21,10 @@ from transformer_jax.training.state import TrainState
 def training_loss_sums(model, params, batch, rngs, label_smoothing: float, mesh=None):
   """(smoothed loss sum, NLL sum, token count) of a training batch. With a tied softmax the
   output layer and loss run fused, in tiles of tokens, on each device of `mesh` for its own
-  rows (`ops.losses.device_output_loss`); otherwise through the model's logits."""
+  rows (`ops.losses.device_output_loss`); otherwise (an untied softmax, or one with an output
+  bias) through the model's logits."""
   targets_BT = batch["targets"]
-  if not model.config.tie_output_embedding:
+  if not model.config.tie_output_embedding or model.config.output_bias:
     logits = apply_to_batch(model, params, batch, True, rngs)
     return cross_entropy(logits, targets_BT, targets_BT > 0, label_smoothing)
   hidden_BTD, table_VD = apply_to_batch(model, params, batch, True, rngs, return_hidden=True)

@@ -79,7 +79,9 @@ ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"):
               ("model", "relative_num_buckets"): 32, ("model", "relative_max_distance"): 128,
               ("optimizer", "schedule"): "inverse_sqrt", ("optimizer", "ema_decay"): 0.0,
               ("decode", "mbr"): "", ("decode", "mbr_candidates"): 4,
-              ("init_from", "workdir"): "", ("init_from", "checkpoint"): "best"}
+              ("init_from", "workdir"): "", ("init_from", "checkpoint"): "best",
+              ("model", "norm_epsilon"): 1e-6, ("model", "scale_embeddings"): True,
+              ("model", "output_bias"): False}
 
 
 def read_config(workdir: str | Path) -> dict:

@@ -1,7 +1,7 @@
 """The CTranslate2 spec built from our parameters computes our model: for every option this
-codebase has (pre-/post-LN, LayerNorm/RMSNorm, each feed-forward activation, sinusoidal,
-learned, rotary and relative positions, shared/tied embeddings, grouped- and multi-query
-attention, scanned layers, unequal stacks), CTranslate2's log-probabilities of a target equal
+codebase has (pre-/post-LN, LayerNorm/RMSNorm and their epsilon, each feed-forward activation,
+sinusoidal (both layouts), learned, rotary and relative positions, shared/tied/unscaled
+embeddings, an output bias, grouped- and multi-query attention, scanned layers, unequal stacks), CTranslate2's log-probabilities of a target equal
 our teacher-forced ones."""
 
 import ctranslate2
@@ -35,6 +35,10 @@ VARIANTS = {
         "model.ffn_activation": "geglu", "model.num_kv_heads": 1,
         "model.positional_encoding": "relative", "model.relative_num_buckets": 8,
         "model.relative_max_distance": 20, "model.tie_output_embedding": False},
+    "marian_like_silu_concat_sinusoids_unscaled_output_bias": {
+        "model.pre_layer_norm": False, "model.ffn_activation": "silu",
+        "model.positional_encoding": "sinusoidal_concat", "model.scale_embeddings": False,
+        "model.output_bias": True, "model.norm_epsilon": 1e-5},
 }
 
 

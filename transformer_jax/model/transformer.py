@@ -33,7 +33,8 @@ REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable
 
 # The feed-forward activations; the gated ones multiply act(x W_gate) by x W_up.
 ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False),
-               "silu": nn.silu, "swiglu": nn.silu, "geglu": functools.partial(nn.gelu, approximate=False)}
+               "silu": nn.silu, "swiglu": nn.silu,
+               "geglu": functools.partial(nn.gelu, approximate=False)}
 GATED = ("swiglu", "geglu")
 
 

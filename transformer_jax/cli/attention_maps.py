@@ -38,7 +38,7 @@ def attention_maps(args: runner.Args):
   translator = Translator(args.workdir, args.checkpoint)
   translation = args.translation or translator.translate([args.sentence])[0][0][0]
   tok = translator.run.tokenizer
-  source_ids, target_ids = tok.encode(args.sentence), tok.encode(translation)
+  source_ids, target_ids = tok.encode(args.sentence), tok.encode(translation, "target")
   weights = attention_weights(translator.run.model, translator.params, source_ids, target_ids)
   out_dir = Path(args.output_dir or Path(args.workdir) / "attention")
   with lock.hold(args.workdir, "attention-maps") if not args.output_dir else (

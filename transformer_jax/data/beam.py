@@ -44,9 +44,9 @@ def _tokenize_range(item, builder_dir: str, split: str, langs, model_proto: byte
   index, start, end = item
   source = tfds.builder_from_directory(builder_dir).as_data_source(split=split)
   examples = source.__getitems__(range(start, end))
-  tok = Tokenizer(model_proto)
+  tok = Tokenizer.from_bytes(model_proto)
   for side, lang in zip(("source", "target"), langs):
-    ids = tok.encode_batch([corpus.as_text(ex[lang]) for ex in examples])
+    ids = tok.encode_batch([corpus.as_text(ex[lang]) for ex in examples], side)
     lengths = np.fromiter(map(len, ids), np.int64, len(ids))
     (Path(out) / f"{side}.lengths.{index:06d}").write_bytes(lengths.tobytes())
     (Path(out) / f"{side}.ids.{index:06d}").write_bytes(

@@ -40,7 +40,7 @@ class EvalSet:
     prefix = list(source_prefix)
     return cls(list(sources), list(references),
                [np.asarray(prefix + tokenizer.encode(s), np.int32) for s in sources],
-               [np.asarray(tokenizer.encode(r), np.int32) for r in references])
+               [np.asarray(tokenizer.encode(r, "target"), np.int32) for r in references])
 
   def with_prefixes(self, prefixes: list[str], tokenizer: Tokenizer) -> "EvalSet":
     """The same set with a target prefix per sentence (line-aligned; "" = none)."""
@@ -48,7 +48,8 @@ class EvalSet:
       raise DataError(f"{len(prefixes)} target prefixes for {len(self)} sentences: one line "
                       "per input line, empty for none")
     return dataclasses.replace(self, prefix_ids=[
-        np.asarray(tokenizer.encode(p)[:-1] if p.strip() else [], np.int32) for p in prefixes])
+        np.asarray(tokenizer.encode(p, "target")[:-1] if p.strip() else [], np.int32)
+        for p in prefixes])
 
   def batches(self, batch_size: int, max_len: int, bucket: int = 16
               ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:

@@ -62,7 +62,7 @@ class _TokenizeAndFilter(FilterCounts):
 
   def tokenize(self, example):
     src = self.tokenizer.encode(corpus.as_text(example[self.cfg.source_lang]))
-    tgt = self.tokenizer.encode(corpus.as_text(example[self.cfg.target_lang]))
+    tgt = self.tokenizer.encode(corpus.as_text(example[self.cfg.target_lang]), "target")
     return {"inputs": np.asarray(src, np.int32), "targets": np.asarray(tgt, np.int32)}
 
   def keep(self, example) -> bool:
@@ -207,8 +207,8 @@ class _SampleChunk(_ReadChunk):
       stored = np.split(self.store.read_ids(side, start, end), np.cumsum(end - start)[:-1])
       known = [i for i, ids in enumerate(stored) if not (ids == UNK_ID).any()]
       sampled = self.tokenizer.sample_batch(
-          [self.tokenizer.decode(stored[i]) for i in known], self.sampling.alpha,
-          self.sampling.nbest_size, int(rng.integers(2**32)))
+          [self.tokenizer.decode(stored[i], side) for i in known], self.sampling.alpha,
+          self.sampling.nbest_size, int(rng.integers(2**32)), side)
       for i, ids in zip(known, sampled):
         stored[i] = np.asarray(ids, np.int32)
       sides.append(stored)

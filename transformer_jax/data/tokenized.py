@@ -175,7 +175,7 @@ def _write_ids(tmp: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, t
 
     def flush():
       for side, texts in zip(SIDES, zip(*block)):
-        ids = tok.encode_batch(list(texts))
+        ids = tok.encode_batch(list(texts), side)
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         files[f"{side}.ids"].write(np.fromiter((i for seq in ids for i in seq), id_dtype,
                                                int(lengths.sum())).tobytes())

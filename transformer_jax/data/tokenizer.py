@@ -1,9 +1,19 @@
-"""Joint SentencePiece tokenizer: trained once on the training split, cached and reused."""
+"""Tokenizers: the joint SentencePiece model a run trains once on its training split (cached
+and reused), or, for models imported from elsewhere (Marian/OPUS-MT), a source and a target
+SentencePiece model over one shared vocabulary (`PairedTokenizer`).
+
+Both are one file in a workdir (`spm.model`): a SentencePiece model, or a JSON bundle of the two
+models and the vocabulary; `Tokenizer.load` and `Tokenizer.from_bytes` read either. Texts are
+encoded as the `side` they are on ("source" or "target": the same for a joint model); decoding
+is always the target side's.
+"""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
+import json
 import logging
 import os
 import random
@@ -23,6 +33,9 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2  # PAD doubles as the decoder's start-of-sequen
 # SentencePiece's sampler seeds each thread's generator from one process-wide seed, when the
 # thread first samples: the seed is set and a new thread started under this lock.
 _SAMPLING_SEED_LOCK = threading.Lock()
+
+SIDES = ("source", "target")
+PAIRED_FORMAT = "transformer_jax.paired_sentencepiece"  # the bundle's "format" field
 
 
 class Tokenizer:
@@ -53,16 +66,20 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self.sp.get_piece_size()
 
-  def encode(self, text: str) -> list[int]:
-    """Subword ids of `text`, followed by EOS."""
+  def encode(self, text: str, side: str = "source") -> list[int]:
+    """Subword ids of `text` (on `side`: the same for a joint model), followed by EOS."""
     return self.sp.encode(text) + [EOS_ID]
 
-  def encode_batch(self, texts: list[str]) -> list[list[int]]:
+  def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
     """`encode` of each text, on SentencePiece's threads."""
     return [ids + [EOS_ID] for ids in self.sp.encode(texts, num_threads=os.cpu_count() or 1)]
 
+  def encode_pieces(self, text: str, side: str = "source") -> list[str]:
+    """The subword strings of `text`, without EOS (what CTranslate2 takes)."""
+    return self.sp.encode(text, out_type=str)
+
   def sample_batch(self, texts: list[str], alpha: float, nbest_size: int,
-                   seed: int) -> list[list[int]]:
+                   seed: int, side: str = "source") -> list[list[int]]:
     """One sampled segmentation of each text (subword regularization: unigram models sample
     from the lattice, or its `nbest_size` best, by P^alpha; BPE models drop merges with
     probability alpha), EOS appended. The same texts and seed give the same ids: they are
@@ -70,8 +87,7 @@ class Tokenizer:
     out: list[list[int]] = []
 
     def sample():
-      out.extend(self.sp.encode(text, enable_sampling=True, alpha=alpha, nbest_size=nbest_size)
-                 for text in texts)
+      out.extend(self._sample(text, alpha, nbest_size, side) for text in texts)
 
     with _SAMPLING_SEED_LOCK:
       spm.set_random_generator_seed(seed)
@@ -81,6 +97,9 @@ class Tokenizer:
     if len(out) != len(texts):
       raise RuntimeError("SentencePiece sampling stopped short (see the error above)")
     return [ids + [EOS_ID] for ids in out]
+
+  def _sample(self, text: str, alpha: float, nbest_size: int, side: str) -> list[int]:
+    return self.sp.encode(text, enable_sampling=True, alpha=alpha, nbest_size=nbest_size)
 
   def tag_id(self, tag: str, where: str) -> int:
     """The id of reserved token `tag` (a piece of its own); an error naming `where` (the
@@ -92,8 +111,8 @@ class Tokenizer:
                       "given by config.data.tokenizer_path must have been trained with it)")
     return i
 
-  def decode(self, ids) -> str:
-    """Detokenized text of ids, stopping at the first EOS and skipping padding."""
+  def decode(self, ids, side: str = "target") -> str:
+    """Detokenized text of ids (on `side`), stopping at the first EOS and skipping padding."""
     out = []
     for i in ids:
       i = int(i)
@@ -107,12 +126,96 @@ class Tokenizer:
     """The subword strings of ids (for attention-map labels and debugging)."""
     return [self.sp.id_to_piece(int(i)) for i in ids]
 
-  @classmethod
-  def load(cls, path: str | Path) -> "Tokenizer":
+  @staticmethod
+  def from_bytes(data: bytes, path: str = "") -> "Tokenizer":
+    """The tokenizer a file's bytes hold: a SentencePiece model, or a paired bundle."""
+    if data[:1] == b"{":
+      return PairedTokenizer(data, path)
+    return Tokenizer(data, path)
+
+  @staticmethod
+  def load(path: str | Path) -> "Tokenizer":
     path = Path(path)
     if not path.is_file():
       raise DataError(f"tokenizer model {path} does not exist")
-    return cls(path.read_bytes(), str(path))
+    return Tokenizer.from_bytes(path.read_bytes(), str(path))
+
+
+class PairedTokenizer(Tokenizer):
+  """A source and a target SentencePiece model whose pieces share one vocabulary (a list of
+  pieces, by id): Marian's layout (OPUS-MT's source.spm, target.spm and vocab.json). A piece
+  missing from the vocabulary is UNK, as in Marian. Ids 0, 1, 2 are PAD, EOS and UNK."""
+
+  def __init__(self, data: bytes, path: str = ""):  # (not the joint model's __init__)
+    self.path = path
+    self.model_proto = data  # (the file's bytes: what the fingerprint and copies take)
+    where = path or "<bytes>"
+    try:
+      bundle = json.loads(data)
+      if bundle.get("format") != PAIRED_FORMAT:
+        raise ValueError(f"format is not {PAIRED_FORMAT!r}")
+      self.vocabulary = list(bundle["vocabulary"])
+      self.sps = {side: spm.SentencePieceProcessor(
+          model_proto=base64.b64decode(bundle[f"{side}_model"])) for side in SIDES}
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
+      raise TokenizerDamaged(f"tokenizer {where} is damaged or not a paired SentencePiece "
+                             f"bundle ({str(e).splitlines()[0][:120] if str(e) else e!r}); "
+                             "restore the file (its run's tokenizer.json records its "
+                             "fingerprint)") from None
+    self.ids = {piece: i for i, piece in enumerate(self.vocabulary)}
+    special = tuple(self.vocabulary[:3])
+    if special != ("<pad>", "</s>", "<unk>"):
+      raise DataError(f"tokenizer {where} has pieces {special} at ids 0, 1, 2, expected "
+                      "('<pad>', '</s>', '<unk>')")
+    self.sp = self.sps["target"]
+
+  @staticmethod
+  def bundle(source_model: bytes, target_model: bytes, vocabulary: list[str]) -> bytes:
+    """The file holding two SentencePiece models and the vocabulary (pieces by id)."""
+    return json.dumps({"format": PAIRED_FORMAT, "vocabulary": vocabulary,
+                       "source_model": base64.b64encode(source_model).decode(),
+                       "target_model": base64.b64encode(target_model).decode()}).encode()
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.vocabulary)
+
+  def _ids(self, pieces: list[str]) -> list[int]:
+    return [self.ids.get(piece, UNK_ID) for piece in pieces]
+
+  def encode(self, text: str, side: str = "source") -> list[int]:
+    return self._ids(self.sps[side].encode(text, out_type=str)) + [EOS_ID]
+
+  def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
+    pieces = self.sps[side].encode(texts, out_type=str, num_threads=os.cpu_count() or 1)
+    return [self._ids(p) + [EOS_ID] for p in pieces]
+
+  def encode_pieces(self, text: str, side: str = "source") -> list[str]:
+    return self.sps[side].encode(text, out_type=str)
+
+  def _sample(self, text: str, alpha: float, nbest_size: int, side: str) -> list[int]:
+    return self._ids(self.sps[side].encode(text, out_type=str, enable_sampling=True,
+                                           alpha=alpha, nbest_size=nbest_size))
+
+  def tag_id(self, tag: str, where: str) -> int:
+    if tag not in self.ids:
+      raise DataError(f"{where}={tag!r}: tokenizer {self.path or '<bytes>'} has no piece "
+                      f"{tag!r} in its vocabulary")
+    return self.ids[tag]
+
+  def decode(self, ids, side: str = "target") -> str:
+    """`side`'s model's detokenization of the pieces up to the first EOS (PAD skipped)."""
+    pieces = []
+    for i in ids:
+      i = int(i)
+      if i == EOS_ID:
+        break
+      if i != PAD_ID:
+        pieces.append(self.vocabulary[i])
+    return self.sps[side].decode_pieces(pieces).replace("▁", " ").strip()
+
+  def pieces(self, ids) -> list[str]:
+    return [self.vocabulary[int(i)] for i in ids]
 
 
 def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,

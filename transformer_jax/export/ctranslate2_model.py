@@ -93,7 +93,7 @@ def _positions(cfg: ModelConfig, params, name: str):
 def vocabulary(tokenizer: Tokenizer, size: int) -> list[str]:
   """The pieces by id, padded to the model's `size` rows with unique placeholders (the
   tokenizer may have fewer pieces than config.model.vocab_size)."""
-  pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+  pieces = tokenizer.pieces(range(tokenizer.vocab_size))
   return pieces + [f"<unused_{i}>" for i in range(len(pieces), size)]
 
 
@@ -118,7 +118,7 @@ def build_spec(cfg: ModelConfig, params, tokenizer: Tokenizer):
   spec.config.layer_norm_epsilon = cfg.norm_epsilon
   encoder.scale_embeddings = decoder.scale_embeddings = cfg.scale_embeddings
   # (our start token is PAD; sources end in EOS, which CTranslate2 then appends itself)
-  spec.config.bos_token = spec.config.decoder_start_token = tokenizer.sp.id_to_piece(PAD_ID)
+  spec.config.bos_token = spec.config.decoder_start_token = tokenizer.pieces([PAD_ID])[0]
   spec.config.add_source_eos = True
 
   source_table = np.asarray(params["source_embedding"]["embedding"], np.float32)

@@ -26,7 +26,7 @@ def test_eval_batches_are_fixed_shape_and_cover_every_sentence(tmp_path):
 
 def test_eval_set_from_pairs_handles_translation_without_references():
   class Tok:
-    def encode(self, s):
+    def encode(self, s, side="source"):
       return [3] * len(s.split()) + [1]
   ev = data.EvalSet.from_pairs(["a b", "c"], [], Tok())
   assert ev.references == ["", ""] and len(ev) == 2

@@ -70,7 +70,7 @@ def test_filter_codes_and_shard_counts(setup):
 
 def test_a_failed_write_leaves_no_half_written_store(setup, monkeypatch):
   cfg, tok = setup
-  monkeypatch.setattr(tok, "encode_batch", lambda texts: (_ for _ in ()).throw(
+  monkeypatch.setattr(tok, "encode_batch", lambda texts, side: (_ for _ in ()).throw(
       RuntimeError("tokenizer failed")))
   with pytest.raises(RuntimeError, match="tokenizer failed"):
     tokenized.tokenized_split(cfg, tok)

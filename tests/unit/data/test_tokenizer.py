@@ -53,3 +53,51 @@ def test_a_damaged_tokenizer_file_is_named(tmp_path):
   with pytest.raises(DataError, match=r"tokenizer .*truncated.model is damaged or not a "
                                       r"SentencePiece model \(.*\); restore the file"):
     T.Tokenizer.load(bad)
+
+
+def _paired(tmp_path):
+  """Two unigram models, German for the source and English for the target, and one
+  vocabulary holding both models' pieces except one of "A man rides a bike."'s (which is then
+  out of the vocabulary)."""
+  german, english = SENTENCES[0::2], SENTENCES[1::2]
+  source = T.train_tokenizer(german * 20, 40, tmp_path / "de.model")
+  target = T.train_tokenizer(english * 20, 40, tmp_path / "en.model")
+  pieces = dict.fromkeys(["<pad>", "</s>", "<unk>"] + source.pieces(range(3, source.vocab_size))
+                         + target.pieces(range(3, target.vocab_size)))
+  source_pieces = set(source.pieces(range(source.vocab_size)))
+  dropped = next(p for p in target.encode_pieces("A man rides a bike.") if p not in source_pieces)
+  vocabulary = [p for p in pieces if p != dropped]
+  data = T.PairedTokenizer.bundle(source.model_proto, target.model_proto, vocabulary)
+  (tmp_path / "spm.model").write_bytes(data)
+  return source, target, vocabulary
+
+
+def test_a_paired_tokenizer_encodes_each_side_with_its_model_into_one_vocabulary(tmp_path):
+  source, target, vocabulary = _paired(tmp_path)
+  tok = T.Tokenizer.load(tmp_path / "spm.model")
+  assert isinstance(tok, T.PairedTokenizer) and tok.vocab_size == len(vocabulary)
+  german, english = "Zwei Hunde spielen im Schnee.", "Two dogs play in the snow."
+  assert tok.pieces(tok.encode(german)[:-1]) == source.encode_pieces(german)
+  ids = tok.encode(english, "target")
+  assert ids[-1] == T.EOS_ID and tok.pieces(ids[:-1]) == target.encode_pieces(english)
+  assert tok.decode(ids) == english
+  assert tok.decode(tok.encode(german), "source") == german
+  # A piece outside the vocabulary is UNK; the same text's ids agree in a batch.
+  assert T.UNK_ID in tok.encode("A man rides a bike.", "target")
+  assert tok.encode_batch([english, german], "target") == [ids, tok.encode(german, "target")]
+  assert tok.tag_id(vocabulary[5], "here") == 5
+  # The fingerprint is the file's: another vocabulary order, another fingerprint.
+  other = T.PairedTokenizer.bundle(source.model_proto, target.model_proto,
+                                   vocabulary[:3] + vocabulary[3:][::-1])
+  assert T.Tokenizer.from_bytes(other).fingerprint != tok.fingerprint
+
+
+def test_a_damaged_paired_tokenizer_or_wrong_special_pieces_are_one_line_errors(tmp_path):
+  source, target, vocabulary = _paired(tmp_path)
+  data = (tmp_path / "spm.model").read_bytes()
+  with pytest.raises(T.TokenizerDamaged, match="x.model is damaged or not a paired"):
+    T.Tokenizer.from_bytes(data[: len(data) // 2], "x.model")
+  swapped = T.PairedTokenizer.bundle(source.model_proto, target.model_proto,
+                                     ["</s>", "<pad>"] + vocabulary[2:])
+  with pytest.raises(DataError, match=r"pieces \('</s>', '<pad>', '<unk>'\) at ids 0, 1, 2"):
+    T.Tokenizer.from_bytes(swapped)

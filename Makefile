@@ -26,9 +26,9 @@ $(VENV)/.installed: pyproject.toml
 
 # The tests also need the optional extras `wmt` (tensorflow-cpu: TFDS's WMT builders, mocked),
 # `postgres` (psycopg2-binary: sweep storage on a PostgreSQL server), `beam` (apache-beam:
-# corpus preparation as a pipeline, run on the DirectRunner) and `ctranslate2` (the export's
-# runtime).
-TEST_EXTRAS = test,wmt,postgres,beam,ctranslate2
+# corpus preparation as a pipeline, run on the DirectRunner), `ctranslate2` (the export's
+# runtime) and `hf` (torch + transformers: the Marian import's reference implementation).
+TEST_EXTRAS = test,wmt,postgres,beam,ctranslate2,hf
 install-test: $(VENV)/.installed-test
 
 $(VENV)/.installed-test: $(VENV)/.installed

@@ -15,8 +15,8 @@ PACKAGE = ROOT / "transformer_jax"
 # The shipped config files sit just above config/: they import only each other and config/
 # (the sweep specs' search-space vocabulary), never the code that runs them.
 LAYERS = ["errors", "atomic", "config", "configs", "ops", "model", "data", "parallel", "reporting",
-          "workdir", "decoding", "evaluation", "training", "inference", "export", "sweeps",
-          "cli"]
+          "workdir", "decoding", "evaluation", "training", "inference", "export", "importing",
+          "sweeps", "cli"]
 
 
 def _modules():
@@ -107,6 +107,7 @@ def test_the_training_loop_is_a_small_driver_over_short_functions():
 def test_every_tool_has_a_console_script():
   scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
   tools = {p.stem for p in (PACKAGE / "cli").glob("*.py")} - {"__init__", "runner"}
-  expected = {f"transformer-jax-{t.replace('_', '-')}": f"transformer_jax.cli.{t}:main"
-              for t in tools}
+  # (import_model.py: `import` is a Python keyword, not a module name)
+  expected = {f"transformer-jax-{t.removesuffix('_model').replace('_', '-')}":
+              f"transformer_jax.cli.{t}:main" for t in tools}
   assert scripts == expected

@@ -1,0 +1,162 @@
+"""Hugging Face Marian models imported as runs compute what transformers' MarianMTModel does:
+random-weight models of a few shapes, saved with save_pretrained, give the same teacher-forced
+log-probabilities (to 1e-4) and the same greedy translations; what cannot be mapped is refused,
+named."""
+
+import json
+import shutil
+import sys
+
+import jax
+import numpy as np
+import pytest
+import torch
+from transformers import MarianConfig, MarianMTModel
+
+from tests import helpers
+from transformer_jax.cli import import_model, translate
+from transformer_jax.data import tokenizer as T
+from transformer_jax.decoding.search import greedy_search
+from transformer_jax.errors import CheckpointError
+from transformer_jax.importing import hf_marian
+from transformer_jax.inference import trained_run
+
+GERMAN = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.",
+          "Eine Frau liest ein Buch im Park.", "Kinder spielen."]
+ENGLISH = ["A man rides a bike.", "Two dogs play in the snow.",
+           "A woman reads a book in the park.", "Children play."]
+
+SHAPES = {  # MarianConfig keys: tied and untied output, shared and separate tables, stacks
+    "tied_2_1_swish_scaled": dict(encoder_layers=2, decoder_layers=1, scale_embedding=True,
+                                  activation_function="swish"),
+    "untied_1_2_gelu_unscaled": dict(encoder_layers=1, decoder_layers=2, tie_word_embeddings=False,
+                                     activation_function="gelu", scale_embedding=False),
+    "separate_tables_2_2_relu": dict(encoder_layers=2, decoder_layers=2,
+                                     share_encoder_decoder_embeddings=False,
+                                     activation_function="relu"),
+}
+
+
+@pytest.fixture(scope="module")
+def spm_models(tmp_path_factory):
+  """A German source and an English target SentencePiece model, and Marian's vocabulary of
+  both (EOS 0, UNK 1, the pieces, PAD last)."""
+  folder = tmp_path_factory.mktemp("spm")
+  source = T.train_tokenizer(GERMAN * 20, 50, folder / "source.spm")
+  target = T.train_tokenizer(ENGLISH * 20, 50, folder / "target.spm")
+  pieces = dict.fromkeys(source.pieces(range(3, source.vocab_size))
+                         + target.pieces(range(3, target.vocab_size)))
+  return folder, ["</s>", "<unk>", *pieces, "<pad>"]
+
+
+def _marian_folder(folder, spm_models, **options):
+  """A MarianMTModel with random weights (every tensor, the logits bias included, far from
+  its initial value) saved as an OPUS-MT folder is: save_pretrained + SentencePiece + vocab."""
+  spm_folder, vocab = spm_models
+  V = len(vocab)
+  config = MarianConfig(
+      vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_attention_heads=4,
+      decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32,
+      max_position_embeddings=64, pad_token_id=V - 1, eos_token_id=0,
+      decoder_start_token_id=V - 1, forced_eos_token_id=0, **options)
+  torch.manual_seed(0)
+  model = MarianMTModel(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "embed_positions" in name:  # (the fixed sinusoid table, which is not saved)
+        continue
+      p.copy_(torch.randn_like(p) * 0.3 + (1.0 if "layer_norm.weight" in name else 0.0))
+    model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
+  model.save_pretrained(folder)
+  for name in ("source.spm", "target.spm"):
+    shutil.copy(spm_folder / name, folder / name)
+  (folder / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(vocab)}))
+  return model
+
+
+def _padded(rows, pad):
+  width = max(map(len, rows))
+  return np.array([row + [pad] * (width - len(row)) for row in rows])
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_an_imported_marian_model_scores_and_translates_as_transformers_does(
+    shape, spm_models, tmp_path):
+  hf_model = _marian_folder(tmp_path / "opus-mt-de-en", spm_models, **SHAPES[shape])
+  workdir = hf_marian.import_run(tmp_path / "opus-mt-de-en", tmp_path / "run", "de", "en")
+  run = trained_run.load(workdir, dtype="float32")
+  params = run.params(run.select_one("latest", "test"))
+  tok = run.tokenizer
+  order, _ = hf_marian.vocabulary(tmp_path / "opus-mt-de-en", hf_model.config.to_dict())
+  order = np.asarray(order)  # Marian's id of each of ours
+  pad = hf_model.config.pad_token_id
+
+  sources = [tok.encode(s) for s in GERMAN]
+  targets = [tok.encode(t, "target") for t in ENGLISH]
+  x, y = _padded(sources, 0), _padded(targets, 0)
+  ours = jax.nn.log_softmax(run.model.apply({"params": params}, x, y), axis=-1)
+  with torch.no_grad():
+    theirs = hf_model(
+        input_ids=torch.tensor(_padded([list(order[s]) for s in sources], pad)),
+        attention_mask=torch.tensor(x > 0),
+        decoder_input_ids=torch.tensor(_padded([[pad] + list(order[t][:-1]) for t in targets],
+                                               pad))).logits
+  theirs = torch.log_softmax(theirs, -1).numpy()[..., order]  # (in our id order)
+  real = y > 0
+  assert real.sum() > 20
+  np.testing.assert_allclose(np.asarray(ours)[real], theirs[real], atol=1e-4, rtol=0)
+
+  seqs, _ = greedy_search(run.model, params, x, max_len=12)
+  with torch.no_grad():
+    generated = hf_model.generate(
+        input_ids=torch.tensor(_padded([list(order[s]) for s in sources], pad)),
+        attention_mask=torch.tensor(x > 0), num_beams=1, do_sample=False, max_new_tokens=12,
+        bad_words_ids=[[pad]]).numpy()[:, 1:]  # (after the start token)
+  inverse = np.argsort(order)  # our id of each of Marian's
+  for ours_row, theirs_row in zip(seqs, inverse[generated]):
+    assert list(ours_row[:10]) == list(theirs_row[:10])
+
+
+def test_what_cannot_be_imported_is_refused_by_name(spm_models, tmp_path, monkeypatch):
+  folder = tmp_path / "opus-mt-de-en"
+  _marian_folder(folder, spm_models, encoder_layers=1, decoder_layers=1)
+  config = json.loads((folder / "config.json").read_text())
+
+  def refused(change, match):
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError, match=match):
+      hf_marian.import_run(folder, tmp_path / "run", "de", "en")
+
+  refused({"layernorm_embedding": True}, "config.json key 'layernorm_embedding' has no equiv")
+  refused({"decoder_ffn_dim": 64}, "decoder_ffn_dim=64 differs from encoder_ffn_dim=32")
+  refused({"activation_function": "tanh"}, "activation_function='tanh'")
+  refused({"model_type": "bart"}, "model_type='bart' \\(only 'marian'\\)")
+  (folder / "config.json").write_text(json.dumps(config))
+  (folder / "target_vocab.json").write_text("{}")
+  with pytest.raises(CheckpointError, match="target_vocab.json \\(separate source and target"):
+    hf_marian.import_run(folder, tmp_path / "run", "de", "en")
+  (folder / "target_vocab.json").unlink()
+  # A PyTorch pickle without torch installed: said so, with the way out.
+  (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+  monkeypatch.setitem(sys.modules, "torch", None)
+  with pytest.raises(CheckpointError, match="needs torch .* or convert it to model.safetensors"):
+    hf_marian.import_run(folder, tmp_path / "run", "de", "en")
+  assert not (tmp_path / "run").exists()
+
+
+def test_the_import_tool_writes_a_run_that_translate_takes(spm_models, tmp_path):
+  folder = tmp_path / "opus-mt-de-en"
+  _marian_folder(folder, spm_models, encoder_layers=1, decoder_layers=1)
+  status, out, _ = helpers.run_tool(import_model.main, "--from=hf-marian",
+                                    f"--model_dir={folder}", f"--workdir={tmp_path / 'run'}")
+  assert status == 0 and "(hf-marian, de->en)" in out  # (the languages: the folder's name)
+  record = json.loads((tmp_path / "run" / "import.json").read_text())
+  assert record["format"] == "hf-marian" and record["weights"] == "model.safetensors"
+  status, out, err = helpers.run_tool(translate.main, f"--workdir={tmp_path / 'run'}",
+                                      "--decode=max_length=8", stdin=b"Ein Mann.\n")
+  assert status == 0 and len(out.splitlines()) == 1, err
+  # A second import into the same folder: refused in one line, the run kept.
+  status, _, err = helpers.run_tool(import_model.main, "--from=hf-marian",
+                                    f"--model_dir={folder}", f"--workdir={tmp_path / 'run'}")
+  assert status == 2 and "exists and is not empty" in err and len(err.splitlines()) == 1
+  assert (tmp_path / "run" / "import.json").is_file()

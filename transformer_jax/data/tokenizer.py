@@ -126,6 +126,10 @@ class Tokenizer:
     """The subword strings of ids (for attention-map labels and debugging)."""
     return [self.sp.id_to_piece(int(i)) for i in ids]
 
+  def sentencepiece_files(self) -> dict[str, bytes]:
+    """The SentencePiece model(s) by the file names an exported model keeps them under."""
+    return {"sentencepiece.model": self.model_proto}
+
   @staticmethod
   def from_bytes(data: bytes, path: str = "") -> "Tokenizer":
     """The tokenizer a file's bytes hold: a SentencePiece model, or a paired bundle."""
@@ -216,6 +220,10 @@ class PairedTokenizer(Tokenizer):
 
   def pieces(self, ids) -> list[str]:
     return [self.vocabulary[int(i)] for i in ids]
+
+  def sentencepiece_files(self) -> dict[str, bytes]:
+    """Marian's (and CTranslate2's Marian converter's) names."""
+    return {f"{side}.spm": self.sps[side].serialized_model_proto() for side in SIDES}
 
 
 def train_tokenizer(sentences: Iterable[str], vocab_size: int, path: str | Path,

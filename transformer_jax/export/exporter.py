@@ -1,6 +1,7 @@
 """A trained run's checkpoint selection as a CTranslate2 model folder: the converted weights
-(model.bin, config.json, shared_vocabulary.json), the SentencePiece model, `export.json` (what
-was exported from where) and a README of its provenance and use.
+(model.bin, config.json, shared_vocabulary.json), the SentencePiece model (sentencepiece.model;
+an imported Marian model's source.spm and target.spm), `export.json` (what was exported from
+where) and a README of its provenance and use.
 
 The folder is written under a temporary name beside `out` and renamed when complete: an
 interrupted export leaves no half folder, and an existing one is replaced only with `force`.
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 # CTranslate2's weight types (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES)
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16",
                  "int8_bfloat16", "int16")
-TOKENIZER_FILE = "sentencepiece.model"
+TOKENIZER_FILE = "sentencepiece.model"  # (a joint model's; see Tokenizer.sentencepiece_files)
 EXAMPLES = {"de": "Ein Hund läuft durch den Schnee.", "en": "A dog runs through the snow.",
             "fr": "Un chien court dans la neige.", "cs": "Pes běží sněhem."}  # (the README's)
 
@@ -80,7 +81,8 @@ def _export(workdir, checkpoint: str, out: Path, quantization: str, ctranslate2)
   shutil.rmtree(partial, ignore_errors=True)
   try:
     ctranslate2_model.save(spec, partial, quantization)
-    shutil.copyfile(run.tokenizer.path, partial / TOKENIZER_FILE)
+    for name, data in run.tokenizer.sentencepiece_files().items():
+      (partial / name).write_bytes(data)
     record = _record(run, selected, quantization, ctranslate2.__version__)
     (partial / "export.json").write_text(json.dumps(record, indent=2) + "\n")
     (partial / "README.md").write_text(readme(record, out.name))
@@ -101,8 +103,8 @@ def _record(run, selected, quantization: str, ctranslate2_version: str) -> dict:
       "steps": list(selected.steps),
       "weights": "raw" if selected.weights == "raw" or cfg.optimizer.ema_decay == 0 else "ema",
       "quantization": quantization,
-      "tokenizer": {"file": TOKENIZER_FILE, "fingerprint": run.tokenizer.fingerprint,
-                    "pieces": run.tokenizer.vocab_size},
+      "tokenizer": {"files": sorted(run.tokenizer.sentencepiece_files()),
+                    "fingerprint": run.tokenizer.fingerprint, "pieces": run.tokenizer.vocab_size},
       "source_tags": tags,
       "languages": [cfg.data.source_lang, cfg.data.target_lang],
       "model": {k: getattr(cfg.model, k) for k in (
@@ -123,8 +125,14 @@ def readme(record: dict, folder: str) -> str:
   options = ", ".join(f"{k}={v!r}" for k, v in record["translate_options"].items())
   tag = record["source_tags"][0] if record["source_tags"] else ""
   example = repr(EXAMPLES.get(record["languages"][0], "..."))
-  tokens = f'["{tag}"] + sp.encode({example}, out_type=str)' if tag else \
-      f"sp.encode({example}, out_type=str)"
+  files = record["tokenizer"]["files"]
+  paired = files == ["source.spm", "target.spm"]  # (an imported Marian model's two models)
+  source_sp, target_sp = ("source_sp", "target_sp") if paired else ("sp", "sp")
+  tokens = f'["{tag}"] + {source_sp}.encode({example}, out_type=str)' if tag else \
+      f"{source_sp}.encode({example}, out_type=str)"
+  load = (f'source_sp = spm.SentencePieceProcessor("{folder}/source.spm")\n'
+          f'target_sp = spm.SentencePieceProcessor("{folder}/target.spm")\n' if paired else
+          f'sp = spm.SentencePieceProcessor("{folder}/{files[0]}")\n')
   lines = [
       f"# {folder}: a CTranslate2 model exported by transformer_jax",
       "",
@@ -136,15 +144,15 @@ def readme(record: dict, folder: str) -> str:
       f"{m['ffn_activation']}, {m['positional_encoding']} positions (up to {m['max_len']}), "
       f"{m['vocab_size']}-row vocabulary; {record['languages'][0]} -> {record['languages'][1]}",
       f"- Weights: {record['quantization']} (CTranslate2 {record['ctranslate2']}); tokenizer "
-      f"`{TOKENIZER_FILE}` (fingerprint {record['tokenizer']['fingerprint']})",
+      f"{', '.join(f'`{f}`' for f in files)} (fingerprint "
+      f"{record['tokenizer']['fingerprint']})",
       f"- Exported {record['exported']} by transformer_jax {record['transformer_jax']}",
       "",
       "## Use",
       "```python",
       "import ctranslate2, sentencepiece as spm",
-      f'sp, translator = spm.SentencePieceProcessor("{folder}/{TOKENIZER_FILE}"), '
-      f'ctranslate2.Translator("{folder}")',
-      f"print(sp.decode(translator.translate_batch([{tokens}])[0].hypotheses[0]))",
+      f'{load}translator = ctranslate2.Translator("{folder}")',
+      f"print({target_sp}.decode(translator.translate_batch([{tokens}])[0].hypotheses[0]))",
       "```",
       "(EOS is appended to each source by CTranslate2, as in training.)",
       "",

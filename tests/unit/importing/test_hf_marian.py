@@ -1,12 +1,13 @@
 """Hugging Face Marian models imported as runs compute what transformers' MarianMTModel does:
 random-weight models of a few shapes, saved with save_pretrained, give the same teacher-forced
-log-probabilities (to 1e-4) and the same greedy translations; what cannot be mapped is refused,
-named."""
+log-probabilities (to 1e-4) and the same greedy translations, and CTranslate2 scores an imported
+model exported as ours does; what cannot be mapped is refused, named."""
 
 import json
 import shutil
 import sys
 
+import ctranslate2
 import jax
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from transformer_jax.cli import import_model, translate
 from transformer_jax.data import tokenizer as T
 from transformer_jax.decoding.search import greedy_search
 from transformer_jax.errors import CheckpointError
+from transformer_jax.export import exporter
 from transformer_jax.importing import hf_marian
 from transformer_jax.inference import trained_run
 
@@ -160,3 +162,28 @@ def test_the_import_tool_writes_a_run_that_translate_takes(spm_models, tmp_path)
                                     f"--model_dir={folder}", f"--workdir={tmp_path / 'run'}")
   assert status == 2 and "exists and is not empty" in err and len(err.splitlines()) == 1
   assert (tmp_path / "run" / "import.json").is_file()
+
+
+def test_an_imported_model_exported_to_ctranslate2_scores_as_ours(spm_models, tmp_path):
+  """import -> export: CTranslate2's log-probabilities of the targets equal ours (PAD, never
+  generated, excluded on both sides)."""
+  _marian_folder(tmp_path / "opus-mt-de-en", spm_models, encoder_layers=2, decoder_layers=1,
+                 tie_word_embeddings=False, scale_embedding=True, activation_function="swish")
+  workdir = hf_marian.import_run(tmp_path / "opus-mt-de-en", tmp_path / "run", "de", "en")
+  exporter.export(workdir, "latest", tmp_path / "ct2")
+  assert {"source.spm", "target.spm"} <= {p.name for p in (tmp_path / "ct2").iterdir()}
+  assert 'target_sp.decode(' in (tmp_path / "ct2" / "README.md").read_text()
+  run = trained_run.load(workdir, dtype="float32")
+  params = run.params(run.select_one("latest", "test"))
+  tok = run.tokenizer
+  x = _padded([tok.encode(s) for s in GERMAN], 0)
+  y = _padded([tok.encode(t, "target") for t in ENGLISH], 0)
+  logits = run.model.apply({"params": params}, x, y)
+  ours = jax.nn.log_softmax(logits.at[..., T.PAD_ID].set(-1e9), axis=-1)
+  ours = np.asarray(np.take_along_axis(ours, y[..., None], axis=-1)[..., 0])
+  translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+  results = translator.score_batch([tok.encode_pieces(s) for s in GERMAN],
+                                   [tok.encode_pieces(t, "target") for t in ENGLISH])
+  for row, result in enumerate(results):
+    real = int((y[row] > 0).sum())
+    np.testing.assert_allclose(result.log_probs, ours[row, :real], atol=1e-4, rtol=0)

@@ -5,8 +5,9 @@ r"""Scores checkpoints of a trained run with sacreBLEU and chrF, side by side.
   transformer-jax-evaluate --workdir=runs/default --source_file=newstest.de \
       --reference_file=newstest.en
 
-Writes <workdir>/eval/<set>/<checkpoint>.hyp and adds to results.json there (a multilingual
-run: a set per direction); --checkpoint=all adds bleu_by_step.csv and .png.
+Writes <workdir>/eval/<set>/<checkpoint>.hyp (--alignments: and .align, word alignments as
+translate prints them) and adds to results.json there (a multilingual run: a set per
+direction); --checkpoint=all adds bleu_by_step.csv and .png.
 """
 
 import contextlib
@@ -30,13 +31,12 @@ def define_flags(fv: flags.FlagValues):
                             flag_values=fv)
   flags.DEFINE_string("source_file", "", "Score on this source text file (with "
                       "--reference_file) instead of a split.", flag_values=fv)
-  flags.DEFINE_string("reference_file", "", "Reference translations of --source_file.",
-                      flag_values=fv)
-  flags.DEFINE_integer("max_sentences", 0, "Only the first N sentences (0 = all).",
-                       flag_values=fv)
+  flags.DEFINE_string("reference_file", "", "The references of --source_file.", flag_values=fv)
+  flags.DEFINE_integer("max_sentences", 0, "Only the first N sentences (0 = all).", flag_values=fv)
   flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, "
                             "length_penalty, nbest, greedy, ...); repeatable.", flag_values=fv)
   flags.DEFINE_bool("lowercase", False, "Also report lowercased BLEU.", flag_values=fv)
+  flags.DEFINE_bool("alignments", False, "Also write word alignments.", flag_values=fv)
   flags.DEFINE_string("output_dir", "", "Where to write (default <workdir>/eval/<set>).",
                       flag_values=fv)
 
@@ -47,7 +47,7 @@ def evaluate(args: runner.Args):
         else contextlib.nullcontext()):
     results, out_dirs = evaluate_checkpoints(
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
-        args.max_sentences, args.decode, args.lowercase, args.output_dir)
+        args.max_sentences, args.decode, args.lowercase, args.output_dir, args.alignments)
   print(format_table(results))
   print("\n".join(f"wrote {out_dir}/results.json" for out_dir in out_dirs))
 

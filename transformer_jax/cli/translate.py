@@ -4,13 +4,14 @@ r"""Translates text with a trained run: stdin or a file in, stdout or a file out
   transformer-jax-translate --workdir=runs/default --input=in.de --output=out.en \
       [--checkpoint=best] [--decode=beam_size=5 --decode=nbest=4] [--prefix_file=prefixes.en]
   transformer-jax-translate --workdir=runs/seed1 --workdir=runs/seed2 ...   # an ensemble
-One output line per input line, in order; an empty input line gives an empty output line.
-Input is batched by length, with a progress bar on long inputs; on a terminal (or with
---interactive) each line is translated as soon as it is entered. With nbest > 1 each input
-gives `nbest` lines `INDEX ||| translation ||| score` (an empty one: `INDEX |||  ||| 0.0000`).
-Input files may be gzipped (`.gz`). A multilingual run's direction: --source_tag='>>de<<'.
+  transformer-jax-translate --workdir=runs/default --source_tag='>>de<<'    # a tagged run
+One output line per input line (gzipped input too), in order; an empty line gives an empty line.
+Input is batched by length; on a terminal (or with --interactive) each line is translated as
+it is entered. With nbest > 1 each input gives `nbest` lines `INDEX ||| translation ||| score`;
+--alignments adds ` ||| ALIGNMENT` to each (Pharaoh `i-j` pairs: source word i, target word j).
 """
 
+import contextlib
 import sys
 
 from absl import flags
@@ -25,31 +26,30 @@ def define_flags(fv: flags.FlagValues):
                             "tokenizer).", flag_values=fv, required=True)
   flags.DEFINE_string("checkpoint", "latest", "latest | best | STEP | average:N | steps:A,B,... "
                       "[:ema | :raw]", flag_values=fv)
-  flags.DEFINE_string("input", "-", "Input text file, one sentence per line ('-' = stdin).",
-                      flag_values=fv)
+  flags.DEFINE_string("input", "-", "Input text ('-' = stdin).", flag_values=fv)
   flags.DEFINE_string("output", "-", "Output file ('-' = stdout).", flag_values=fv)
   flags.DEFINE_string("prefix_file", "", "Target prefixes, one per input line (empty: none): "
                       "each translation starts with its prefix.", flag_values=fv)
-  flags.DEFINE_string("source_tag", "", "A tag of a multilingual/tagged run put before every "
-                      "source (e.g. '>>de<<').", flag_values=fv)
+  flags.DEFINE_string("source_tag", "", "A tag put before every source.", flag_values=fv)
   flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, nbest, "
                             "greedy, sampling, temperature, ...); repeatable.", flag_values=fv)
   flags.DEFINE_bool("interactive", None, "Translate line by line as input arrives (default: "
                     "when stdin is a terminal).", flag_values=fv)
+  flags.DEFINE_bool("alignments", False, "Word alignments (cross-attention).", flag_values=fv)
+  flags.DEFINE_integer("alignment_layer", None, "Their decoder layer (default: penultimate).",
+                       flag_values=fv)
 
 
 def translate(args: runner.Args):
   from_stdin = args.input == "-"
   interactive = from_stdin and sys.stdin.isatty() if args.interactive is None else args.interactive
-  translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag)
+  translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag,
+                          alignments=args.alignments, alignment_layer=args.alignment_layer)
   lines = iter_lines(sys.stdin.buffer, "<stdin>") if from_stdin else read_lines(args.input)
   prefixes = list(read_lines(args.prefix_file)) if args.prefix_file else None
-  out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
-  try:
+  with (contextlib.nullcontext(sys.stdout) if args.output == "-"
+        else open(args.output, "w", encoding="utf-8")) as out:
     translator.translate_lines(lines, out, interactive, prefixes)
-  finally:
-    if out is not sys.stdout:
-      out.close()
 
 
 def main(argv=None):

@@ -18,6 +18,7 @@ from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
 from transformer_jax.data.eval_sets import EvalSet, direction_set, load_eval_set, scoring_sets
 from transformer_jax.errors import UsageError
+from transformer_jax.evaluation import alignment
 from transformer_jax.evaluation.evaluator import Evaluator
 from transformer_jax.evaluation.scoring import lowercase_bleu
 from transformer_jax.inference import trained_run
@@ -58,11 +59,13 @@ def _eval_sets(run: trained_run.TrainedRun, split: str, source_file: str, refere
 def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] = "latest",
                          source_file: str = "", reference_file: str = "",
                          max_sentences: int = 0, decode_overrides=(), lowercase: bool = False,
-                         output_dir: str = "") -> tuple[list[dict], list[Path]]:
+                         output_dir: str = "", alignments: bool = False
+                         ) -> tuple[list[dict], list[Path]]:
   """Scores the selected checkpoint(s) of a workdir, or of several as an ensemble (each
   selection then names one model per run), on each evaluation set (`_eval_sets`); returns one
   result record per model and set (see `layout.result_record`) and the folders they were
-  written to (in the first run's eval/, or output_dir: of several sets, a folder each)."""
+  written to (in the first run's eval/, or output_dir: of several sets, a folder each). With
+  `alignments`, each .hyp has an .align beside it (`evaluation.alignment`, default layer)."""
   workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
   runs = trained_run.load_ensemble(workdirs)
   run = runs[0]
@@ -84,7 +87,7 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   results = []
   for name, eval_set in sets.items():
     set_results = [_score(runs, group, eval_set, name, decode, decode_overrides, lowercase,
-                          out_dirs[name]) for group in chosen]
+                          out_dirs[name], alignments) for group in chosen]
     layout.write_results(out_dirs[name], set_results)
     if "all" in selections and set_results:
       _write_by_step(set_results, out_dirs[name])
@@ -93,8 +96,9 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
 
 
 def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, lowercase: bool,
-           out_dir: Path) -> dict:
-  """The result record of one model (a Selected per run) on one set; its .hyp written."""
+           out_dir: Path, alignments: bool = False) -> dict:
+  """The result record of one model (a Selected per run) on one set; its .hyp written (and
+  its .align)."""
   selected = group[0]
   label = selected.label if len(runs) == 1 else f"ensemble{len(runs)}_{selected.label}"
   if decode_overrides:  # (another decoding of the same model: its own .hyp file and label)
@@ -111,6 +115,12 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
     result["bleu_lowercase"], result["bleu_lowercase_signature"] = lowercase_bleu(
         hyps, eval_set.references)
   layout.write_lines(out_dir / f"{label}.hyp", hyps)
+  if alignments:  # (an ensemble: its first model's attention; a tag before the sources skipped)
+    first, first_params = (model[0], params[0]) if len(runs) > 1 else (model, params)
+    tok = runs[0].tokenizer
+    tag = len(eval_set.source_ids[0]) - len(tok.encode(eval_set.sources[0]))
+    layout.write_lines(out_dir / f"{label}.align", alignment.align(
+        first, first_params, tok, eval_set.source_ids, hyps, tag))
   log.info("%s on %s: %s%s", label, name, score,
            f"  lowercase BLEU {result['bleu_lowercase']:.2f}" if lowercase else "")
   return result

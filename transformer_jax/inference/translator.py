@@ -17,6 +17,7 @@ from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import EOS_ID, UNK_ID
 from transformer_jax.decoding.batches import translate_nbest
 from transformer_jax.errors import DataError, UsageError
+from transformer_jax.evaluation import alignment
 from transformer_jax.inference import trained_run
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,8 @@ class Translator:
   decode in ("" = the run's)."""
 
   def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
-               decode_overrides=(), source_tag: str = "", dtype: str = ""):
+               decode_overrides=(), source_tag: str = "", dtype: str = "",
+               alignments: bool = False, alignment_layer: int | None = None):
     runs = trained_run.load_ensemble(workdir, dtype)
     self.run = runs[0]
     # (a tagged model's direction or data kind: the tag's id before every source)
@@ -40,6 +42,33 @@ class Translator:
     self.steps = [list(chosen.steps) for chosen in selected]  # (per run: the steps averaged)
     self.labels = [chosen.label for chosen in selected]
     self.model, self.params = trained_run.members(runs, selected)
+    # (word alignments: None = off, else the decoder layer whose cross-attention gives them)
+    self.alignment_layer = None
+    if alignments:
+      layers = self.run.cfg.model.num_decoder_layers
+      self.alignment_layer = (alignment.default_layer(layers) if alignment_layer is None
+                              else alignment_layer)
+      if not 0 <= self.alignment_layer < layers:
+        raise UsageError(f"--alignment_layer={alignment_layer}: the decoder has layers 0 to "
+                         f"{layers - 1}")
+
+  def alignments(self, sentences: list[str], translations: list[str]) -> list[str]:
+    """Pharaoh word alignments (`evaluation.alignment`) of each translation to its sentence,
+    from the cross-attention of layer `alignment_layer` (an ensemble: its first model's)."""
+    todo = [i for i, (s, t) in enumerate(zip(sentences, translations)) if s.strip() and t]
+    out = [""] * len(sentences)
+    if not todo:
+      return out
+    eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.run.tokenizer,
+                                  self.source_prefix)
+    model, params = (self.model[0], self.params[0]) if isinstance(self.model, tuple) else (
+        self.model, self.params)
+    lines = alignment.align(model, params, self.run.tokenizer, eval_set.source_ids,
+                            [translations[i] for i in todo], len(self.source_prefix),
+                            self.alignment_layer)
+    for i, line in zip(todo, lines):
+      out[i] = line
+    return out
 
   def translate(self, sentences: list[str], progress: bool = False,
                 prefixes: list[str] | None = None, seed: int | None = None
@@ -80,13 +109,30 @@ class Translator:
       translate_nbest(self.model, self.params, EvalSet([""], [""], [source], [source]),
                       self.run.tokenizer, self.decode, self.run.mesh)
 
-  def output_lines(self, index: int, hyps: list[tuple[str, float]]) -> list[str]:
-    """One line (nbest 1), or `nbest` lines `INDEX ||| translation ||| score`."""
+  def output_lines(self, index: int, hyps: list[tuple[str, float]],
+                   aligned: list[str] | None = None) -> list[str]:
+    """One line (nbest 1), or `nbest` lines `INDEX ||| translation ||| score`; with alignments
+    (`aligned`, one per hypothesis), ` ||| ALIGNMENT` after each (Marian's layout)."""
     if self.decode.nbest == 1:
-      return [hyps[0][0] if hyps else ""]
-    if not hyps:  # (an empty input line keeps its index: one empty translation)
-      return [f"{index} |||  ||| 0.0000"]
-    return [f"{index} ||| {text} ||| {score:.4f}" for text, score in hyps]
+      lines = [hyps[0][0] if hyps else ""]
+    elif not hyps:  # (an empty input line keeps its index: one empty translation)
+      lines = [f"{index} |||  ||| 0.0000"]
+    else:
+      lines = [f"{index} ||| {text} ||| {score:.4f}" for text, score in hyps]
+    if aligned is None:
+      return lines
+    return [f"{line} ||| {links}" for line, links in zip(lines, aligned or [""])]
+
+  def _with_alignments(self, lines: list[str], results):
+    """(hypotheses, their alignments or None) for each line."""
+    if self.alignment_layer is None:
+      return [(hyps, None) for hyps in results]
+    flat = [(i, text) for i, hyps in enumerate(results) for text, _ in hyps]
+    aligned = self.alignments([lines[i] for i, _ in flat], [text for _, text in flat])
+    per_line = [[] for _ in results]
+    for (i, _), links in zip(flat, aligned):
+      per_line[i].append(links)
+    return list(zip(results, per_line))
 
   def translate_lines(self, lines: Iterable[str], out: TextIO, interactive: bool,
                       prefixes: list[str] | None = None):
@@ -98,7 +144,8 @@ class Translator:
     if interactive:
       self.warm_up()
       for index, line in enumerate(lines):
-        for text in self.output_lines(index, self.translate([line])[0]):
+        ((hyps, aligned),) = self._with_alignments([line], self.translate([line]))
+        for text in self.output_lines(index, hyps, aligned):
           out.write(text + "\n")
         out.flush()
       return
@@ -106,7 +153,7 @@ class Translator:
     if prefixes is not None and len(prefixes) != len(lines):
       raise DataError(f"--prefix_file has {len(prefixes)} lines, the input {len(lines)}: "
                       "one prefix line per input line (empty for none)")
-    for index, hyps in enumerate(self.translate(lines, progress=len(lines) >= 200,
-                                                prefixes=prefixes)):
-      for text in self.output_lines(index, hyps):
+    results = self.translate(lines, progress=len(lines) >= 200, prefixes=prefixes)
+    for index, (hyps, aligned) in enumerate(self._with_alignments(lines, results)):
+      for text in self.output_lines(index, hyps, aligned):
         out.write(text + "\n")

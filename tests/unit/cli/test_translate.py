@@ -78,3 +78,24 @@ def test_prefixes_and_an_ensemble_of_two_copies(tiny_run, tmp_path):
   assert status != 0 and helpers.one_line_error(err) == (
       "translate: --prefix_file has 2 lines, the input 3: one prefix line per input line "
       "(empty for none)")
+
+
+@pytest.mark.parametrize("nbest", [1, 2])
+def test_translate_alignments_link_each_target_word_to_a_source_word(tiny_run, nbest):
+  sources = ["Ein Hund läuft durch den Schnee.", "", "Zwei Männer spielen Fußball."]
+  status, out, err = _translate(tiny_run, ("\n".join(sources) + "\n").encode(), "--alignments",
+                                f"--decode=nbest={nbest}")
+  assert status == 0, err[-2000:]
+  rows = [line.split(" ||| ") for line in out.splitlines()]
+  if nbest == 1:
+    rows = [[str(i), text, "0", links] for i, (text, links) in enumerate(rows)]
+  assert len(rows) == (1 + 2 * nbest)
+  for index, text, _, links in rows:
+    pairs = [tuple(map(int, p.split("-"))) for p in links.split()]
+    # (each target word once, in order, to a word of its source)
+    assert [j for _, j in pairs] == list(range(len(text.split())))
+    assert all(0 <= i < len(sources[int(index)].split()) for i, _ in pairs)
+    assert bool(pairs) == bool(sources[int(index)]) == bool(text)
+  status, _, err = _translate(tiny_run, b"Ein Hund.\n", "--alignments", "--alignment_layer=2")
+  assert status != 0 and "--alignment_layer=2: the decoder has layers 0 to 1" in \
+      helpers.one_line_error(err)

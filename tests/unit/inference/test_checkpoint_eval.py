@@ -85,9 +85,10 @@ def test_evaluate_scores_a_local_test_set_of_gzipped_files(workdir, tmp_path):
 def test_the_evaluate_tool_prints_the_table_and_says_what_is_wrong(tiny_run, tmp_path):
   status, out, _ = helpers.run_tool(evaluate_cli.main, f"--workdir={tiny_run}", "--split=val",
                                     "--checkpoint=10", "--checkpoint=20", "--max_sentences=4",
-                                    f"--output_dir={tmp_path / 'out'}")
+                                    f"--output_dir={tmp_path / 'out'}", "--alignments")
   assert status == 0
   assert [line.split()[0] for line in out.splitlines()[1:3]] == ["step_10", "step_20"]
+  assert len((tmp_path / "out" / "step_20.align").read_text().splitlines()) == 4
   assert f"wrote {tmp_path / 'out'}/results.json" in out
   bare = tmp_path / "bare"
   bare.mkdir()

@@ -66,9 +66,15 @@ def test_each_direction_is_drawn_half_the_time_and_tested_with_its_tag(bilingual
 
 def test_evaluate_scores_every_direction_in_one_call_as_training_did(bilingual):
   workdir, _, final, _ = bilingual
-  results, out_dirs = evaluate_checkpoints(workdir, checkpoint="latest")
+  results, out_dirs = evaluate_checkpoints(workdir, checkpoint="latest", alignments=True)
   assert [r["data"] for r in results] == ["deen.test", "ende.test"]
   assert [d.name for d in out_dirs] == ["deen.test", "ende.test"]
-  for r in results:
+  for r, out_dir in zip(results, out_dirs):
     assert r["bleu"] == pytest.approx(final[f"test/{r['data']}/bleu"], abs=1e-9)
     assert r["chrf"] == pytest.approx(final[f"test/{r['data']}/chrf"], abs=1e-9)
+    # Word alignments beside the translations, the direction's tag not counted as a word.
+    hyps = (out_dir / f"{r['label']}.hyp").read_text().splitlines()
+    links = (out_dir / f"{r['label']}.align").read_text().splitlines()
+    assert len(links) == len(hyps)
+    assert all([int(p.split("-")[1]) for p in line.split()] == list(range(len(hyp.split())))
+               for line, hyp in zip(links, hyps))

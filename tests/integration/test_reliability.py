@@ -6,6 +6,7 @@ steps, so every outcome is deterministic. Final states are compared bit for bit 
 uninterrupted run.
 """
 
+import functools
 import json
 import os
 import re
@@ -19,13 +20,14 @@ import jax
 import numpy as np
 import pytest
 
-from tests import builders, helpers
+from tests import builders, helpers, marian
 from tests.helpers import ROOT
 from tests.helpers import assert_bitwise_equal as _assert_bitwise_equal
 from tests.helpers import checkpoint_steps as _steps
 from tests.helpers import saved_state as _state
 from transformer_jax.data import corpus
 from transformer_jax.errors import CheckpointError
+from transformer_jax.importing import hf_marian
 from transformer_jax.inference import averaging, trained_run
 
 STEPS = builders.RELIABILITY_STEPS
@@ -371,24 +373,33 @@ def test_nonfinite_gradient_skipped_when_configured(train, tmp_path):
   assert [r["train/skipped_steps"] for r in logged if r["step"] == 6] == [1]
 
 
-
-
 def test_a_fine_tuning_run_killed_and_rerun_ends_bitwise_equal_to_one_run_alone(
-    reference, train, tmp_path):
-  """config.init_from: the rerun of a killed fine-tuning run resumes from its own checkpoint
-  (not from the source's weights again), and ends as the run without the kill."""
-  start = ["--config.num_train_steps=8", "--config.checkpoint_every_steps=2",
-           f"--config.init_from.workdir={reference}", "--config.init_from.checkpoint=8"]
+    tfds_cache, tiny_tokenizer, tmp_path):
+  """config.init_from, from a Hugging Face Marian model imported as a run (random weights):
+  the rerun of a killed fine-tuning run resumes from its own checkpoint (not from the source's
+  weights again), keeps the imported tokenizer, and ends as the run without the kill."""
+  marian.folder(tmp_path / "opus-mt-de-en", tiny_tokenizer, tiny_tokenizer, encoder_layers=1,
+                decoder_layers=1, scale_embedding=True, activation_function="swish")
+  source = hf_marian.import_run(tmp_path / "opus-mt-de-en", tmp_path / "imported", "de", "en")
+  start = [*(f"--config.{k}={v}" for k, v in marian.TINY_DATA.items()), *STEPS,
+           "--config.num_train_steps=8", "--config.checkpoint_every_steps=2",
+           "--config.optimizer.learning_rate=0.001", "--config.optimizer.warmup_steps=4"]
+
+  def train(workdir, **kw):
+    return helpers.train_process(workdir, tfds_cache, *start, config=str(source / "finetune.py"),
+                                 **kw)
+
   alone, killed = tmp_path / "alone", tmp_path / "killed"
-  r = train(alone, *start)
+  r = train(alone)
   assert "Initialised from" in r.stderr
-  r = train(killed, *start, fault="sigkill@7", check=False)
+  r = train(killed, fault="sigkill@7", check=False)
   assert r.returncode == -signal.SIGKILL
   saved = _steps(killed)  # (a save waits for the one before: step 6's may not be complete)
   assert saved in ([2, 4], [2, 4, 6])
-  r = train(killed, *start)
+  r = train(killed)
   assert f"Resuming from step {saved[-1]}" in r.stderr and "Initialised from" not in r.stderr
   _assert_bitwise_equal(_state(killed), _state(alone))
-  assert not np.array_equal(_state(alone)["params"]["decoder_0"]["feed_forward"]["wi"]["kernel"],
-                            _state(reference, 8)["params"]["decoder_0"]["feed_forward"]["wi"][
-                                "kernel"])  # (it trained on)
+  kernel = ["params", "decoder_0", "feed_forward", "wi", "kernel"]
+  assert not np.array_equal(functools.reduce(dict.get, kernel, _state(alone)),
+                            functools.reduce(dict.get, kernel, _state(source, 0)))  # (trained)
+  assert (killed / "spm.model").read_bytes() == (source / "spm.model").read_bytes()

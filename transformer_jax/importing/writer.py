@@ -1,7 +1,8 @@
 """An imported model written as a workdir that every tool takes as a trained run: config.json
 (the default config with the model's options and languages), spm.model (its tokenizer),
-tokenizer.json, a checkpoint at step 0 and import.json (what came from where). Written in a
-folder beside the workdir and renamed into place: a kill leaves no half-made run."""
+tokenizer.json, a checkpoint at step 0, import.json (what came from where) and finetune.py (a
+config to fine-tune it). Written in a folder beside the workdir and renamed into place: a kill
+leaves no half-made run."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from transformer_jax.workdir import layout
 from transformer_jax.workdir.checkpoints import Checkpointer
 
 RECORD = "import.json"
+FINETUNE_CONFIG = "finetune.py"
+FINETUNE_LEARNING_RATE = 1e-4  # (the default's 3e-3 is for training from scratch)
 
 
 def config_for(options: dict, source_lang: str, target_lang: str):
@@ -39,6 +42,35 @@ def config_for(options: dict, source_lang: str, target_lang: str):
   config.optimizer.ema_decay = 0.0
   config.decode.max_length = min(config.decode.max_length, config.model.max_len)
   return config
+
+
+def finetune_config(options: dict, source_lang: str, target_lang: str, workdir: Path) -> str:
+  """The text of a config file that fine-tunes the run imported into `workdir`."""
+  model = "".join(f"      {k}={v!r},\n" for k, v in sorted(options.items()))
+  return f'''"""Fine-tunes the model imported into {workdir}.
+
+  transformer-jax-train --config={workdir / FINETUNE_CONFIG} \\
+      --config.data.data_dir=YOUR_CORPUS --workdir=runs/finetuned
+
+configs/default.py's training settings with the imported model's options (which must stay as
+they are: they decide what its weights compute), a fine-tuning learning rate, and the weights
+and tokenizer of that run (config.init_from). Written by transformer-jax-import.
+"""
+
+from transformer_jax.configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.model.update(dict(
+{model}  ))
+  config.data.source_lang = {source_lang!r}
+  config.data.target_lang = {target_lang!r}
+  config.optimizer.learning_rate = {FINETUNE_LEARNING_RATE!r}
+  config.init_from.workdir = {str(workdir)!r}
+  config.init_from.checkpoint = "latest"  # (the imported weights: step 0)
+  return config
+'''
 
 
 def _check_shapes(params, cfg) -> None:
@@ -59,7 +91,7 @@ def _check_shapes(params, cfg) -> None:
                             f"{expected.get(name)}")
 
 
-def write_run(workdir: str | Path, config, params, tokenizer_bytes: bytes,
+def write_run(workdir: str | Path, config, options: dict, params, tokenizer_bytes: bytes,
               record: dict) -> Path:
   """Writes the workdir (which must not exist yet); returns its path."""
   workdir = Path(workdir).absolute()
@@ -86,6 +118,8 @@ def write_run(workdir: str | Path, config, params, tokenizer_bytes: bytes,
     ckpt.close()  # (waits for the save)
   atomic.write_json(tmp / RECORD, {**record, "imported_at": time.strftime("%Y-%m-%d %H:%M:%S"),
                                    "workdir": str(workdir)}, indent=2)
+  (tmp / FINETUNE_CONFIG).write_text(finetune_config(
+      options, config.data.source_lang, config.data.target_lang, workdir))
   if workdir.exists():
     workdir.rmdir()  # (empty, checked above)
   os.rename(tmp, workdir)

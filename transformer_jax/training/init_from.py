@@ -84,7 +84,9 @@ def initial_state(cfg: TrainConfig, workdir: Path, model: Transformer, mesh, sta
     if ours != theirs:
       raise ConfigError(f"config.model.{name}={ours!r}, but {src} was trained with {theirs!r}: "
                         "its weights would compute another function; use its value")
-  src_cfg = dataclasses.replace(src_cfg, parallelism=cfg.parallelism)  # (laid out as ours)
+  # (laid out as ours, in our dtype: the source's may be "auto", as an imported run's is)
+  src_cfg = dataclasses.replace(src_cfg, parallelism=cfg.parallelism,
+                                model=dataclasses.replace(src_cfg.model, dtype=cfg.model.dtype))
   chosen = selection.select(src, cfg.init_from.checkpoint, src_cfg.optimizer.ema_decay > 0)
   if len(chosen) != 1:
     raise CheckpointError(f"config.init_from.checkpoint={cfg.init_from.checkpoint} names "

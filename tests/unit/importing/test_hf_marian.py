@@ -4,7 +4,6 @@ log-probabilities (to 1e-4) and the same greedy translations, and CTranslate2 sc
 model exported as ours does; what cannot be mapped is refused, named."""
 
 import json
-import shutil
 import sys
 
 import ctranslate2
@@ -12,16 +11,18 @@ import jax
 import numpy as np
 import pytest
 import torch
-from transformers import MarianConfig, MarianMTModel
 
-from tests import helpers
+from tests import helpers, marian
 from transformer_jax.cli import import_model, translate
+from transformer_jax.config import files
+from transformer_jax.config.parse import from_config_dict
 from transformer_jax.data import tokenizer as T
 from transformer_jax.decoding.search import greedy_search
 from transformer_jax.errors import CheckpointError
 from transformer_jax.export import exporter
 from transformer_jax.importing import hf_marian
 from transformer_jax.inference import trained_run
+from transformer_jax.training.run import open_run
 
 GERMAN = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.",
           "Eine Frau liest ein Buch im Park.", "Kinder spielen."]
@@ -41,39 +42,15 @@ SHAPES = {  # MarianConfig keys: tied and untied output, shared and separate tab
 
 @pytest.fixture(scope="module")
 def spm_models(tmp_path_factory):
-  """A German source and an English target SentencePiece model, and Marian's vocabulary of
-  both (EOS 0, UNK 1, the pieces, PAD last)."""
+  """A German source and an English target SentencePiece model (small: 50 pieces)."""
   folder = tmp_path_factory.mktemp("spm")
-  source = T.train_tokenizer(GERMAN * 20, 50, folder / "source.spm")
-  target = T.train_tokenizer(ENGLISH * 20, 50, folder / "target.spm")
-  pieces = dict.fromkeys(source.pieces(range(3, source.vocab_size))
-                         + target.pieces(range(3, target.vocab_size)))
-  return folder, ["</s>", "<unk>", *pieces, "<pad>"]
+  T.train_tokenizer(GERMAN * 20, 50, folder / "source.spm")
+  T.train_tokenizer(ENGLISH * 20, 50, folder / "target.spm")
+  return folder / "source.spm", folder / "target.spm"
 
 
 def _marian_folder(folder, spm_models, **options):
-  """A MarianMTModel with random weights (every tensor, the logits bias included, far from
-  its initial value) saved as an OPUS-MT folder is: save_pretrained + SentencePiece + vocab."""
-  spm_folder, vocab = spm_models
-  V = len(vocab)
-  config = MarianConfig(
-      vocab_size=V, decoder_vocab_size=V, d_model=16, encoder_attention_heads=4,
-      decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32,
-      max_position_embeddings=64, pad_token_id=V - 1, eos_token_id=0,
-      decoder_start_token_id=V - 1, forced_eos_token_id=0, **options)
-  torch.manual_seed(0)
-  model = MarianMTModel(config).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "embed_positions" in name:  # (the fixed sinusoid table, which is not saved)
-        continue
-      p.copy_(torch.randn_like(p) * 0.3 + (1.0 if "layer_norm.weight" in name else 0.0))
-    model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
-  model.save_pretrained(folder)
-  for name in ("source.spm", "target.spm"):
-    shutil.copy(spm_folder / name, folder / name)
-  (folder / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(vocab)}))
-  return model
+  return marian.folder(folder, *spm_models, **options)
 
 
 def _padded(rows, pad):
@@ -187,3 +164,24 @@ def test_an_imported_model_exported_to_ctranslate2_scores_as_ours(spm_models, tm
   for row, result in enumerate(results):
     real = int((y[row] > 0).sum())
     np.testing.assert_allclose(result.log_probs, ours[row, :real], atol=1e-4, rtol=0)
+
+
+def test_an_imported_model_fine_tunes_from_its_own_loss_with_its_tokenizer(
+    tiny_tokenizer, tfds_cache, tmp_path):
+  """The config the import writes (finetune.py), on the embedded corpus: the run starts at the
+  imported weights' validation loss, trains it down, and keeps the imported tokenizer."""
+  marian.folder(tmp_path / "opus-mt-de-en", tiny_tokenizer, tiny_tokenizer, encoder_layers=1,
+                decoder_layers=1, scale_embedding=True, activation_function="swish")
+  source = hf_marian.import_run(tmp_path / "opus-mt-de-en", tmp_path / "imported", "de", "en")
+  config = helpers.with_overrides(files.load_file(str(source / "finetune.py")), {
+      **marian.TINY_DATA, "data.cache_dir": str(tfds_cache), "optimizer.learning_rate": 1e-3,
+      "optimizer.warmup_steps": 5})
+  imported = trained_run.load(source, dtype="float32")
+  with open_run(from_config_dict(config), tmp_path / "ft", config.to_dict()) as run:
+    evaluator = run.evaluators[""]
+    start = evaluator.loss(run.state.eval_params)
+    assert abs(start - evaluator.loss(imported.params(imported.select_one("latest", "t")))) < 1e-6
+    for step in range(1, 21):
+      run.train(step)
+    assert evaluator.loss(run.state.eval_params) < start - 0.05
+  assert (tmp_path / "ft" / "spm.model").read_bytes() == (source / "spm.model").read_bytes()

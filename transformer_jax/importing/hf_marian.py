@@ -54,8 +54,8 @@ READ_KEYS = {
 IGNORED_KEYS = {
     "is_decoder", "add_cross_attention", "finetuning_task", "torchscript", "use_bfloat16",
     "tf_legacy_loss", "output_past", "_name_or_path", "architectures", "model_type",
-    "transformers_version", "torch_dtype",
-    "dtype", "bad_words_ids", "bos_token_id", "forced_eos_token_id", "max_length", "num_beams",
+    "transformers_version", "torch_dtype", "dtype", "_num_labels", "classif_dropout",
+    "bad_words_ids", "bos_token_id", "forced_eos_token_id", "max_length", "num_beams",
     "num_hidden_layers", "use_cache", "is_encoder_decoder", "classifier_dropout", "init_std",
     "encoder_layerdrop", "decoder_layerdrop", "normalize_embedding", "add_bias_logits",
     "add_final_layer_norm", "extra_pos_embeddings", "normalize_before",

@@ -171,7 +171,7 @@ class PairedTokenizer(Tokenizer):
     if special != ("<pad>", "</s>", "<unk>"):
       raise DataError(f"tokenizer {where} has pieces {special} at ids 0, 1, 2, expected "
                       "('<pad>', '</s>', '<unk>')")
-    self.sp = self.sps["target"]
+    # (no `sp`: a joint model's one processor; every method here names its side's)
 
   @staticmethod
   def bundle(source_model: bytes, target_model: bytes, vocabulary: list[str]) -> bytes:

@@ -13,6 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import numpy as np
 
@@ -78,13 +79,10 @@ def _check_shapes(params, cfg) -> None:
   the mapping, named)."""
   model = Transformer(dataclasses.replace(cfg.model, dtype="float32"))
   dummy = np.ones((1, 8), np.int32)
-  expected = jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy, dummy)["params"]
-  expected = {jax.tree_util.keystr(p): x.shape
-              for p, x in jax.tree_util.tree_leaves_with_path(
-                  jax.tree_util.tree_map(lambda b: getattr(b, "value", b), expected,
-                                         is_leaf=lambda b: hasattr(b, "value")))}
-  ours = {jax.tree_util.keystr(p): x.shape
-          for p, x in jax.tree_util.tree_leaves_with_path(params)}
+  expected, ours = (
+      {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+      for tree in (nn.meta.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy,
+                                                dummy)["params"]), params))
   for name in sorted(set(expected) | set(ours)):
     if expected.get(name) != ours.get(name):
       raise CheckpointError(f"imported weight {name}: shape {ours.get(name)}, the model's "

@@ -20,7 +20,7 @@ from transformer_jax.data import tokenizer as T
 from transformer_jax.decoding.search import greedy_search
 from transformer_jax.errors import CheckpointError
 from transformer_jax.export import exporter
-from transformer_jax.importing import hf_marian
+from transformer_jax.importing import hf_marian, writer
 from transformer_jax.inference import trained_run
 from transformer_jax.training.run import open_run
 
@@ -100,6 +100,17 @@ def test_what_cannot_be_imported_is_refused_by_name(spm_models, tmp_path, monkey
   folder = tmp_path / "opus-mt-de-en"
   _marian_folder(folder, spm_models, encoder_layers=1, decoder_layers=1)
   config = json.loads((folder / "config.json").read_text())
+  # A mapping that made a weight of the wrong shape is caught before anything is written.
+  hf = hf_marian.read_config(folder)
+  options = hf_marian.model_options(hf, folder)
+  order, pieces = hf_marian.vocabulary(folder, hf)
+  params = hf_marian.convert(hf_marian.read_weights(folder)[1], options, order, folder)
+  params["decoder_0"]["feed_forward"]["wo"]["bias"] = np.zeros(3, np.float32)
+  with pytest.raises(CheckpointError, match=r"imported weight .*'wo'\]\['bias'\]: shape \(3,\), "
+                                            r"the model's \(16,\)"):
+    writer.write_run(tmp_path / "run", writer.config_for(options, "de", "en"), options, params,
+                     hf_marian.tokenizer_file(folder, pieces), {})
+  assert not (tmp_path / "run").exists()
 
   def refused(change, match):
     (folder / "config.json").write_text(json.dumps({**config, **change}))

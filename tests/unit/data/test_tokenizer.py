@@ -101,3 +101,15 @@ def test_a_damaged_paired_tokenizer_or_wrong_special_pieces_are_one_line_errors(
                                      ["</s>", "<pad>"] + vocabulary[2:])
   with pytest.raises(DataError, match=r"pieces \('</s>', '<pad>', '<unk>'\) at ids 0, 1, 2"):
     T.Tokenizer.from_bytes(swapped)
+
+
+def test_a_paired_tokenizer_samples_each_side_with_its_model_deterministically(tmp_path):
+  _paired(tmp_path)
+  tok = T.Tokenizer.load(tmp_path / "spm.model")
+  texts = ["Zwei Hunde spielen im Schnee."] * 8
+  first = tok.sample_batch(texts, 0.1, -1, seed=3)
+  assert first == tok.sample_batch(texts, 0.1, -1, seed=3)  # (the seed decides)
+  assert len({tuple(ids) for ids in first}) > 1  # (segmentations differ)
+  assert all(tok.decode(ids, "source") == texts[0] for ids in first)
+  english = tok.sample_batch(["Two dogs play in the snow."] * 4, 0.1, -1, seed=3, side="target")
+  assert all(tok.decode(ids) == "Two dogs play in the snow." for ids in english)

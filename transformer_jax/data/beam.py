@@ -22,7 +22,7 @@ from pathlib import Path
 from transformer_jax.data import beam_split, corpus
 from transformer_jax.data import cleaning as cleaning_lib
 from transformer_jax.data.beam_split import LINES_PER_SHARD
-from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.data.tokenizer import SIDES, Tokenizer
 from transformer_jax.errors import ConfigError, DataError
 
 
@@ -45,7 +45,7 @@ def _tokenize_range(item, builder_dir: str, split: str, langs, model_proto: byte
   source = tfds.builder_from_directory(builder_dir).as_data_source(split=split)
   examples = source.__getitems__(range(start, end))
   tok = Tokenizer.from_bytes(model_proto)
-  for side, lang in zip(("source", "target"), langs):
+  for side, lang in zip(SIDES, langs):
     ids = tok.encode_batch([corpus.as_text(ex[lang]) for ex in examples], side)
     lengths = np.fromiter(map(len, ids), np.int64, len(ids))
     (Path(out) / f"{side}.lengths.{index:06d}").write_bytes(lengths.tobytes())
@@ -70,7 +70,7 @@ def beam_tokenizer(runner: str = "DirectRunner", options: list[str] | tuple[str,
                                     (spec.source_lang, spec.target_lang), tok.model_proto,
                                     id_dtype, str(tmp)))
     ends = {}
-    for side in ("source", "target"):
+    for side in SIDES:
       position = 0
       with open(tmp / f"{side}.ids", "wb") as ids, open(tmp / f"{side}.offsets", "wb") as offs:
         offs.write(np.zeros(1, np.int64).tobytes())

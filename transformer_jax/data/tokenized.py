@@ -27,13 +27,12 @@ import numpy as np
 
 from transformer_jax.config.sections import DataConfig
 from transformer_jax.data import corpus
-from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.data.tokenizer import SIDES, Tokenizer
 from transformer_jax.errors import DataError
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-SIDES = ("source", "target")
 _BLOCK = 4096  # pairs tokenized per SentencePiece call (its threads work on one block)
 
 # Filter codes of a pair, as the text pipeline decides them (EOS counted in the lengths).

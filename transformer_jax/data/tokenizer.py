@@ -4,8 +4,8 @@ SentencePiece model over one shared vocabulary (`PairedTokenizer`).
 
 Both are one file in a workdir (`spm.model`): a SentencePiece model, or a JSON bundle of the two
 models and the vocabulary; `Tokenizer.load` and `Tokenizer.from_bytes` read either. Texts are
-encoded as the `side` they are on ("source" or "target": the same for a joint model); decoding
-is always the target side's.
+encoded and decoded as the `side` they are on ("source" or "target": the same for a joint
+model; decoding's default is the target, what the model writes).
 """
 
 from __future__ import annotations
@@ -36,6 +36,18 @@ _SAMPLING_SEED_LOCK = threading.Lock()
 
 SIDES = ("source", "target")
 PAIRED_FORMAT = "transformer_jax.paired_sentencepiece"  # the bundle's "format" field
+
+
+def _content_ids(ids) -> list[int]:
+  """The ids before the first EOS, padding skipped: what a decoded sequence says."""
+  out = []
+  for i in ids:
+    i = int(i)
+    if i == EOS_ID:
+      break
+    if i != PAD_ID:
+      out.append(i)
+  return out
 
 
 class Tokenizer:
@@ -113,14 +125,7 @@ class Tokenizer:
 
   def decode(self, ids, side: str = "target") -> str:
     """Detokenized text of ids (on `side`), stopping at the first EOS and skipping padding."""
-    out = []
-    for i in ids:
-      i = int(i)
-      if i == EOS_ID:
-        break
-      if i != PAD_ID:
-        out.append(i)
-    return self.sp.decode(out)
+    return self.sp.decode(_content_ids(ids))
 
   def pieces(self, ids) -> list[str]:
     """The subword strings of ids (for attention-map labels and debugging)."""
@@ -209,13 +214,7 @@ class PairedTokenizer(Tokenizer):
 
   def decode(self, ids, side: str = "target") -> str:
     """`side`'s model's detokenization of the pieces up to the first EOS (PAD skipped)."""
-    pieces = []
-    for i in ids:
-      i = int(i)
-      if i == EOS_ID:
-        break
-      if i != PAD_ID:
-        pieces.append(self.vocabulary[i])
+    pieces = self.pieces(_content_ids(ids))
     return self.sps[side].decode_pieces(pieces).replace("▁", " ").strip()
 
   def pieces(self, ids) -> list[str]:

@@ -21,12 +21,14 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass
 class EvalSet:
   """A split ready to decode: raw text, token ids, and fixed-shape padded batches; optionally
-  a target prefix per sentence (ids without EOS) that decoding must start with."""
+  a target prefix per sentence (ids without EOS) that decoding must start with, and the ids
+  (a tag's) that every source starts with."""
   sources: list[str]
   references: list[str]
   source_ids: list[np.ndarray]
   target_ids: list[np.ndarray]
   prefix_ids: list[np.ndarray] | None = None
+  source_prefix: tuple[int, ...] = ()
 
   def __len__(self):
     return len(self.sources)
@@ -40,7 +42,8 @@ class EvalSet:
     prefix = list(source_prefix)
     return cls(list(sources), list(references),
                [np.asarray(prefix + tokenizer.encode(s), np.int32) for s in sources],
-               [np.asarray(tokenizer.encode(r, "target"), np.int32) for r in references])
+               [np.asarray(tokenizer.encode(r, "target"), np.int32) for r in references],
+               source_prefix=tuple(prefix))
 
   def with_prefixes(self, prefixes: list[str], tokenizer: Tokenizer) -> "EvalSet":
     """The same set with a target prefix per sentence (line-aligned; "" = none)."""

@@ -10,14 +10,13 @@ alignments of the layers), the only one of a one-layer decoder.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID
-from transformer_jax.model.transformer import unscanned
+from transformer_jax.evaluation.attention_maps import weights_model
 
 WORD_START = "\u2581"  # SentencePiece's marker of a piece that begins a word
 BUCKET = 16  # padded lengths are multiples of this: few shapes, few compilations
@@ -38,9 +37,7 @@ def _cross_attention(model, params, inputs_BS, targets_BT, layer: int):
 def cross_attention(model, params, sources: list[np.ndarray], targets: list[np.ndarray],
                     layer: int, batch_size: int = 64) -> list[np.ndarray]:
   """Each pair's (target length, source length) head-averaged cross-attention of `layer`."""
-  model, params = unscanned(model, params)
-  # (the weights exist only on the einsum path: the fused kernels never materialise them)
-  model = model.clone(config=dataclasses.replace(model.config, attention_impl="einsum"))
+  model, params = weights_model(model, params)
   out = []
   for start in range(0, len(sources), batch_size):
     src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
@@ -88,10 +85,14 @@ def pharaoh(pairs: list[tuple[int, int]]) -> str:
   return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-def align(model, params, tokenizer, source_ids: list[np.ndarray], translations: list[str],
-          prefix_length: int = 0, layer: int | None = None) -> list[str]:
-  """The Pharaoh alignment of each translation to its source (ids as decoded: a tag prefix
-  of `prefix_length` pieces first, EOS last)."""
+def align(model, params, tokenizer, eval_set, translations: list[str],
+          layer: int | None = None) -> list[str]:
+  """The Pharaoh alignment of each translation to its source in `eval_set` (its source ids as
+  decoded, a tag's first when the set has one). An ensemble (tuples of models and params):
+  its first model's attention."""
+  if isinstance(model, tuple):
+    model, params = model[0], params[0]
+  source_ids, prefix_length = eval_set.source_ids, len(eval_set.source_prefix)
   cfg = model.config
   layer = default_layer(cfg.num_decoder_layers) if layer is None else layer
   if not 0 <= layer < cfg.num_decoder_layers:

@@ -26,14 +26,19 @@ def _intermediates(model, params, inputs, targets):
       "intermediates"]
 
 
+def weights_model(model, params):
+  """The model and parameters in the form that sows attention weights: per-layer layout, the
+  einsum attention (the fused kernels never materialise the weights)."""
+  model, params = unscanned(model, params)
+  return model.clone(config=dataclasses.replace(model.config, attention_impl="einsum")), params
+
+
 def attention_weights(model, params, source_ids, target_ids) -> dict[str, list[np.ndarray]]:
   """Teacher-forced attention weights for one pair: for each kind, a list over layers of
   (heads, queries, keys) arrays. Rows sum to 1 over visible keys; hidden cells are 0."""
   inputs = np.asarray(source_ids, np.int32)[None]
   targets = np.asarray(target_ids, np.int32)[None]
-  model, params = unscanned(model, params)
-  # The weights exist only on the einsum path (the fused kernels never materialise them).
-  model = model.clone(config=dataclasses.replace(model.config, attention_impl="einsum"))
+  model, params = weights_model(model, params)
   inter = _intermediates(model, params, inputs, targets)
   cfg = model.config
   out = {}

@@ -115,12 +115,9 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
     result["bleu_lowercase"], result["bleu_lowercase_signature"] = lowercase_bleu(
         hyps, eval_set.references)
   layout.write_lines(out_dir / f"{label}.hyp", hyps)
-  if alignments:  # (an ensemble: its first model's attention; a tag before the sources skipped)
-    first, first_params = (model[0], params[0]) if len(runs) > 1 else (model, params)
-    tok = runs[0].tokenizer
-    tag = len(eval_set.source_ids[0]) - len(tok.encode(eval_set.sources[0]))
-    layout.write_lines(out_dir / f"{label}.align", alignment.align(
-        first, first_params, tok, eval_set.source_ids, hyps, tag))
+  if alignments:
+    layout.write_lines(out_dir / f"{label}.align",
+                       alignment.align(model, params, runs[0].tokenizer, eval_set, hyps))
   log.info("%s on %s: %s%s", label, name, score,
            f"  lowercase BLEU {result['bleu_lowercase']:.2f}" if lowercase else "")
   return result

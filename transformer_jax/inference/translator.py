@@ -54,18 +54,15 @@ class Translator:
 
   def alignments(self, sentences: list[str], translations: list[str]) -> list[str]:
     """Pharaoh word alignments (`evaluation.alignment`) of each translation to its sentence,
-    from the cross-attention of layer `alignment_layer` (an ensemble: its first model's)."""
+    from the cross-attention of layer `alignment_layer`."""
     todo = [i for i, (s, t) in enumerate(zip(sentences, translations)) if s.strip() and t]
     out = [""] * len(sentences)
     if not todo:
       return out
     eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.run.tokenizer,
                                   self.source_prefix)
-    model, params = (self.model[0], self.params[0]) if isinstance(self.model, tuple) else (
-        self.model, self.params)
-    lines = alignment.align(model, params, self.run.tokenizer, eval_set.source_ids,
-                            [translations[i] for i in todo], len(self.source_prefix),
-                            self.alignment_layer)
+    lines = alignment.align(self.model, self.params, self.run.tokenizer, eval_set,
+                            [translations[i] for i in todo], self.alignment_layer)
     for i, line in zip(todo, lines):
       out[i] = line
     return out

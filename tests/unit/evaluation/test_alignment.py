@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 from tests import helpers
+from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.evaluation import alignment
 from transformer_jax.model.transformer import Transformer
@@ -65,5 +66,6 @@ def test_a_model_whose_cross_attention_is_diagonal_aligns_each_word_to_itself(ti
   assert len(tok.pieces(source[:-1])) > len(sentence.split())  # (multi-piece words)
   weights = alignment.cross_attention(model, params, [source], [source], layer=0)[0]
   assert (weights.argmax(axis=1) == np.arange(len(source))).all()  # (the pieces' diagonal)
-  (line,) = alignment.align(model, params, tok, [source], [sentence])
+  (line,) = alignment.align(model, params, tok, EvalSet.from_pairs([sentence], [], tok),
+                            [sentence])
   assert line == " ".join(f"{i}-{i}" for i in range(len(sentence.split())))

@@ -284,5 +284,5 @@ def import_run(model_dir: str | Path, workdir: str | Path, source_lang: str,
             "weights": weights_path.name, "weights_sha256": writer.file_digest(weights_path),
             "source_lang": source_lang, "target_lang": target_lang,
             "ids": "Marian's, reordered: its PAD, EOS and UNK are our 0, 1, 2"}
-  return writer.write_run(workdir, writer.config_for(options, source_lang, target_lang),
-                          options, params, tokenizer_bytes, record)
+  return writer.write_run(workdir, options, (source_lang, target_lang), params,
+                          tokenizer_bytes, record)

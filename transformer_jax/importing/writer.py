@@ -89,12 +89,14 @@ def _check_shapes(params, cfg) -> None:
                             f"{expected.get(name)}")
 
 
-def write_run(workdir: str | Path, config, options: dict, params, tokenizer_bytes: bytes,
-              record: dict) -> Path:
-  """Writes the workdir (which must not exist yet); returns its path."""
+def write_run(workdir: str | Path, options: dict, languages: tuple[str, str], params,
+              tokenizer_bytes: bytes, record: dict) -> Path:
+  """Writes the workdir (which must not exist yet) of a model with config.model `options`
+  translating `languages` (source, target); returns its path."""
   workdir = Path(workdir).absolute()
   if workdir.exists() and any(workdir.iterdir()):
     raise ConfigError(f"--workdir={workdir} exists and is not empty: import into a new folder")
+  config = config_for(options, *languages)
   cfg = from_config_dict(config)
   _check_shapes(params, cfg)
   tmp = workdir.with_name(f".{workdir.name}.importing")
@@ -116,8 +118,7 @@ def write_run(workdir: str | Path, config, options: dict, params, tokenizer_byte
     ckpt.close()  # (waits for the save)
   atomic.write_json(tmp / RECORD, {**record, "imported_at": time.strftime("%Y-%m-%d %H:%M:%S"),
                                    "workdir": str(workdir)}, indent=2)
-  (tmp / FINETUNE_CONFIG).write_text(finetune_config(
-      options, config.data.source_lang, config.data.target_lang, workdir))
+  (tmp / FINETUNE_CONFIG).write_text(finetune_config(options, *languages, workdir))
   if workdir.exists():
     workdir.rmdir()  # (empty, checked above)
   os.rename(tmp, workdir)

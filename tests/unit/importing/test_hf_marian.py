@@ -108,7 +108,7 @@ def test_what_cannot_be_imported_is_refused_by_name(spm_models, tmp_path, monkey
   params["decoder_0"]["feed_forward"]["wo"]["bias"] = np.zeros(3, np.float32)
   with pytest.raises(CheckpointError, match=r"imported weight .*'wo'\]\['bias'\]: shape \(3,\), "
                                             r"the model's \(16,\)"):
-    writer.write_run(tmp_path / "run", writer.config_for(options, "de", "en"), options, params,
+    writer.write_run(tmp_path / "run", options, ("de", "en"), params,
                      hf_marian.tokenizer_file(folder, pieces), {})
   assert not (tmp_path / "run").exists()
 

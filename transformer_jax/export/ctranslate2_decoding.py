@@ -41,10 +41,9 @@ def differences(decode: DecodeConfig) -> list[str]:
 
 
 def translate(translator, sp, sentences: list[str], options: dict, source_tag: str = "",
-              max_batch_size: int = 64, target_sp=None) -> list[str]:
+              max_batch_size: int = 64) -> list[str]:
   """Translations of `sentences` (empty lines stay empty) with a `ctranslate2.Translator` and
-  its SentencePiece processor `sp` (`target_sp` decodes, when the target side has its own);
-  `source_tag`: a tagged run's tag before every source."""
+  its SentencePiece processor `sp`; `source_tag`: a tagged run's tag before every source."""
   todo = [i for i, s in enumerate(sentences) if s.strip()]
   tokens = [([source_tag] if source_tag else []) + sp.encode(sentences[i], out_type=str)
             for i in todo]
@@ -52,5 +51,5 @@ def translate(translator, sp, sentences: list[str], options: dict, source_tag: s
                                        batch_type="examples", **options)
   out = [""] * len(sentences)
   for i, result in zip(todo, results):
-    out[i] = (target_sp or sp).decode(result.hypotheses[0])
+    out[i] = sp.decode(result.hypotheses[0])
   return out

@@ -68,7 +68,7 @@ def main(_):
                  for q, f in folders.items()}
 
   def ours_fn():
-    return [h[0][0] if h else "" for h in ours.translate(sources)]
+    return [h[0].text if h else "" for h in ours.translate(sources)]
 
   systems = {f"ours ({run.cfg.model.dtype})": ours_fn}
   for q, translator in translators.items():
@@ -87,7 +87,7 @@ def main(_):
   agreement = {}
   for mode, decode in (("greedy", ["greedy=true"]), ("beam", [])):
     exact = Translator(FLAGS.workdir, checkpoint, [*decode, *cap], dtype="float32")
-    mine = [h[0][0] if h else "" for h in exact.translate(sources)]
+    mine = [h[0].text if h else "" for h in exact.translate(sources)]
     theirs = ctranslate2_decoding.translate(
         translators["float32"], sp, sources,
         ctranslate2_decoding.translate_options(exact.decode, run.cfg.model.max_len))

@@ -43,7 +43,7 @@ def _both(workdir, folder, decode):
   length = json.loads((workdir / "config.json").read_text())["decode"]["max_length"]
   ours = Translator(str(workdir), "latest", [*decode, "max_length_a=0",
                                              f"max_length_b={length}"], dtype="float32")
-  our_out = [hyps[0][0] if hyps else "" for hyps in ours.translate(sources)]
+  our_out = [hyps[0].text if hyps else "" for hyps in ours.translate(sources)]
   options = ctranslate2_decoding.translate_options(ours.decode, ours.run.cfg.model.max_len)
   sp = ours.run.tokenizer.sp
   assert (folder / TOKENIZER_FILE).read_bytes() == ours.run.tokenizer.model_proto

@@ -11,11 +11,11 @@ it is entered. With nbest > 1 each input gives `nbest` lines `INDEX ||| translat
 --alignments adds ` ||| ALIGNMENT` to each (Pharaoh `i-j` pairs: source word i, target word j).
 """
 
-import contextlib
 import sys
 
 from absl import flags
 
+from transformer_jax import atomic
 from transformer_jax.cli import runner
 from transformer_jax.data.text import iter_lines, read_lines
 from transformer_jax.inference.translator import Translator
@@ -47,9 +47,14 @@ def translate(args: runner.Args):
                           alignments=args.alignments, alignment_layer=args.alignment_layer)
   lines = iter_lines(sys.stdin.buffer, "<stdin>") if from_stdin else read_lines(args.input)
   prefixes = list(read_lines(args.prefix_file)) if args.prefix_file else None
-  with (contextlib.nullcontext(sys.stdout) if args.output == "-"
-        else open(args.output, "w", encoding="utf-8")) as out:
-    translator.translate_lines(lines, out, interactive, prefixes)
+  if args.output == "-":
+    translator.translate_lines(lines, sys.stdout, interactive, prefixes)
+  elif interactive:  # (a session's record: each line as it is translated)
+    with open(args.output, "w", encoding="utf-8") as out:
+      translator.translate_lines(lines, out, interactive, prefixes)
+  else:  # (the whole file or none: a temporary beside it, renamed when complete)
+    with atomic.replacing(args.output) as tmp, open(tmp, "w", encoding="utf-8") as out:
+      translator.translate_lines(lines, out, interactive, prefixes)
 
 
 def main(argv=None):

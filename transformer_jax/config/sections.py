@@ -285,6 +285,20 @@ class DecodeConfig:
     if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
       raise ConfigError(f"config.decode: temperature={self.temperature} must be > 0, "
                         f"top_p={self.top_p} in (0, 1], top_k={self.top_k} >= 0")
+    if self.length_penalty < 0:  # (the search's stopping bound holds for alpha >= 0 only)
+      raise ConfigError(f"config.decode.length_penalty={self.length_penalty} must be >= 0 "
+                        "(0 ranks by total log-probability)")
+    # A setting this mode would leave unused is a mistake, not a no-op: set to a value other
+    # than the one that turns it off (beam_size, length_penalty and seed are in every config
+    # and read only by their mode: not counted).
+    unused = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if not self.sampling else {}
+    if self.greedy or self.sampling:
+      unused["min_length"] = 0
+    for key, off in unused.items():
+      if getattr(self, key) != off:
+        mode = "sampling" if self.sampling else "greedy decoding" if self.greedy else "beam search"
+        raise ConfigError(f"config.decode.{key}={getattr(self, key)} has no effect in {mode}; "
+                          f"leave it at {off} or choose the mode that uses it")
 
   def length_limit(self, source_length: int) -> int:
     """The most tokens (EOS included) of the translation of a `source_length`-token source."""

@@ -11,17 +11,20 @@ model; decoding's default is the target, what the model writes).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import json
 import logging
 import os
 import random
+import re
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_pb2
 
 from transformer_jax import atomic
 from transformer_jax.errors import ConfigError, DataError, TokenizerDamaged
@@ -33,9 +36,14 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2  # PAD doubles as the decoder's start-of-sequen
 # SentencePiece's sampler seeds each thread's generator from one process-wide seed, when the
 # thread first samples: the seed is set and a new thread started under this lock.
 _SAMPLING_SEED_LOCK = threading.Lock()
+# The seed SentencePiece reads as "none given": it keeps the seed it had (taken as 0 here).
+SPM_NO_SEED = 2**32 - 1
 
 SIDES = ("source", "target")
 PAIRED_FORMAT = "transformer_jax.paired_sentencepiece"  # the bundle's "format" field
+# A target-language tag (OPUS-MT's convention, e.g. ">>fra<<"): a piece of its own that a
+# source starts with to choose the language a multilingual model translates into.
+LANGUAGE_TAG = re.compile(r">>[^\s<>]+<<")
 
 
 def _content_ids(ids) -> list[int]:
@@ -48,6 +56,46 @@ def _content_ids(ids) -> list[int]:
     if i != PAD_ID:
       out.append(i)
   return out
+
+
+def _parsed(serialized: bytes) -> sentencepiece_pb2.SentencePieceText:
+  return sentencepiece_pb2.SentencePieceText.FromString(serialized)
+
+
+def _char_spans(text: str, pieces) -> list[tuple[int, int]]:
+  """The (begin, end) character offsets in `text` of pieces whose offsets SentencePiece gives
+  in bytes of its UTF-8."""
+  char_at = {}
+  offset = 0
+  for i, ch in enumerate(text):
+    char_at[offset] = i
+    offset += len(ch.encode())
+  char_at[offset] = len(text)
+  return [(char_at[p.begin], char_at[p.end]) for p in pieces]
+
+
+def words_of_spans(text: str, spans: list[tuple[int, int]]) -> list[int]:
+  """For each (begin, end) character span of `text`, the whitespace-separated word of `text`
+  (counted from 0, as `text.split()` gives them) that it spells: the word of its first
+  character that is not a space. A span of spaces alone (a word-start marker) belongs to the
+  word after it, or at the end to the one before."""
+  word_of_char, word, in_word = [], -1, False
+  for ch in text:
+    if ch.isspace():
+      in_word = False
+      word_of_char.append(-1)
+    else:
+      word += not in_word
+      in_word = True
+      word_of_char.append(word)
+  words = [next((w for w in word_of_char[b:e] if w >= 0), None) for b, e in spans]
+  following = None
+  for i in reversed(range(len(words))):
+    words[i] = following = words[i] if words[i] is not None else following
+  preceding = 0
+  for i, w in enumerate(words):
+    words[i] = preceding = w if w is not None else preceding
+  return words
 
 
 class Tokenizer:
@@ -95,14 +143,15 @@ class Tokenizer:
     """One sampled segmentation of each text (subword regularization: unigram models sample
     from the lattice, or its `nbest_size` best, by P^alpha; BPE models drop merges with
     probability alpha), EOS appended. The same texts and seed give the same ids: they are
-    sampled in a thread of their own whose generator starts from `seed`."""
+    sampled in a thread of their own whose generator starts from `seed` (in [0, 2^32); the
+    one value SentencePiece ignores, 2^32 - 1, as 0)."""
     out: list[list[int]] = []
 
     def sample():
       out.extend(self._sample(text, alpha, nbest_size, side) for text in texts)
 
     with _SAMPLING_SEED_LOCK:
-      spm.set_random_generator_seed(seed)
+      spm.set_random_generator_seed(seed % SPM_NO_SEED)
       thread = threading.Thread(target=sample, name="subword-sampling")
       thread.start()
       thread.join()
@@ -130,6 +179,30 @@ class Tokenizer:
   def pieces(self, ids) -> list[str]:
     """The subword strings of ids (for attention-map labels and debugging)."""
     return [self.sp.id_to_piece(int(i)) for i in ids]
+
+  def encode_words(self, text: str, side: str = "source") -> tuple[list[int], list[int]]:
+    """`encode(text)`'s ids without EOS, and for each the whitespace-separated word of `text`
+    it spells (`words_of_spans`: by the span of `text` SentencePiece took it from, whatever
+    normalisation or unknown pieces)."""
+    proto = _parsed(self.sp.encode(text, out_type="serialized_proto"))
+    return [p.id for p in proto.pieces], words_of_spans(text, _char_spans(text, proto.pieces))
+
+  def decode_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
+    """`decode(ids)`'s text, and for each of the ids it spells (those before EOS, padding
+    skipped) the whitespace-separated word of that text it belongs to."""
+    proto = _parsed(self.sp.decode_ids(_content_ids(ids), out_type="serialized_proto"))
+    return proto.text, words_of_spans(proto.text, _char_spans(proto.text, proto.pieces))
+
+  @functools.cached_property
+  def language_tags(self) -> tuple[str, ...]:
+    """The vocabulary's target-language tags (`LANGUAGE_TAG`): a model with any translates
+    into the language its source's tag names."""
+    return tuple(p for p in self.pieces(range(self.vocab_size)) if LANGUAGE_TAG.fullmatch(p))
+
+  def leading_tag(self, text: str) -> str:
+    """The language tag `text` starts with, when the vocabulary has it; else ""."""
+    match = LANGUAGE_TAG.match(text.lstrip())
+    return match.group(0) if match and match.group(0) in self.language_tags else ""
 
   def sentencepiece_files(self) -> dict[str, bytes]:
     """The SentencePiece model(s) by the file names an exported model keeps them under."""
@@ -192,12 +265,20 @@ class PairedTokenizer(Tokenizer):
   def _ids(self, pieces: list[str]) -> list[int]:
     return [self.ids.get(piece, UNK_ID) for piece in pieces]
 
+  def _tag_and_text(self, text: str) -> tuple[list[str], str]:
+    """([the language tag `text` starts with], the rest), as Marian's tokenizer in
+    transformers splits it: the tag is one piece of the vocabulary, not SentencePiece's."""
+    tag = self.leading_tag(text)
+    return ([tag], text.lstrip()[len(tag):]) if tag else ([], text)
+
   def encode(self, text: str, side: str = "source") -> list[int]:
-    return self._ids(self.sps[side].encode(text, out_type=str)) + [EOS_ID]
+    tag, text = self._tag_and_text(text)
+    return self._ids(tag + self.sps[side].encode(text, out_type=str)) + [EOS_ID]
 
   def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
-    pieces = self.sps[side].encode(texts, out_type=str, num_threads=os.cpu_count() or 1)
-    return [self._ids(p) + [EOS_ID] for p in pieces]
+    return [self.encode(text, side) for text in texts] if self.language_tags else [
+        self._ids(p) + [EOS_ID] for p in self.sps[side].encode(
+            texts, out_type=str, num_threads=os.cpu_count() or 1)]
 
   def encode_pieces(self, text: str, side: str = "source") -> list[str]:
     return self.sps[side].encode(text, out_type=str)
@@ -219,6 +300,23 @@ class PairedTokenizer(Tokenizer):
 
   def pieces(self, ids) -> list[str]:
     return [self.vocabulary[int(i)] for i in ids]
+
+  def encode_words(self, text: str, side: str = "source") -> tuple[list[int], list[int]]:
+    tag, rest = self._tag_and_text(text)
+    proto = _parsed(self.sps[side].encode(rest, out_type="serialized_proto"))
+    offset = len(text) - len(rest)  # (the tag and the spaces before it)
+    spans = [(0, offset)] * len(tag) + [(b + offset, e + offset)
+                                        for b, e in _char_spans(rest, proto.pieces)]
+    return self._ids(tag + [p.piece for p in proto.pieces]), words_of_spans(text, spans)
+
+  def decode_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
+    proto = _parsed(self.sps[side].decode_pieces(self.pieces(_content_ids(ids)),
+                                                 out_type="serialized_proto"))
+    # (as `decode`: a piece unknown to the side's model keeps its '▁', read as a space)
+    text = proto.text.replace("▁", " ")
+    lead = len(text) - len(text.lstrip())
+    spans = [(b - lead, e - lead) for b, e in _char_spans(proto.text, proto.pieces)]
+    return text.strip(), words_of_spans(text.strip(), spans)
 
   def sentencepiece_files(self) -> dict[str, bytes]:
     """Marian's (and CTranslate2's Marian converter's) names."""

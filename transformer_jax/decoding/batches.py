@@ -4,15 +4,17 @@ the mesh's batch axes, turned back into text in input order."""
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.config.sections import DecodeConfig
+from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import resizing
 from transformer_jax.decoding.mbr import mbr_order
-from transformer_jax.decoding.search import beam_search, greedy_search
+from transformer_jax.decoding.search import beam_search, greedy_search, prepare
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.parallel import mesh as mesh_lib
 
@@ -31,8 +33,8 @@ def sentence_caps(cfg: DecodeConfig, inputs_BS: np.ndarray, prefixes_BP: np.ndar
 def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts=None):
   """Decodes every source of `eval_set`; yields (row indices, sequences (B, N, L), scores
   (B, N)) per batch, N = the candidates asked for (cfg.nbest, or cfg.mbr_candidates with
-  MBR), best first for beam search. `model`/`params`: one model or tuples (an ensemble);
-  the set's target prefixes, if any, are forced.
+  MBR), best first for beam search. `model`/`params`: one model or tuples (an ensemble), or
+  `search.prepare`'s Members (params None); the set's target prefixes, if any, are forced.
 
   Batches are length-sorted; each sentence has its own length cap (`sentence_caps`), so its
   translation does not depend on the batch. A batch has `cfg.batch_size` rows, the last one
@@ -46,7 +48,8 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
     unit = mesh_lib.data_parallel_size(mesh)
     batch_size = mesh_lib.round_up_to_data_parallel(batch_size, mesh)
   sizes = resizing.row_sizes(batch_size, unit)
-  config = (model if isinstance(model, tuple) else (model,))[0].config
+  members = prepare(model, params)  # (once: every batch decodes with the same kernels)
+  config = members.models[0].config
   candidates = cfg.mbr_candidates if cfg.mbr else cfg.nbest
   draws = candidates if cfg.sampling else 1
   base_rng = jax.random.PRNGKey(cfg.seed)
@@ -71,41 +74,55 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
         ids[:len(rows)] = rows
         rng = jax.vmap(lambda i, n: jax.random.fold_in(jax.random.fold_in(base_rng, i), n))(
             jnp.repeat(ids, draws), jnp.tile(jnp.arange(draws), size))
-      seqs, scores = greedy_search(model, params, inputs, max_len=max_len, rng=rng,
+      seqs, scores = greedy_search(members, None, inputs, max_len=max_len, rng=rng,
                                    temperature=cfg.temperature, top_k=cfg.top_k,
                                    top_p=cfg.top_p, prefix_BP=prefixes, caps=caps, unit=unit,
                                    counts=counts)
       seqs, scores = seqs.reshape(size, draws, -1), scores.reshape(size, draws)
     else:
-      seqs, scores = beam_search(model, params, inputs, beam_size=cfg.beam_size,
+      seqs, scores = beam_search(members, None, inputs, beam_size=cfg.beam_size,
                                  alpha=cfg.length_penalty, max_len=max_len,
-                                 num_return=candidates, min_len=min(cfg.min_length, max_len),
+                                 num_return=candidates, min_len=cfg.min_length,
                                  prefix_BP=prefixes, caps=caps, unit=unit, counts=counts)
       seqs, scores = seqs[:, :candidates], scores[:, :candidates]
     yield rows, seqs, scores
 
 
+class Hypothesis(NamedTuple):
+  """A translation: its text, its score (beam: length-normalised; greedy and sampling: the
+  total log-probability) and the ids the search produced (up to EOS, padding dropped)."""
+  text: str
+  score: float
+  ids: tuple[int, ...]
+
+
 def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
-                    on_batch=None) -> list[list[tuple[str, float]]]:
-  """For every source, in order: its `cfg.nbest` (translation, score) pairs, best first.
-  `on_batch(n)` (e.g. a progress bar's update) is called after each batch of n sentences."""
-  out: list[list[tuple[str, float]]] = [[] for _ in range(len(eval_set))]
+                    on_batch=None) -> list[list[Hypothesis]]:
+  """For every source, in order: its `cfg.nbest` hypotheses, best first. `on_batch(n)` (e.g.
+  a progress bar's update) is called after each batch of n sentences."""
+  out: list[list[Hypothesis]] = [[] for _ in range(len(eval_set))]
   for rows, seqs, scores in decode_batches(model, params, eval_set, cfg, mesh):
     for row, index in enumerate(rows):
-      out[index] = [(tokenizer.decode(seqs[row, n]), float(scores[row, n]))
+      out[index] = [Hypothesis(tokenizer.decode(seqs[row, n]), float(scores[row, n]),
+                               _content(seqs[row, n]))
                     for n in range(seqs.shape[1]) if scores[row, n] > NEG_INF / 2]
       if cfg.mbr:  # (the candidates reordered by expected utility; their scores kept)
-        out[index] = [out[index][i] for i in mbr_order([t for t, _ in out[index]], cfg.mbr)]
+        out[index] = [out[index][i] for i in mbr_order([h.text for h in out[index]], cfg.mbr)]
         out[index] = out[index][:cfg.nbest]
     if on_batch is not None:
       on_batch(len(rows))
   return out
 
 
+def _content(seq: np.ndarray) -> tuple[int, ...]:
+  ends = np.flatnonzero(seq == EOS_ID)
+  return tuple(int(i) for i in seq[:ends[0] if len(ends) else len(seq)] if i != PAD_ID)
+
+
 def translate(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
-              on_batch=None) -> list[str]:
-  """The best translation of every source in `eval_set`, in its order (`on_batch`: as for
-  translate_nbest)."""
+              on_batch=None) -> list[Hypothesis]:
+  """The best translation of every source in `eval_set`, in its order (an empty text where
+  none ended; `on_batch`: as for translate_nbest)."""
   single = dataclasses.replace(cfg, nbest=1)
-  return [hyps[0][0] if hyps else "" for hyps in
+  return [hyps[0] if hyps else Hypothesis("", 0.0, ()) for hyps in
           translate_nbest(model, params, eval_set, tokenizer, single, mesh, on_batch)]

@@ -12,13 +12,14 @@ runs until it has to stop for one of `resizing`'s reasons (few sentences left, t
 then the state is compacted or grown and the loop goes on (see `resizing`).
 
 Both take one model or an ensemble (a tuple of models and a tuple of their parameters, one
-vocabulary): each step's log-probabilities are the members' average. Both can force a target
-prefix per sentence (`prefix_BP`, 0-padded ids): its tokens are chosen, with their
-log-probabilities counted, before the search goes on.
+vocabulary), or the two `prepare`d once for many batches: each step's log-probabilities are
+the members' average. Both can force a target prefix per sentence (`prefix_BP`, 0-padded
+ids): its tokens are chosen, with their log-probabilities counted, before the search goes on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax
@@ -74,9 +75,19 @@ def _in_compute_dtype(params, dtype):
   return jax.tree_util.tree_map_with_path(cast, params)
 
 
-def _members(model, params):
-  """(models, params) of one model or an ensemble, each in the per-layer layout, with its
-  kernels in the compute dtype."""
+@dataclasses.dataclass(frozen=True)
+class Members:
+  """One model or an ensemble made ready to decode (`prepare`): each member in the per-layer
+  layout, its kernels in the compute dtype."""
+  models: tuple
+  params: tuple
+
+
+def prepare(model, params=None) -> Members:
+  """The members of one model or an ensemble (tuples of models and of their parameters), made
+  ready once for every batch a set is decoded in; a Members is returned as it is."""
+  if isinstance(model, Members):
+    return model
   if not isinstance(model, tuple):
     model, params = (model,), (params,)
   pairs = [unscanned(m, p) for m, p in zip(model, params)]
@@ -84,7 +95,7 @@ def _members(model, params):
   params = tuple(p if compute_dtype(m.config) == jnp.float32
                  else _in_compute_dtype(p, dtype=compute_dtype(m.config))
                  for m, (_, p) in zip(models, pairs))
-  return models, params
+  return Members(models, params)
 
 
 def _decoder_step(models, params, caches, inputs, tokens_N):
@@ -275,7 +286,8 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   prefixes to force (0-padded); `unit`: batch sizes stay multiples of it (the mesh's
   data-parallel size); `counts`: a Counter that adds up the work done (see `_run`)."""
   B, W = inputs_BS.shape[0], beam_size
-  models, params = _members(model, params)
+  members = prepare(model, params)
+  models, params = members.models, members.params
   seqs = np.zeros((B, W, max_len), np.int32)
   scores = np.full((B, W), NEG_INF, np.float32)
 
@@ -375,7 +387,8 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
   `row_keys`). Returns (sequences (B, max_len), total log-probabilities (B,)) as numpy
   arrays. `model`/`params`, `prefix_BP`, `caps`, `unit` and `counts` as for beam_search."""
   B = inputs_BS.shape[0]
-  models, params = _members(model, params)
+  members = prepare(model, params)
+  models, params = members.models, members.params
   if rng is not None and jnp.ndim(rng) == 1:
     rng = row_keys(rng, np.arange(B))
   seqs = np.zeros((B, max_len), np.int32)

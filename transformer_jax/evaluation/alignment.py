@@ -15,10 +15,9 @@ import functools
 import jax
 import numpy as np
 
-from transformer_jax.data.tokenizer import EOS_ID
+from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.evaluation.attention_maps import weights_model
 
-WORD_START = "\u2581"  # SentencePiece's marker of a piece that begins a word
 BUCKET = 16  # padded lengths are multiples of this: few shapes, few compilations
 
 
@@ -36,75 +35,76 @@ def _cross_attention(model, params, inputs_BS, targets_BT, layer: int):
 
 def cross_attention(model, params, sources: list[np.ndarray], targets: list[np.ndarray],
                     layer: int, batch_size: int = 64) -> list[np.ndarray]:
-  """Each pair's (target length, source length) head-averaged cross-attention of `layer`."""
+  """Each pair's (target length, source length) head-averaged cross-attention of `layer`; the
+  sequences cut at the model's positions (`max_len`), as decoding cuts them."""
   model, params = weights_model(model, params)
+  max_len = model.config.max_len
+  sources, targets = [s[:max_len] for s in sources], [t[:max_len] for t in targets]
   out = []
   for start in range(0, len(sources), batch_size):
     src, tgt = sources[start:start + batch_size], targets[start:start + batch_size]
-    inputs, targets_BT = (_padded(rows) for rows in (src, tgt))
+    inputs, targets_BT = (_padded(rows, max_len) for rows in (src, tgt))
     weights = np.asarray(_cross_attention(model, params, inputs, targets_BT, layer))
     out.extend(w[:len(t), :len(s)] for w, s, t in zip(weights, src, tgt))
   return out
 
 
-def _padded(rows: list[np.ndarray]) -> np.ndarray:
-  width = -(-max(len(r) for r in rows) // BUCKET) * BUCKET
+def _padded(rows: list[np.ndarray], max_len: int) -> np.ndarray:
+  width = min(-(-max(len(r) for r in rows) // BUCKET) * BUCKET, max_len)
   out = np.zeros((len(rows), width), np.int32)
   for i, row in enumerate(rows):
     out[i, :len(row)] = row
   return out
 
 
-def word_indices(pieces: list[str]) -> list[int]:
-  """The word each piece belongs to: a new word at each piece that starts with '▁'."""
-  words, index = [], -1
-  for n, piece in enumerate(pieces):
-    if n == 0 or piece.startswith(WORD_START):
-      index += 1
-    words.append(index)
-  return words
-
-
-def word_alignment(attention_TS: np.ndarray, source_pieces: list[str],
-                   target_pieces: list[str]) -> list[tuple[int, int]]:
+def word_alignment(attention_TS: np.ndarray, source_words: list[int],
+                   target_words: list[int]) -> list[tuple[int, int]]:
   """(source word, target word) pairs: each target word to the source word that receives the
-  most attention (summed over its pieces and over the target word's pieces). The pieces
-  exclude EOS (and any source tag); `attention_TS` rows and columns follow them."""
-  if not source_pieces or not target_pieces:
+  most attention (summed over its pieces and over the target word's pieces). `source_words`
+  and `target_words`: the word of each piece (`Tokenizer.encode_words`/`decode_words`), whose
+  columns and rows of `attention_TS` they are."""
+  if not source_words or not target_words:
     return []
-  source_words, target_words = word_indices(source_pieces), word_indices(target_pieces)
-  a = np.asarray(attention_TS, np.float64)[:len(target_pieces), :len(source_pieces)]
-  by_source = np.zeros((len(target_pieces), source_words[-1] + 1))
-  np.add.at(by_source.T, source_words, a.T)  # (pieces of a source word summed)
-  words = np.zeros((target_words[-1] + 1, by_source.shape[1]))
-  np.add.at(words, target_words, by_source)
-  return [(int(i), j) for j, i in enumerate(words.argmax(axis=1))]
+  a = np.asarray(attention_TS, np.float64)[:len(target_words), :len(source_words)]
+  by_source = np.zeros((a.shape[0], max(source_words) + 1))
+  np.add.at(by_source.T, source_words[:a.shape[1]], a.T)  # (pieces of a source word summed)
+  words = np.zeros((max(target_words) + 1, by_source.shape[1]))
+  np.add.at(words, target_words[:a.shape[0]], by_source)
+  spelled = sorted(set(target_words[:a.shape[0]]))  # (a word past the cut has no row)
+  return [(int(words[j].argmax()), j) for j in spelled]
 
 
 def pharaoh(pairs: list[tuple[int, int]]) -> str:
   return " ".join(f"{i}-{j}" for i, j in pairs)
 
 
-def align(model, params, tokenizer, eval_set, translations: list[str],
-          layer: int | None = None) -> list[str]:
-  """The Pharaoh alignment of each translation to its source in `eval_set` (its source ids as
-  decoded, a tag's first when the set has one). An ensemble (tuples of models and params):
-  its first model's attention."""
+def align(model, params, tokenizer, eval_set, target_ids: list, layer: int | None = None
+          ) -> list[str]:
+  """The Pharaoh alignment of each translation (`target_ids`: the ids the search produced,
+  up to EOS) to its source in `eval_set`, in the whitespace-separated words of the source as
+  given and of the translation as printed (`tokenizer.decode`). The source is encoded after
+  the set's tag, as decoded; a language tag in the text is not a word a target word aligns
+  to. An ensemble (tuples of models and params): its first model's attention."""
   if isinstance(model, tuple):
     model, params = model[0], params[0]
-  source_ids, prefix_length = eval_set.source_ids, len(eval_set.source_prefix)
   cfg = model.config
   layer = default_layer(cfg.num_decoder_layers) if layer is None else layer
   if not 0 <= layer < cfg.num_decoder_layers:
     raise ValueError(f"alignment layer {layer}: the decoder has layers 0 to "
                      f"{cfg.num_decoder_layers - 1}")
-  targets = [np.asarray(tokenizer.encode(t, "target"), np.int32) for t in translations]
-  weights = cross_attention(model, params, [np.asarray(s, np.int32) for s in source_ids],
-                            targets, layer)
+  prefix = list(eval_set.source_prefix)
+  sources = [tokenizer.encode_words(text) for text in eval_set.sources]
+  targets = [[int(i) for i in ids if i != PAD_ID] for ids in target_ids]
+  targets = [ids[:ids.index(EOS_ID)] if EOS_ID in ids else ids for ids in targets]
+  weights = cross_attention(
+      model, params, [np.asarray(prefix + ids + [EOS_ID], np.int32) for ids, _ in sources],
+      [np.asarray(ids + [EOS_ID], np.int32) for ids in targets], layer)
+  tags = set(tokenizer.language_tags)
   out = []
-  for w, s, t in zip(weights, source_ids, targets):
-    source_pieces = tokenizer.pieces([i for i in s[prefix_length:] if i != EOS_ID])
-    target_pieces = tokenizer.pieces(t[:-1])  # (EOS dropped)
-    w = w[:, prefix_length:prefix_length + len(source_pieces)]
-    out.append(pharaoh(word_alignment(w, source_pieces, target_pieces)))
+  for w, (source_ids, source_words), ids in zip(weights, sources, targets):
+    w = w[:, len(prefix):]  # (the set's tag: no word of the source)
+    is_tag = np.array([p in tags for p in tokenizer.pieces(source_ids[:w.shape[1]])], bool)
+    w = np.where(is_tag[None, :], 0.0, w[:, :len(is_tag)])
+    out.append(pharaoh(word_alignment(w, source_words[:len(is_tag)],
+                                      tokenizer.decode_words(ids)[1])))
   return out

@@ -12,7 +12,7 @@ import jax
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.decoding.batches import translate
+from transformer_jax.decoding.batches import Hypothesis, translate
 from transformer_jax.evaluation.scoring import Score, score
 from transformer_jax.model.transformer import Transformer, apply_to_batch
 from transformer_jax.ops.losses import cross_entropy
@@ -59,11 +59,21 @@ class Evaluator:
     total = jax.device_get(total)
     return float(total["nll_sum"] / max(total["num_tokens"], 1.0))
 
+  def translations(self, params, on_batch=None) -> list[Hypothesis]:
+    """The best translation of every source, in order (`on_batch(n)`: after each batch of n
+    sentences, e.g. a progress bar's update)."""
+    def done(n):
+      self._check()
+      if on_batch is not None:
+        on_batch(n)
+
+    self._check()
+    return translate(self.model, params, self.eval_set, self.tokenizer, self.decode,
+                     self.mesh, on_batch=done)
+
   def bleu(self, params) -> tuple[Score, list[str]]:
     """The score of the translations of every source, and the translations, in order."""
-    self._check()
-    hyps = translate(self.model, params, self.eval_set, self.tokenizer, self.decode, self.mesh,
-                     on_batch=self._check)
+    hyps = [h.text for h in self.translations(params)]
     return score(hyps, self.eval_set.references), hyps
 
 

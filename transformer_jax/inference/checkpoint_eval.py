@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import csv
 import logging
+import sys
 import time
 from pathlib import Path
 
+import jax
+from tqdm import tqdm
+
+from transformer_jax import atomic
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
 from transformer_jax.data.eval_sets import EvalSet, direction_set, load_eval_set, scoring_sets
 from transformer_jax.errors import UsageError
-from transformer_jax.evaluation import alignment
+from transformer_jax.evaluation import alignment, scoring
 from transformer_jax.evaluation.evaluator import Evaluator
-from transformer_jax.evaluation.scoring import lowercase_bleu
 from transformer_jax.inference import trained_run
 from transformer_jax.reporting import plots
 from transformer_jax.workdir import layout
@@ -106,29 +110,32 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
   model, params = trained_run.members(runs, list(group))
   evaluator = Evaluator(eval_set, model, runs[0].tokenizer, decode, runs[0].mesh)
   t0 = time.time()
-  score, hyps = evaluator.bleu(params)
-  result = layout.result_record(label, selected.steps, name, score, len(hyps),
+  with tqdm(total=len(eval_set), unit="sent", file=sys.stderr, desc=f"{label} on {name}",
+            disable=jax.process_index() != 0) as bar:
+    translations = evaluator.translations(params, on_batch=bar.update)
+  hyps = [h.text for h in translations]
+  result = layout.result_record(label, selected.steps, name,
+                                scoring.score(hyps, eval_set.references), len(hyps),
                                 time.time() - t0, decode)
   if len(runs) > 1:
     result["ensemble"] = [str(r.workdir) for r in runs]
   if lowercase:
-    result["bleu_lowercase"], result["bleu_lowercase_signature"] = lowercase_bleu(
+    result["bleu_lowercase"], result["bleu_lowercase_signature"] = scoring.lowercase_bleu(
         hyps, eval_set.references)
   layout.write_lines(out_dir / f"{label}.hyp", hyps)
   if alignments:
-    layout.write_lines(out_dir / f"{label}.align",
-                       alignment.align(model, params, runs[0].tokenizer, eval_set, hyps))
-  log.info("%s on %s: %s%s", label, name, score,
+    layout.write_lines(out_dir / f"{label}.align", alignment.align(
+        model, params, runs[0].tokenizer, eval_set, [h.ids for h in translations]))
+  log.info("%s on %s: BLEU %.2f, chrF %.2f%s", label, name, result["bleu"], result["chrf"],
            f"  lowercase BLEU {result['bleu_lowercase']:.2f}" if lowercase else "")
   return result
 
 
 def _write_by_step(results: list[dict], out_dir: Path):
-  with (out_dir / "bleu_by_step.csv").open("w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(["step", "bleu", "chrf"])
-    for r in results:
-      writer.writerow([r["steps"][0], f"{r['bleu']:.2f}", f"{r['chrf']:.2f}"])
+  rows = [["step", "bleu", "chrf"]] + [[r["steps"][0], f"{r['bleu']:.2f}", f"{r['chrf']:.2f}"]
+                                       for r in results]
+  with atomic.replacing(out_dir / "bleu_by_step.csv") as tmp, tmp.open("w", newline="") as f:
+    csv.writer(f).writerows(rows)
   plots.plot_bleu_by_step([r["steps"][0] for r in results], [r["bleu"] for r in results],
                           [r["chrf"] for r in results], out_dir / "bleu_by_step.png")
 

@@ -69,7 +69,8 @@ def _usable(raw: bytes, translator: Translator, counts: Counts) -> str:
     return ""
   if not text:
     counts.empty += 1
-  elif len(translator.run.tokenizer.encode(text)) > translator.run.cfg.model.max_len:
+  elif (len(translator.source_prefix) + len(translator.run.tokenizer.encode(text))
+        > translator.run.cfg.model.max_len):  # (the tag, the pieces and EOS)
     counts.too_long += 1
     return ""
   return text
@@ -117,7 +118,7 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
       texts = [_usable(raw, translator, block_counts) for raw in block]
       seed = (translator.decode.seed * 1_000_003 + done // block_lines) % 2**31
       hyps = translator.translate(texts, seed=seed)
-      for lang, side in ((src_lang, texts), (tgt_lang, [h[0][0] if h and t else ""
+      for lang, side in ((src_lang, texts), (tgt_lang, [h[0].text if h and t else ""
                                                          for h, t in zip(hyps, texts)])):
         handles[lang].write("".join(line.replace("\n", " ") + "\n" for line in side
                                     ).encode("utf-8"))

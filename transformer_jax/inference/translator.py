@@ -15,7 +15,7 @@ from tqdm import tqdm
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import EOS_ID, UNK_ID
-from transformer_jax.decoding.batches import translate_nbest
+from transformer_jax.decoding.batches import Hypothesis, translate_nbest
 from transformer_jax.errors import DataError, UsageError
 from transformer_jax.evaluation import alignment
 from transformer_jax.inference import trained_run
@@ -52,28 +52,28 @@ class Translator:
         raise UsageError(f"--alignment_layer={alignment_layer}: the decoder has layers 0 to "
                          f"{layers - 1}")
 
-  def alignments(self, sentences: list[str], translations: list[str]) -> list[str]:
+  def alignments(self, sentences: list[str], translations: list[Hypothesis]) -> list[str]:
     """Pharaoh word alignments (`evaluation.alignment`) of each translation to its sentence,
     from the cross-attention of layer `alignment_layer`."""
-    todo = [i for i, (s, t) in enumerate(zip(sentences, translations)) if s.strip() and t]
+    todo = [i for i, (s, t) in enumerate(zip(sentences, translations)) if s.strip() and t.ids]
     out = [""] * len(sentences)
     if not todo:
       return out
     eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.run.tokenizer,
                                   self.source_prefix)
     lines = alignment.align(self.model, self.params, self.run.tokenizer, eval_set,
-                            [translations[i] for i in todo], self.alignment_layer)
+                            [translations[i].ids for i in todo], self.alignment_layer)
     for i, line in zip(todo, lines):
       out[i] = line
     return out
 
   def translate(self, sentences: list[str], progress: bool = False,
                 prefixes: list[str] | None = None, seed: int | None = None
-                ) -> list[list[tuple[str, float]]]:
-    """N-best (translation, score) lists, in input order; empty sentences give []. With
+                ) -> list[list[Hypothesis]]:
+    """N-best lists (text, score, ids), in input order; empty sentences give []. With
     `prefixes` (line-aligned; "" = none) each translation starts with its prefix; `seed`:
     sampling's, instead of the decoding settings'."""
-    results: list[list[tuple[str, float]]] = [[] for _ in sentences]
+    results: list[list[Hypothesis]] = [[] for _ in sentences]
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     if not todo:
       return results
@@ -106,16 +106,16 @@ class Translator:
       translate_nbest(self.model, self.params, EvalSet([""], [""], [source], [source]),
                       self.run.tokenizer, self.decode, self.run.mesh)
 
-  def output_lines(self, index: int, hyps: list[tuple[str, float]],
+  def output_lines(self, index: int, hyps: list[Hypothesis],
                    aligned: list[str] | None = None) -> list[str]:
     """One line (nbest 1), or `nbest` lines `INDEX ||| translation ||| score`; with alignments
     (`aligned`, one per hypothesis), ` ||| ALIGNMENT` after each (Marian's layout)."""
     if self.decode.nbest == 1:
-      lines = [hyps[0][0] if hyps else ""]
+      lines = [hyps[0].text if hyps else ""]
     elif not hyps:  # (an empty input line keeps its index: one empty translation)
       lines = [f"{index} |||  ||| 0.0000"]
     else:
-      lines = [f"{index} ||| {text} ||| {score:.4f}" for text, score in hyps]
+      lines = [f"{index} ||| {h.text} ||| {h.score:.4f}" for h in hyps]
     if aligned is None:
       return lines
     return [f"{line} ||| {links}" for line, links in zip(lines, aligned or [""])]
@@ -124,8 +124,8 @@ class Translator:
     """(hypotheses, their alignments or None) for each line."""
     if self.alignment_layer is None:
       return [(hyps, None) for hyps in results]
-    flat = [(i, text) for i, hyps in enumerate(results) for text, _ in hyps]
-    aligned = self.alignments([lines[i] for i, _ in flat], [text for _, text in flat])
+    flat = [(i, h) for i, hyps in enumerate(results) for h in hyps]
+    aligned = self.alignments([lines[i] for i, _ in flat], [h for _, h in flat])
     per_line = [[] for _ in results]
     for (i, _), links in zip(flat, aligned):
       per_line[i].append(links)

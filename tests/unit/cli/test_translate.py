@@ -53,6 +53,10 @@ def test_translate_files_and_bad_input_are_named(tiny_run, tmp_path):
   status, _, err = _translate(tiny_run, b"gut\nauch gut\nkaputt \xff\n")
   assert status == 1
   assert helpers.one_line_error(err).startswith("translate: <stdin>:3: not valid UTF-8")
+  # (an --output that exists is replaced whole or not at all: a failed run leaves it as it was)
+  status, _, _ = _translate(tiny_run, b"gut\nkaputt \xff\n", f"--output={tmp_path / 'out.en'}")
+  assert status == 1 and len((tmp_path / "out.en").read_text().splitlines()) == 2
+  assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
   status, _, err = _translate(tiny_run, b"", f"--input={tmp_path / 'nowhere.de'}")
   assert status == 1 and "nowhere.de does not exist" in helpers.one_line_error(err)
   status, _, err = _translate(tiny_run, b"x\n", "--decode=beam=3")

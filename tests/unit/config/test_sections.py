@@ -38,6 +38,19 @@ def test_decode_config_rejects_contradictions():
     helpers.section("decode", greedy=True, sampling=True)
   with pytest.raises(ConfigError, match="nbest=5 must be in"):
     helpers.section("decode", beam_size=4, nbest=5)
+  with pytest.raises(ConfigError, match=r"length_penalty=-0.5 must be >= 0"):
+    helpers.section("decode", length_penalty=-0.5)
+
+
+@pytest.mark.parametrize("mode, key, value", [
+    ({}, "temperature", 0.7), ({}, "top_k", 5), ({"greedy": True}, "top_p", 0.9),
+    ({"greedy": True}, "min_length", 3), ({"sampling": True}, "min_length", 3)])
+def test_a_decode_setting_its_mode_ignores_is_an_error(mode, key, value):
+  name = "sampling" if mode.get("sampling") else "greedy decoding" if mode else "beam search"
+  with pytest.raises(ConfigError, match=rf"^config\.decode\.{key}={value} has no effect in "
+                                        rf"{name}; leave it at"):
+    helpers.section("decode", **mode, **{key: value})
+  helpers.section("decode", **mode)  # (at the value that turns it off: accepted)
 
 
 def test_data_config_rejects_same_languages():

@@ -113,3 +113,13 @@ def test_a_paired_tokenizer_samples_each_side_with_its_model_deterministically(t
   assert all(tok.decode(ids, "source") == texts[0] for ids in first)
   english = tok.sample_batch(["Two dogs play in the snow."] * 4, 0.1, -1, seed=3, side="target")
   assert all(tok.decode(ids) == "Two dogs play in the snow." for ids in english)
+
+
+def test_the_seed_sentencepiece_reads_as_none_samples_as_seed_0(tmp_path):
+  """2^32 - 1 (a draw from [0, 2^32)) would keep the previous seed: it is taken as 0."""
+  _paired(tmp_path)
+  tok = T.Tokenizer.load(tmp_path / "spm.model")
+  texts = ["Zwei Hunde spielen im Schnee."] * 8
+  seed_0, seed_5 = (tok.sample_batch(texts, 0.1, -1, seed=s) for s in (0, 5))
+  assert seed_0 != seed_5
+  assert tok.sample_batch(texts, 0.1, -1, seed=2**32 - 1) == seed_0

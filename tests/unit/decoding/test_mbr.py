@@ -57,7 +57,7 @@ def test_mbr_through_the_decoder_reorders_the_beams_n_best(tiny_model, tiny_toke
   chosen = translate_nbest(model, params, eval_set, tok, mbr)
   firsts = []
   for candidates, (best,) in zip(nbest, chosen):
-    texts = [t for t, _ in candidates]
+    texts = [h.text for h in candidates]
     firsts.append(mbr_order(texts, "chrf")[0])
     assert best == candidates[firsts[-1]]
   assert any(firsts), firsts  # (a reordering happened: a no-op MBR would fail the loop)

@@ -2,13 +2,15 @@
 whatever the lines, the record, resuming, and refusing to mix settings."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from tests import helpers
 from transformer_jax.data import corpus
+from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import UsageError
-from transformer_jax.inference.corpus_translation import translate_corpus
+from transformer_jax.inference.corpus_translation import Counts, _usable, translate_corpus
 from transformer_jax.inference.translator import Translator
 
 LINES = [b"Ein Hund rennt.", b"", b"Zwei M\xc3\xa4nner spielen Fu\xc3\x9fball.", b"\xff\xfe kaputt",
@@ -113,3 +115,16 @@ def test_distillation_by_an_ensemble_records_its_members_and_matches_one_copy(ti
   assert two["workdirs"] == [str(tiny_run)] * 2 and two["checkpoint_steps"] == [[20], [20]]
   assert (tmp_path / "two" / "train.en").read_text() == (tmp_path / "one" / "train.en").read_text()
   assert one["tag"] == two["tag"] == ""
+
+
+def test_a_line_that_fits_only_without_the_tag_is_too_long_with_it(tiny_tokenizer):
+  tokenizer = Tokenizer.load(tiny_tokenizer)
+  text = "Ein Hund rennt durch den Schnee."
+  fits = len(tokenizer.encode(text))  # (its pieces and EOS)
+  model = SimpleNamespace(tokenizer=tokenizer,
+                          cfg=SimpleNamespace(model=SimpleNamespace(max_len=fits)))
+  for prefix, expected in (([], text), ([5], "")):
+    counts = Counts()
+    assert _usable(text.encode(), SimpleNamespace(run=model, source_prefix=prefix),
+                   counts) == expected
+    assert counts.too_long == (expected == "")

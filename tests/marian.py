@@ -18,22 +18,23 @@ TINY_DATA = {"data.batch_size": 16, "data.max_source_length": 32, "data.max_targ
              "decode.beam_size": 2, "decode.max_length": 32}
 
 
-def vocabulary(*spm_paths: Path) -> list[str]:
-  """Marian's vocabulary of the SentencePiece models' pieces: EOS 0, UNK 1, the pieces, PAD
-  last."""
+def vocabulary(*spm_paths: Path, tags: tuple[str, ...] = ()) -> list[str]:
+  """Marian's vocabulary of the SentencePiece models' pieces: EOS 0, UNK 1, the target-language
+  tags (a multilingual model's), the pieces, PAD last."""
   pieces = {}
   for path in spm_paths:
     tok = Tokenizer.load(path)
     pieces.update(dict.fromkeys(tok.pieces(range(3, tok.vocab_size))))
-  return ["</s>", "<unk>", *pieces, "<pad>"]
+  return ["</s>", "<unk>", *tags, *pieces, "<pad>"]
 
 
 def folder(out: Path, source_spm: Path, target_spm: Path, d_model: int = 16, seed: int = 0,
-           **options) -> MarianMTModel:
+           tags: tuple[str, ...] = (), **options) -> MarianMTModel:
   """A MarianMTModel with random weights (every tensor, the logits bias included, far from
   its initial value) saved in `out` as an OPUS-MT folder is: save_pretrained, source.spm,
-  target.spm, vocab.json. `options`: MarianConfig keys."""
-  vocab = vocabulary(source_spm, target_spm)
+  target.spm, vocab.json (with `tags`: a target-multilingual model's). `options`: MarianConfig
+  keys."""
+  vocab = vocabulary(source_spm, target_spm, tags=tags)
   V = len(vocab)
   config = MarianConfig(
       vocab_size=V, decoder_vocab_size=V, d_model=d_model, encoder_attention_heads=4,

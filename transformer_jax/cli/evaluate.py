@@ -37,17 +37,26 @@ def define_flags(fv: flags.FlagValues):
                             "length_penalty, nbest, greedy, ...); repeatable.", flag_values=fv)
   flags.DEFINE_bool("lowercase", False, "Also report lowercased BLEU.", flag_values=fv)
   flags.DEFINE_bool("alignments", False, "Also write word alignments.", flag_values=fv)
+  flags.DEFINE_string("source_tag", "", "A tag of a multilingual/tagged run put before every "
+                      "source (e.g. '>>fra<<'; a mixture corpus's set keeps its own).",
+                      flag_values=fv)
+  flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16", "auto"], "The matmuls' dtype "
+                    "(default: the run's; a run trained in bf16, this machine's choice).",
+                    flag_values=fv)
   flags.DEFINE_string("output_dir", "", "Where to write (default <workdir>/eval/<set>).",
                       flag_values=fv)
 
 
 def evaluate(args: runner.Args):
   # (writing into the workdir: one writer at a time; --output_dir elsewhere only reads it)
-  with (lock.hold(args.workdir[0], "evaluate") if not args.output_dir
+  way_out = ("wait for it to finish, or write the results elsewhere with --output_dir=DIR "
+             "(evaluate then only reads the run)")
+  with (lock.hold(args.workdir[0], "evaluate", way_out=way_out) if not args.output_dir
         else contextlib.nullcontext()):
     results, out_dirs = evaluate_checkpoints(
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
-        args.max_sentences, args.decode, args.lowercase, args.output_dir, args.alignments)
+        args.max_sentences, args.decode, args.lowercase, args.output_dir, args.alignments,
+        args.source_tag, args.dtype)
   print(format_table(results))
   print("\n".join(f"wrote {out_dir}/results.json" for out_dir in out_dirs))
 

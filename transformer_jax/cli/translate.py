@@ -33,6 +33,9 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_string("source_tag", "", "A tag put before every source.", flag_values=fv)
   flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, nbest, "
                             "greedy, sampling, temperature, ...); repeatable.", flag_values=fv)
+  flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16", "auto"], "The matmuls' dtype "
+                    "(default: the run's; a run trained in bf16, this machine's choice).",
+                    flag_values=fv)
   flags.DEFINE_bool("interactive", None, "Translate line by line as input arrives (default: "
                     "when stdin is a terminal).", flag_values=fv)
   flags.DEFINE_bool("alignments", False, "Word alignments (cross-attention).", flag_values=fv)
@@ -44,7 +47,7 @@ def translate(args: runner.Args):
   from_stdin = args.input == "-"
   interactive = from_stdin and sys.stdin.isatty() if args.interactive is None else args.interactive
   translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag,
-                          alignments=args.alignments, alignment_layer=args.alignment_layer)
+                          args.dtype, args.alignments, args.alignment_layer)
   lines = iter_lines(sys.stdin.buffer, "<stdin>") if from_stdin else read_lines(args.input)
   prefixes = list(read_lines(args.prefix_file)) if args.prefix_file else None
   if args.output == "-":

@@ -38,13 +38,17 @@ def define_flags(fv: flags.FlagValues):
                        "resuming.", lower_bound=1, flag_values=fv)
   flags.DEFINE_string("source_tag", "", "A tag of a multilingual/tagged run put before every "
                       "source (e.g. '>>de<<').", flag_values=fv)
+  flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16", "auto"], "The matmuls' dtype "
+                    "(default: the run's; a run trained in bf16, this machine's choice).",
+                    flag_values=fv)
   flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, sampling, "
                             "top_k, top_p, temperature, seed, ...); repeatable.", flag_values=fv)
 
 
 def translate_corpus(args: runner.Args):
   with lock.hold(args.out, "translate-corpus"):  # (one writer of the output folder)
-    translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag)
+    translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag,
+                            args.dtype)
     run(translator, args.workdir, args.checkpoint, args.input, args.out, args.split, args.tag,
         args.block_lines)
 

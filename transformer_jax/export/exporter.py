@@ -96,7 +96,8 @@ def _export(workdir, checkpoint: str, out: Path, quantization: str, ctranslate2)
 
 def _record(run, selected, quantization: str, ctranslate2_version: str) -> dict:
   cfg = run.cfg
-  tags = sorted({c.tag for c in cfg.data.corpora.values() if c.tag})
+  tags = sorted({c.tag for c in cfg.data.corpora.values() if c.tag}
+                | set(run.tokenizer.language_tags))  # (an imported multilingual model's)
   return {
       "workdir": str(Path(run.workdir).resolve()),
       "checkpoint": selected.label,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_jax.data.tokenizer import PairedTokenizer
+from transformer_jax.data.tokenizer import LANGUAGE_TAG, PairedTokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.importing import safetensors, writer
 from transformer_jax.model.embeddings import sinusoidal_positions
@@ -83,7 +83,9 @@ def read_config(model_dir: Path) -> dict:
     raise CheckpointError(f"{path} is not JSON ({e})") from None
   if config.get("model_type") != "marian":
     refuse(model_dir, f"config.json model_type={config.get('model_type')!r} (only 'marian')")
-  unknown = sorted(set(config) - READ_KEYS - IGNORED_KEYS)
+  # (keys that begin with "_" are transformers' bookkeeping, e.g. _attn_implementation_autoset
+  # in a config saved again from a loaded model: none changes what the model computes)
+  unknown = sorted(k for k in set(config) - READ_KEYS - IGNORED_KEYS if not k.startswith("_"))
   if unknown:
     refuse(model_dir, f"config.json key {unknown[0]!r} has no equivalent here")
   config = {**DEFAULTS, **config}
@@ -151,11 +153,14 @@ def vocabulary(model_dir: Path, hf: dict) -> tuple[list[int], list[str]]:
   if not path.is_file():
     raise CheckpointError(f"{model_dir} has no vocab.json (Marian's shared vocabulary)")
   pieces = {i: f"<unused_{i}>" for i in range(hf["vocab_size"])}
+  named = {}
   for piece, i in json.loads(path.read_text()).items():
     if not 0 <= i < hf["vocab_size"]:
       refuse(model_dir, f"vocab.json gives {piece!r} id {i}, outside vocab_size "
              f"{hf['vocab_size']}")
-    pieces[i] = piece
+    if i in named:  # (one piece per id here; transformers maps both to it)
+      refuse(model_dir, f"vocab.json gives {named[i]!r} and {piece!r} the same id {i}")
+    pieces[i] = named[i] = piece
   ids = {piece: i for i, piece in pieces.items()}
   special = [hf["pad_token_id"], hf["eos_token_id"], ids.get("<unk>")]
   for name, i, piece in zip(("pad_token_id", "eos_token_id", "<unk>"), special, SPECIAL_PIECES):
@@ -283,6 +288,8 @@ def import_run(model_dir: str | Path, workdir: str | Path, source_lang: str,
   record = {"format": "hf-marian", "model_dir": str(model_dir.absolute()),
             "weights": weights_path.name, "weights_sha256": writer.file_digest(weights_path),
             "source_lang": source_lang, "target_lang": target_lang,
-            "ids": "Marian's, reordered: its PAD, EOS and UNK are our 0, 1, 2"}
+            "ids": "Marian's, reordered: its PAD, EOS and UNK are our 0, 1, 2",
+            # (a target-multilingual model: each source starts with the tag of its language)
+            "target_language_tags": [p for p in pieces if LANGUAGE_TAG.fullmatch(p)]}
   return writer.write_run(workdir, options, (source_lang, target_lang), params,
                           tokenizer_bytes, record)

@@ -35,12 +35,14 @@ FINETUNE_LEARNING_RATE = 1e-4  # (the default's 3e-3 is for training from scratc
 
 def config_for(options: dict, source_lang: str, target_lang: str):
   """The imported run's config: configs/default.py's training, data and decoding settings
-  with the model's options, its languages and no moving average (the weights are used as
-  they are)."""
+  with the model's options, its languages, no moving average (the weights are used as they
+  are) and float32 matmuls."""
   config = default.get_config()
   config.model.update(options)
   config.data.source_lang, config.data.target_lang = source_lang, target_lang
   config.optimizer.ema_decay = 0.0
+  # (float32: what the model was checked against transformers in; bf16 on request, --dtype)
+  config.model.dtype = "float32"
   config.decode.max_length = min(config.decode.max_length, config.model.max_len)
   return config
 

@@ -10,6 +10,7 @@ format training's final test writes); with `--checkpoint=all`, also `bleu_by_ste
 from __future__ import annotations
 
 import csv
+import hashlib
 import logging
 import sys
 import time
@@ -22,7 +23,7 @@ from transformer_jax import atomic
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
 from transformer_jax.data.eval_sets import EvalSet, direction_set, load_eval_set, scoring_sets
-from transformer_jax.errors import UsageError
+from transformer_jax.errors import DataError, UsageError
 from transformer_jax.evaluation import alignment, scoring
 from transformer_jax.evaluation.evaluator import Evaluator
 from transformer_jax.inference import trained_run
@@ -33,48 +34,82 @@ log = logging.getLogger(__name__)
 
 
 def _eval_sets(run: trained_run.TrainedRun, split: str, source_file: str, reference_file: str,
-               max_sentences: int) -> dict[str, EvalSet]:
+               max_sentences: int, source_tag: str = "") -> dict[str, EvalSet]:
+  """The evaluation sets by name, each source after `source_tag` (a mixture corpus's set:
+  after its own tag); a model of target-language tags needs one (`TrainedRun.untagged`)."""
+  sets = _untagged_sets(run, split, source_file, reference_file, max_sentences)
+  prefix = tuple(run.source_prefix(source_tag))
+  for name, eval_set in sets.items():
+    if eval_set.source_prefix:
+      continue
+    if prefix:
+      sets[name] = EvalSet.from_pairs(eval_set.sources, eval_set.references, run.tokenizer,
+                                      prefix)
+    elif run.tokenizer.language_tags and not all(map(run.tokenizer.leading_tag,
+                                                     eval_set.sources)):
+      raise run.untagged(f"evaluation set {name}")
+  return sets
+
+
+def _untagged_sets(run: trained_run.TrainedRun, split: str, source_file: str,
+                   reference_file: str, max_sentences: int) -> dict[str, EvalSet]:
   """The evaluation sets by name: the given files; a split of the run's data (or of a mixture
   corpus, `NAME.SPLIT`); by default its test sets (`test_split` and each direction's of a
   multilingual run), else its validation split."""
   cfg = run.cfg
+  first = f".first{max_sentences}" if max_sentences else ""  # (a part: a set of its own)
   if source_file or reference_file:
     if not (source_file and reference_file):
       raise UsageError("--source_file and --reference_file go together")
     pairs = [(a, b) for _, a, b in read_aligned(Path(source_file), Path(reference_file))]
+    if not pairs:
+      raise DataError(f"--source_file={source_file} and --reference_file={reference_file} "
+                      "have no lines: nothing to score")
     if max_sentences:
       pairs = pairs[:max_sentences]
     sources, references = [a for a, _ in pairs], [b for _, b in pairs]
-    return {Path(source_file).name.removesuffix(".gz"):
+    return {files_set_name(source_file, reference_file) + first:
             EvalSet.from_pairs(sources, references, run.tokenizer)}
   if not split:
     sets = scoring_sets(cfg.data, run.tokenizer, max_sentences)
     if sets:
-      return sets
+      return {name + first: eval_set for name, eval_set in sets.items()}
     split = cfg.data.eval_split
   direction = direction_set(cfg.data, split, run.tokenizer, max_sentences)
   if direction is not None:
-    return {split: direction}
+    return {split + first: direction}
   dataset = (cfg.data.test_dataset if split == cfg.data.test_split else
              cfg.data.eval_dataset if split == cfg.data.eval_split else "")
-  return {split: load_eval_set(cfg.data, split, run.tokenizer, max_sentences, dataset)}
+  return {split + first: load_eval_set(cfg.data, split, run.tokenizer, max_sentences, dataset)}
+
+
+def files_set_name(source_file: str, reference_file: str) -> str:
+  """The name of a set of files: the source file's, and a fingerprint of both files' bytes
+  (the same sentences, the same folder; other files of that name, another)."""
+  digest = hashlib.sha256()
+  for path in (source_file, reference_file):
+    digest.update(Path(path).read_bytes())
+    digest.update(b"\0")
+  return f"{Path(source_file).name.removesuffix('.gz')}-{digest.hexdigest()[:8]}"
 
 
 def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] = "latest",
                          source_file: str = "", reference_file: str = "",
                          max_sentences: int = 0, decode_overrides=(), lowercase: bool = False,
-                         output_dir: str = "", alignments: bool = False
-                         ) -> tuple[list[dict], list[Path]]:
+                         output_dir: str = "", alignments: bool = False,
+                         source_tag: str = "", dtype: str = "") -> tuple[list[dict], list[Path]]:
   """Scores the selected checkpoint(s) of a workdir, or of several as an ensemble (each
   selection then names one model per run), on each evaluation set (`_eval_sets`); returns one
   result record per model and set (see `layout.result_record`) and the folders they were
   written to (in the first run's eval/, or output_dir: of several sets, a folder each). With
-  `alignments`, each .hyp has an .align beside it (`evaluation.alignment`, default layer)."""
+  `alignments`, each .hyp has an .align beside it (`evaluation.alignment`, default layer);
+  `source_tag`: the tag before every source of a set that has none of its own; `dtype`: the
+  matmuls' (`trained_run.load`)."""
   workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
-  runs = trained_run.load_ensemble(workdirs)
+  runs = trained_run.load_ensemble(workdirs, dtype)
   run = runs[0]
   decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
-  sets = _eval_sets(run, split, source_file, reference_file, max_sentences)
+  sets = _eval_sets(run, split, source_file, reference_file, max_sentences, source_tag)
   out_dirs = {name: (Path(output_dir) / name if output_dir and len(sets) > 1 else
                      Path(output_dir) if output_dir else layout.eval_dir(workdirs[0], name))
               for name in sets}
@@ -88,11 +123,15 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
       raise UsageError(f"--checkpoint={selection} names several models of a run: an "
                        "ensemble takes one of each")
     chosen += list(zip(*per_run))
+  files = ({"source_file": str(Path(source_file).absolute()),
+            "reference_file": str(Path(reference_file).absolute())} if source_file else {})
   results = []
   for name, eval_set in sets.items():
-    set_results = [_score(runs, group, eval_set, name, decode, decode_overrides, lowercase,
-                          out_dirs[name], alignments) for group in chosen]
-    layout.write_results(out_dirs[name], set_results)
+    set_results = []
+    for group in chosen:  # (each result saved as it comes: a later failure loses none)
+      set_results.append({**_score(runs, group, eval_set, name, decode, decode_overrides,
+                                   lowercase, out_dirs[name], alignments), **files})
+      layout.write_results(out_dirs[name], set_results[-1:])
     if "all" in selections and set_results:
       _write_by_step(set_results, out_dirs[name])
     results += set_results

@@ -8,12 +8,9 @@ import logging
 import typing
 from pathlib import Path
 
-import ml_collections
-
-from transformer_jax.config.parse import from_config_dict
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.errors import CheckpointError
+from transformer_jax.errors import CheckpointError, UsageError
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel import numerics
@@ -55,6 +52,20 @@ class TrainedRun:
     return selection.restore(self.workdir, selected,
                              abstract_state(self.cfg, self.model, self.mesh))
 
+  def source_prefix(self, tag: str) -> list[int]:
+    """The ids every source starts with: the id of `--source_tag`'s `tag`, or none."""
+    return [self.tokenizer.tag_id(tag, "--source_tag")] if tag else []
+
+  def untagged(self, what: str) -> UsageError:
+    """The error for sources (`what`) without the tag that a model of target-language tags
+    (`Tokenizer.language_tags`: a multilingual OPUS-MT model, a one-to-many run) needs to
+    know which language to translate into."""
+    tags = self.tokenizer.language_tags
+    shown = ", ".join(tags[:8]) + (f", ... ({len(tags)} tags)" if len(tags) > 8 else "")
+    return UsageError(f"{what} has no target-language tag, and {self.workdir} translates into "
+                      f"the language the tag names ({shown}): give --source_tag={tags[0]} (or "
+                      "start each line with its tag)")
+
   def params(self, selected: Selected):
     """The weights of a selection: the moving average unless "raw" was asked for (or the run
     keeps none)."""
@@ -67,7 +78,7 @@ def load(workdir: str | Path, dtype: str = "") -> TrainedRun:
   run's, except that a run trained in bf16 runs in this machine's choice: its bf16 weights
   lose nothing in f32, and a CPU without native bf16 would only emulate it, slower)."""
   workdir = Path(workdir)
-  cfg = from_config_dict(ml_collections.ConfigDict(layout.read_config(workdir)))
+  cfg = layout.load_config(workdir)
   if dtype:
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
   # ("auto": training records the resolved dtype, a hand-made file may not)

@@ -35,8 +35,7 @@ class Translator:
     runs = trained_run.load_ensemble(workdir, dtype)
     self.run = runs[0]
     # (a tagged model's direction or data kind: the tag's id before every source)
-    self.source_prefix = [self.run.tokenizer.tag_id(source_tag, "--source_tag")] \
-        if source_tag else []
+    self.source_prefix = self.run.source_prefix(source_tag)
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
     selected = [run.select_one(checkpoint, "translate") for run in runs]
     self.steps = [list(chosen.steps) for chosen in selected]  # (per run: the steps averaged)
@@ -77,6 +76,12 @@ class Translator:
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     if not todo:
       return results
+    tokenizer = self.run.tokenizer
+    if tokenizer.language_tags and not self.source_prefix:
+      untagged = next((i for i in todo if not tokenizer.leading_tag(sentences[i])), None)
+      if untagged is not None:
+        line = sentences[untagged].strip()
+        raise self.run.untagged(f"the line {line[:40] + '...' * (len(line) > 40)!r}")
     eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.run.tokenizer,
                                   self.source_prefix)
     if prefixes is not None:

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from transformer_jax import atomic
-from transformer_jax.config.parse import from_config_dict
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import CheckpointError, ConfigError
@@ -47,7 +45,7 @@ def source(cfg: TrainConfig, workdir: Path) -> tuple[Path, TrainConfig]:
                       "config.init_from.workdir empty and rerun)")
   if not (src / layout.CONFIG).is_file():
     raise ConfigError(f"{where}: no {layout.CONFIG} there (not a transformer_jax run)")
-  return src, from_config_dict(ml_collections.ConfigDict(layout.read_config(src)))
+  return src, layout.load_config(src)
 
 
 def load_tokenizer(cfg: TrainConfig, workdir: Path) -> Tokenizer:

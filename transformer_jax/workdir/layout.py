@@ -22,10 +22,17 @@ import os
 from pathlib import Path
 
 import jax
+import ml_collections
 
 from transformer_jax import atomic
+from transformer_jax.config.parse import from_config_dict
 from transformer_jax.config.sections import DecodeConfig, TrainConfig
-from transformer_jax.errors import CheckpointError, FilesystemError, TokenizerDamaged
+from transformer_jax.errors import (
+  CheckpointError,
+  ConfigError,
+  FilesystemError,
+  TokenizerDamaged,
+)
 
 CONFIG = "config.json"
 TOKENIZER = "spm.model"
@@ -37,8 +44,10 @@ RESULTS = "results.json"
 
 def check_writable(folder: str | Path):
   """Raises FilesystemError naming `folder` unless a file can be written there (read-only or
-  full filesystems, missing permissions), before long work whose results would be lost."""
+  full filesystems, missing permissions), before long work whose results would be lost. The
+  folders it makes for the check are removed again: work that fails leaves none behind."""
   folder = Path(folder)
+  made = [p for p in (folder, *folder.parents) if not p.exists()]  # (deepest first)
   probe = folder / f".write-check-{os.getpid()}"
   try:
     folder.mkdir(parents=True, exist_ok=True)
@@ -51,6 +60,9 @@ def check_writable(folder: str | Path):
   finally:
     with contextlib.suppress(OSError):
       probe.unlink()
+    for path in made:
+      with contextlib.suppress(OSError):
+        path.rmdir()
 
 
 def tokenizer_path(cfg: TrainConfig, workdir: str | Path) -> Path:
@@ -98,6 +110,15 @@ def read_config(workdir: str | Path) -> dict:
       node = node.setdefault(name, {})
     node.setdefault(key, value)
   return config
+
+
+def load_config(workdir: str | Path) -> TrainConfig:
+  """The config a run was trained with (`read_config`), checked as any config is; an error
+  in it names the file."""
+  try:
+    return from_config_dict(ml_collections.ConfigDict(read_config(workdir)))
+  except ConfigError as e:
+    raise ConfigError(f"{Path(workdir) / CONFIG}: {e}") from None
 
 
 def record_tokenizer(workdir: str | Path, tok):

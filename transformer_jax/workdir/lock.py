@@ -47,11 +47,12 @@ def _describe(holder: dict) -> str:
 
 @contextlib.contextmanager
 def hold(workdir: str | Path, command: str, wait_seconds: float = 0.0,
-         lock_path: str | Path | None = None):
-  """Holds the workdir's lock for the `with` block; WorkdirBusy (naming the holder) if another
-  process holds it for longer than `wait_seconds`. Processes other than process 0 take none.
-  `lock_path`: the lock file of a folder that is replaced as a whole (an export), kept beside
-  it, instead of <workdir>/.lock (the folder is then not created here)."""
+         lock_path: str | Path | None = None,
+         way_out: str = "wait for it to finish or use another workdir"):
+  """Holds the workdir's lock for the `with` block; WorkdirBusy (naming the holder, then
+  `way_out`) if another process holds it for longer than `wait_seconds`. Processes other than
+  process 0 take none. `lock_path`: the lock file of a folder that is replaced as a whole (an
+  export), kept beside it, instead of <workdir>/.lock (the folder is then not created here)."""
   if jax.process_index() != 0:
     yield
     return
@@ -69,8 +70,8 @@ def hold(workdir: str | Path, command: str, wait_seconds: float = 0.0,
         break
       except BlockingIOError:
         if time.time() >= deadline:
-          raise WorkdirBusy(f"workdir {workdir} is in use by {_describe(_holder(path))}; wait "
-                            "for it to finish or use another workdir") from None
+          raise WorkdirBusy(f"workdir {workdir} is in use by {_describe(_holder(path))}; "
+                            f"{way_out}") from None
         if not said:
           log.warning("Waiting up to %.0f s for workdir %s, in use by %s", wait_seconds,
                       workdir, _describe(_holder(path)))

@@ -5,6 +5,7 @@ what the tools' --checkpoint and config.init_from take."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 from transformer_jax.errors import CheckpointError
@@ -47,9 +48,35 @@ def steps(workdir: Path) -> list[int]:
     ckpt.close()
 
 
+# The labels the tools print for a selection, which name it back.
+_LABELS = [(re.compile(r"step_(\d+)"), r"\1"), (re.compile(r"best_step_(\d+)"), r"best@\1"),
+           (re.compile(r"average_last_(\d+)_to_(\d+)"), r"average:\1@\2"),
+           (re.compile(r"average_(\d+(?:_\d+)+)"), r"steps:\1")]
+
+
+def _unlabelled(selection: str) -> str:
+  """`selection`, or the selection its label names (step_1200_ema -> 1200:ema; best_step_N,
+  average_last_N_to_S and average_A_B alike, "@S" holding the step a label was made at)."""
+  for suffix in ("_ema", "_raw"):
+    if selection.endswith(suffix):
+      named = _unlabelled(selection[:-len(suffix)])
+      if named != selection[:-len(suffix)]:
+        return f"{named}:{suffix[1:]}"
+  for pattern, selection_of in _LABELS:
+    if pattern.fullmatch(selection):
+      return pattern.sub(selection_of, selection).replace("_", ",")
+  return selection
+
+
 def select(workdir: Path, selection: str, has_ema: bool) -> list[Selected]:
   """Each model `selection` names in the run of `workdir` (`has_ema`: whether it keeps a
-  moving average, then the default weights, and the label says which)."""
+  moving average, then the default weights, and the label says which); a label the tools
+  print names its model again."""
+  given, selection = selection, _unlabelled(selection)
+  selection, _, made_at = selection.partition("@")
+  if ":" in made_at:  # (the weights suffix follows the step: "best@1200:ema")
+    made_at, weights_suffix = made_at.split(":")
+    selection += f":{weights_suffix}"
   weights = "auto"
   for suffix in ("ema", "raw"):
     if selection.endswith(f":{suffix}"):
@@ -67,6 +94,9 @@ def select(workdir: Path, selection: str, has_ema: bool) -> list[Selected]:
   else:
     chosen = [Selected(label, steps_) for label, steps_ in parse_selection(selection,
                                                                            steps(workdir))]
+  if made_at and chosen[0].steps[-1] != int(made_at):
+    raise CheckpointError(f"--checkpoint={given}: that model is gone ({selection} is now "
+                          f"{chosen[0].label}); name its steps (steps:A,B,...) or a step")
   if has_ema:  # (the label says which weights: results of both can sit side by side)
     suffix = "_raw" if weights == "raw" else "_ema"
     chosen = [dataclasses.replace(c, label=c.label + suffix, weights=weights) for c in chosen]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests import helpers, marian
-from transformer_jax.cli import import_model, translate
+from transformer_jax.cli import evaluate, import_model, translate
 from transformer_jax.config import files
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.data import tokenizer as T
@@ -122,6 +122,15 @@ def test_what_cannot_be_imported_is_refused_by_name(spm_models, tmp_path, monkey
   refused({"activation_function": "tanh"}, "activation_function='tanh'")
   refused({"model_type": "bart"}, "model_type='bart' \\(only 'marian'\\)")
   (folder / "config.json").write_text(json.dumps(config))
+  vocab = json.loads((folder / "vocab.json").read_text())
+  (folder / "vocab.json").write_text(json.dumps({**vocab, "▁twice": vocab["<unk>"]}))
+  with pytest.raises(CheckpointError, match="vocab.json gives '<unk>' and '▁twice' the same id"):
+    hf_marian.import_run(folder, tmp_path / "run", "de", "en")
+  (folder / "vocab.json").write_text(json.dumps(vocab))
+  # transformers' bookkeeping keys (a config saved again from a loaded model): imported.
+  (folder / "config.json").write_text(json.dumps({**config, "_attn_implementation_autoset": 1}))
+  hf_marian.import_run(folder, tmp_path / "bookkept", "de", "en")
+  (folder / "config.json").write_text(json.dumps(config))
   (folder / "target_vocab.json").write_text("{}")
   with pytest.raises(CheckpointError, match="target_vocab.json \\(separate source and target"):
     hf_marian.import_run(folder, tmp_path / "run", "de", "en")
@@ -196,3 +205,46 @@ def test_an_imported_model_fine_tunes_from_its_own_loss_with_its_tokenizer(
       run.train(step)
     assert evaluator.loss(run.state.eval_params) < start - 0.05
   assert (tmp_path / "ft" / "spm.model").read_bytes() == (source / "spm.model").read_bytes()
+
+
+def test_a_target_multilingual_model_is_imported_with_its_tags_and_asks_for_one(
+    spm_models, tmp_path):
+  """OPUS-MT's `>>xx<<` tags: recorded at import and said; a leading tag is one piece of the
+  vocabulary, as transformers' MarianTokenizer makes it; translating or evaluating without a
+  tag is a one-line error, and --source_tag equals the tag written before the line."""
+  from transformers import MarianTokenizer  # (the reference: transformers' own splitting)
+
+  folder = tmp_path / "opus-mt-de-roa"
+  tags = (">>fra<<", ">>spa<<")
+  _marian_folder(folder, spm_models, encoder_layers=1, decoder_layers=1, tags=tags)
+  run_dir = tmp_path / "run"
+  status, out, err = helpers.run_tool(import_model.main, "--from=hf-marian",
+                                      f"--model_dir={folder}", f"--workdir={run_dir}")
+  assert status == 0 and "--source_tag=>>fra<<" in out, err
+  assert json.loads((run_dir / "import.json").read_text())["target_language_tags"] == list(tags)
+  run = trained_run.load(run_dir)
+  assert run.tokenizer.language_tags == tags and run.cfg.model.dtype == "float32"
+  order, _ = hf_marian.vocabulary(folder, hf_marian.read_config(folder))
+  theirs = MarianTokenizer.from_pretrained(folder)(">>spa<< Ein Mann fährt Fahrrad.").input_ids
+  ours = run.tokenizer.encode(">>spa<< Ein Mann fährt Fahrrad.")
+  assert [order[i] for i in ours] == theirs and ours[0] == run.tokenizer.tag_id(">>spa<<", "")
+
+  def translate_lines(stdin, *flags):
+    return helpers.run_tool(translate.main, f"--workdir={run_dir}", "--interactive=false",
+                            "--decode=max_length=8", *flags, stdin=stdin)
+
+  status, _, err = translate_lines(b"Ein Mann.\n")
+  assert status == 2 and "has no target-language tag" in helpers.one_line_error(err)
+  assert "--source_tag=>>fra<<" in err
+  status, tagged, _ = translate_lines(b"Ein Mann.\n", "--source_tag=>>spa<<")
+  status_inline, inline, _ = translate_lines(b">>spa<< Ein Mann.\n")
+  assert status == status_inline == 0 and tagged == inline and tagged.strip()
+  (tmp_path / "t.de").write_text("Ein Mann.\n")
+  (tmp_path / "t.es").write_text("Un hombre.\n")
+  files = [f"--source_file={tmp_path / 't.de'}", f"--reference_file={tmp_path / 't.es'}",
+           "--decode=max_length=8", f"--output_dir={tmp_path / 'eval'}"]
+  status, _, err = helpers.run_tool(evaluate.main, f"--workdir={run_dir}", *files)
+  assert status == 2 and "evaluation set t.de-" in helpers.one_line_error(err)
+  status, _, err = helpers.run_tool(evaluate.main, f"--workdir={run_dir}", *files,
+                                    "--source_tag=>>spa<<")
+  assert status == 0, err

@@ -4,6 +4,7 @@ wrong said in one line."""
 
 import gzip
 import json
+import re
 import shutil
 
 import pytest
@@ -13,7 +14,7 @@ from transformer_jax.cli import evaluate as evaluate_cli
 from transformer_jax.data import corpus
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.errors import CheckpointError, DataError, UsageError
-from transformer_jax.inference import trained_run
+from transformer_jax.inference import checkpoint_eval, trained_run
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints, format_table
 
 
@@ -24,7 +25,7 @@ def workdir(tiny_run, tmp_path):
 
 def test_evaluate_reproduces_the_bleu_logged_in_training(workdir):
   results, (out,) = evaluate_checkpoints(workdir, split="val", checkpoint="20", max_sentences=32)
-  assert results[0]["steps"] == [20] and out == workdir / "eval" / "val"
+  assert results[0]["steps"] == [20] and out == workdir / "eval" / "val.first32"
   assert results[0]["bleu"] == pytest.approx(helpers.logged(workdir, "eval/bleu", 20), abs=1e-6)
   assert results[0]["chrf"] == pytest.approx(helpers.logged(workdir, "eval/chrf", 20), abs=1e-6)
   assert json.loads((out / "results.json").read_text())[0]["bleu_signature"].startswith("nrefs")
@@ -73,13 +74,52 @@ def test_evaluate_scores_a_local_test_set_of_gzipped_files(workdir, tmp_path):
                                        reference_file=str(ref))
   from_split, _ = evaluate_checkpoints(workdir, split="val", checkpoint="20", max_sentences=8,
                                        output_dir=str(tmp_path / "split"))
-  assert from_files[0]["data"] == "news.de" and from_files[0]["sentences"] == 8
+  name = from_files[0]["data"]
+  assert re.fullmatch(r"news\.de-[0-9a-f]{8}", name) and from_files[0]["sentences"] == 8
+  assert from_files[0]["source_file"] == str(src) and from_files[0]["reference_file"] == str(ref)
   assert from_files[0]["bleu"] == pytest.approx(from_split[0]["bleu"], abs=1e-6)
-  assert len((workdir / "eval" / "news.de" / "step_20.hyp").read_text().splitlines()) == 8
+  assert len((workdir / "eval" / name / "step_20.hyp").read_text().splitlines()) == 8
+  # Other files of the same name: a folder of their own, the first set's results kept.
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "news.de.gz").write_bytes(gzip.compress(b"Ein Hund.\nEine Katze.\n"))
+  (other / "news.en").write_text("A dog.\nA cat.\n")
+  second, _ = evaluate_checkpoints(workdir, checkpoint="20", source_file=str(other / "news.de.gz"),
+                                   reference_file=str(other / "news.en"))
+  assert second[0]["data"] != name and second[0]["sentences"] == 2
+  assert json.loads((workdir / "eval" / name / "results.json").read_text())[0]["sentences"] == 8
   ref.write_text("only one line\n")
   with pytest.raises(DataError, match=r"news\.de\.gz has 8 lines, .*news\.en has 1"):
     evaluate_checkpoints(workdir, checkpoint="20", source_file=str(src),
                          reference_file=str(ref))
+
+
+def test_empty_files_are_one_line_and_leave_no_folder(workdir, tmp_path):
+  (tmp_path / "empty.de").write_text("")
+  (tmp_path / "empty.en").write_text("")
+  status, _, err = helpers.run_tool(evaluate_cli.main, f"--workdir={workdir}",
+                                    f"--source_file={tmp_path / 'empty.de'}",
+                                    f"--reference_file={tmp_path / 'empty.en'}")
+  assert status == 1 and helpers.one_line_error(err).endswith("have no lines: nothing to score")
+  assert not (workdir / "eval").exists()
+
+
+def test_a_checkpoint_deleted_under_evaluate_keeps_the_results_of_those_scored(
+    workdir, monkeypatch):
+  """A run that keeps only its newest checkpoints may delete one while `--checkpoint=all`
+  scores the others: the error names it, and results.json holds every result before it."""
+  score = checkpoint_eval._score
+
+  def score_then_delete_step_20(runs, group, *args, **kwargs):
+    result = score(runs, group, *args, **kwargs)
+    shutil.rmtree(workdir / "checkpoints" / "20")
+    return result
+
+  monkeypatch.setattr(checkpoint_eval, "_score", score_then_delete_step_20)
+  with pytest.raises(CheckpointError, match="20"):
+    evaluate_checkpoints(workdir, split="val", checkpoint="all", max_sentences=8)
+  saved = json.loads((workdir / "eval" / "val.first8" / "results.json").read_text())
+  assert [r["label"] for r in saved] == ["step_10"]
 
 
 def test_the_evaluate_tool_prints_the_table_and_says_what_is_wrong(tiny_run, tmp_path):

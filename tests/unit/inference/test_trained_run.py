@@ -1,5 +1,6 @@
 """Loading a trained run: what is missing or does not belong to it is named."""
 
+import dataclasses
 import json
 import shutil
 
@@ -8,9 +9,10 @@ import pytest
 from tests import helpers
 from transformer_jax.cli import translate as translate_cli
 from transformer_jax.data import text, tokenizer
-from transformer_jax.errors import CheckpointError
+from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.inference import trained_run
 from transformer_jax.parallel import numerics
+from transformer_jax.workdir import selection
 
 
 def test_bad_checkpoint_selections_are_named(tiny_run):
@@ -23,6 +25,22 @@ def test_bad_checkpoint_selections_are_named(tiny_run):
     run.select_one("all", "translate")
   with pytest.raises(CheckpointError, match="no config.json"):
     trained_run.load(tiny_run / "checkpoints")
+
+
+@pytest.mark.parametrize("has_ema", [False, True])
+def test_every_label_the_tools_print_names_its_model_back(tiny_run, has_ema):
+  selections = ["latest", "best", "all", "average:2", "steps:10,20"]
+  if has_ema:
+    selections += ["latest:raw", "best:ema", "average:2:raw"]
+  for given in selections:
+    for chosen in selection.select(tiny_run, given, has_ema):
+      (named,) = selection.select(tiny_run, chosen.label, has_ema)
+      if has_ema and chosen.weights == "auto":  # (a run's default weights: its average)
+        chosen = dataclasses.replace(chosen, weights="ema")
+      assert named == chosen, chosen.label
+  with pytest.raises(CheckpointError, match=r"average_last_1_to_10: that model is gone "
+                                            r"\(average:1 is now average_last_1_to_20\)"):
+    selection.select(tiny_run, "average_last_1_to_10", has_ema)
 
 
 def test_workdir_without_checkpoints_is_named(tiny_run, tmp_path):
@@ -58,6 +76,10 @@ def test_a_config_json_from_before_later_keys_still_loads(tiny_run, tmp_path):
   (run / "config.json").write_text(json.dumps(config))
   loaded = trained_run.load(run)
   assert loaded.cfg.time_budget_minutes == 0.0 and loaded.cfg.optimizer.cooldown_fraction == 0.0
+  config["model"]["dropout_rat"] = 0.1  # (a key no config has: the error names the file)
+  (run / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ConfigError, match=rf"^{run / 'config.json'}: .*dropout_rat"):
+    trained_run.load(run)
   assert loaded.select_one("latest", "translate")  # and its checkpoints are there to use
 
 

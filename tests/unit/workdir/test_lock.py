@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tests import helpers
-from transformer_jax.cli import export, translate_corpus
+from transformer_jax.cli import evaluate, export, translate_corpus
 from transformer_jax.errors import WorkdirBusy
 from transformer_jax.workdir import lock
 
@@ -50,3 +50,10 @@ def test_export_and_translate_corpus_hold_their_output_folders_lock(tool, tmp_pa
     status, _, err = helpers.run_tool(main, *args)
   assert status == 1 and "is in use by pid" in helpers.one_line_error(err), err
   assert not out.exists() or tool == "translate_corpus"
+
+
+def test_evaluate_refused_by_a_running_train_names_the_way_to_evaluate_beside_it(tmp_path):
+  with lock.hold(tmp_path / "run", "train"):
+    status, _, err = helpers.run_tool(evaluate.main, f"--workdir={tmp_path / 'run'}")
+  message = helpers.one_line_error(err)
+  assert status == 1 and "is in use by pid" in message and "--output_dir=DIR" in message, err

@@ -155,8 +155,9 @@ def _run(state, advance, rows: int, unit: int, store, counts=None):
   `store(state, sentences)` saves the results of the state's rows (sentences: their
   indices in the batch) before they may leave. `counts` (a Counter, or None) adds up the
   sentence-steps run ("sentence_steps": rows x steps), those a search of the whole batch to
-  its last step would have run ("batch_steps"), and collects the (rows, cache length) shapes
-  run ("shapes")."""
+  its last step would have run ("batch_steps"), the times the state was compacted
+  ("compactions") and grown ("growths"), and collects the (rows, cache length) shapes run
+  ("shapes")."""
   sizes = resizing.row_sizes(rows, unit)
   sentences, step = np.arange(rows), 0
   while True:
@@ -175,8 +176,12 @@ def _run(state, advance, rows: int, unit: int, store, counts=None):
       keep = np.concatenate([np.flatnonzero(active), np.flatnonzero(~active)])[:size]
       state = resizing.compact(state, keep.astype(np.int32), rows=len(sentences))
       sentences = sentences[keep]
+      if counts is not None:
+        counts["compactions"] += 1
     if step == state.capacity:
       state = resizing.grow(state, length=state.capacity + resizing.SEGMENT)
+      if counts is not None:
+        counts["growths"] += 1
   store(state, sentences)
   if counts is not None:
     counts["batch_steps"] += rows * step

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from transformer_jax import atomic
-from transformer_jax.errors import DataError, UsageError
+from transformer_jax.errors import DataError, Interrupted, UsageError
 from transformer_jax.inference.translator import Translator
 from transformer_jax.reporting.progress import hms
 
@@ -76,12 +76,22 @@ def _usable(raw: bytes, translator: Translator, counts: Counts) -> str:
   return text
 
 
+def auto_block_lines(total_lines: int) -> int:
+  """Lines per block when none is given: about a twentieth of the input (a killed run redoes
+  at most that), a multiple of 64 from 64 to 2,048 (long inputs: batches of similar lengths)."""
+  return min(2048, max(64, -(-total_lines // 20 // 64) * 64))
+
+
 def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: str,
                      input_path: str, out: str, split: str = "train", tag: str = "",
-                     block_lines: int = 2048) -> dict:
-  """Translates `input_path` into the parallel folder `out` (resuming a killed run there);
-  returns the record written to `translation.json`."""
+                     block_lines: int = 0) -> dict:
+  """Translates `input_path` into the parallel folder `out` (resuming a killed run there) in
+  blocks of `block_lines` (0: `auto_block_lines`); returns the record written to
+  `translation.json`. SIGTERM or Ctrl-C (as errors.Interrupted or KeyboardInterrupt) stops it
+  with what is saved said."""
   input_path, out = Path(input_path), Path(out)
+  total = sum(1 for _ in _raw_lines(input_path))  # (one pass: the block size, the ETA)
+  block_lines = block_lines or auto_block_lines(total)
   run = translator.run
   src_lang, tgt_lang = run.cfg.data.source_lang, run.cfg.data.target_lang
   settings = {"workdirs": [str(Path(w).resolve()) for w in workdirs], "checkpoint": checkpoint,
@@ -103,7 +113,6 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
   # (written under other names until complete: a corpus reader never sees half a folder)
   files = {lang: out / f".{path.name}.partial" for lang, path in final.items()}
   done, sizes, counts = _resume(out, settings, files, final)
-  total = sum(1 for _ in _raw_lines(input_path))  # (one pass, for the ETA)
   lines = _raw_lines(input_path)
   for _ in range(done):
     next(lines, None)
@@ -133,6 +142,9 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
       rate = (done - first) / max(time.perf_counter() - start, 1e-9)
       log.info("translated %d/%d lines (%.1f%%, %.1f lines/s, ETA %s)", done, total,
                100 * done / max(total, 1), rate, hms((total - done) / max(rate, 1e-9)))
+  except (Interrupted, KeyboardInterrupt) as e:
+    raise Interrupted(f"{str(e) or 'interrupted'}: {done} of {total} lines translated and saved in "
+                      f"{out}; rerun the same command to go on") from None
   finally:
     for handle in handles.values():
       handle.close()

@@ -1,5 +1,6 @@
 """Decoding whole sets: a sentence's translation does not depend on the batch it is in."""
 
+import collections
 import dataclasses
 
 import flax.linen as nn
@@ -13,8 +14,10 @@ from transformer_jax.decoding import resizing
 from transformer_jax.decoding.batches import decode_batches, sentence_caps
 from transformer_jax.model.transformer import Transformer
 
-# Source lengths from 2 to 30 tokens: a batch of them spans two 16-token buckets.
-LENGTHS = (2, 5, 9, 14, 21, 30)
+# 32 source lengths from 1 to 40 tokens: a batch of them spans three 16-token buckets; their
+# caps (length + 2) end the short ones early, so that the search compacts 32 -> 16 -> 8 rows,
+# and the long ones pass the cache's first segment (32 positions), so that it grows.
+LENGTHS = tuple(1 + i * 39 // 31 for i in range(32))
 
 
 def _eval_set(ids):
@@ -42,12 +45,14 @@ def test_a_translation_is_the_same_alone_and_in_a_batch(random_model, search, dt
   cfg = helpers.section("decode", beam_size=3, greedy=search == "greedy", max_length=64,
                         max_length_a=1.0, max_length_b=2, batch_size=len(sources))
 
-  def decode(ids):
+  def decode(ids, counts=None):
     return {int(i): (s, c) for rows, seqs, scores in
-            decode_batches(model, params, _eval_set(ids), cfg)
+            decode_batches(model, params, _eval_set(ids), cfg, counts=counts)
             for i, s, c in zip(rows, seqs, scores)}
 
-  together = decode(sources)
+  counts = collections.Counter()
+  together = decode(sources, counts)
+  assert counts["compactions"] >= 2 and counts["growths"] >= 1, counts
   for i, source in enumerate(sources):
     (alone_seqs, alone_scores), = decode([source]).values()
     seqs, scores = together[i]

@@ -2,6 +2,8 @@
 whatever the lines, the record, resuming, and refusing to mix settings."""
 
 import json
+import os
+import signal
 from types import SimpleNamespace
 
 import pytest
@@ -9,8 +11,13 @@ import pytest
 from tests import helpers
 from transformer_jax.data import corpus
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.errors import UsageError
-from transformer_jax.inference.corpus_translation import Counts, _usable, translate_corpus
+from transformer_jax.errors import Interrupted, UsageError
+from transformer_jax.inference.corpus_translation import (
+  Counts,
+  _usable,
+  auto_block_lines,
+  translate_corpus,
+)
 from transformer_jax.inference.translator import Translator
 
 LINES = [b"Ein Hund rennt.", b"", b"Zwei M\xc3\xa4nner spielen Fu\xc3\x9fball.", b"\xff\xfe kaputt",
@@ -63,7 +70,8 @@ def test_a_rerun_after_a_crash_mid_block_ends_with_the_uninterrupted_files(tiny_
     return real(texts, **kwargs)
 
   monkeypatch.setattr(translator, "translate", crash_on_third_block)
-  with pytest.raises(KeyboardInterrupt):
+  with pytest.raises(Interrupted, match=r"^interrupted: 6 of 10 lines translated and saved in "
+                                        r".*cut; rerun the same command to go on$"):
     translate_corpus(translator, *args, str(tmp_path / "cut"), block_lines=3)
   progress = json.loads((tmp_path / "cut" / "progress.json").read_text())
   assert progress["lines_done"] == 6
@@ -101,6 +109,30 @@ def test_the_tool_runs_as_a_command_and_a_missing_input_is_one_line(tiny_run, tm
   status, _, err = helpers.run_tool(cli.main, f"--workdir={tiny_run}",
                                     f"--input={tmp_path / 'absent.en'}", f"--out={tmp_path / 'p'}")
   assert status == 1 and helpers.one_line_error(err).endswith("absent.en does not exist")
+
+
+def test_sigterm_stops_the_tool_in_one_line_saying_what_is_saved(tiny_run, tmp_path,
+                                                                 monkeypatch):
+  from transformer_jax.cli import translate_corpus as cli
+  real = Translator.translate
+
+  def sigterm_in_second_block(self, texts, **kwargs):
+    if (tmp_path / "o" / "progress.json").is_file():
+      os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, texts, **kwargs)
+
+  monkeypatch.setattr(Translator, "translate", sigterm_in_second_block)
+  before = signal.getsignal(signal.SIGTERM)
+  status, _, err = helpers.run_tool(cli.main, f"--workdir={tiny_run}", "--block_lines=4",
+                                    f"--input={_input(tmp_path)}", f"--out={tmp_path / 'o'}")
+  assert status == 130 and signal.getsignal(signal.SIGTERM) is before
+  assert helpers.one_line_error(err) == (
+      f"translate-corpus: stopped by SIGTERM: 4 of 7 lines translated and saved in "
+      f"{tmp_path / 'o'}; rerun the same command to go on")
+
+
+def test_the_block_size_by_default_lets_every_input_resume_from_its_middle():
+  assert [auto_block_lines(n) for n in (0, 7, 2000, 20_000, 10**7)] == [64, 64, 128, 1024, 2048]
 
 
 def test_distillation_by_an_ensemble_records_its_members_and_matches_one_copy(tiny_run, tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import random
 from typing import Any, Union
 
 import ml_collections
@@ -139,6 +140,28 @@ class SweepSpec:
     names = list(self.search_space)
     values = [self.search_space[n].grid() for n in names]
     return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+
+  @property
+  def finite(self) -> bool:
+    """Whether the search space is a list of points (every range a grid can enumerate)."""
+    try:
+      return all(dist.grid() is not None for dist in self.search_space.values())
+    except SweepError:
+      return False
+
+  def queued_points(self) -> list[dict[str, Any]]:
+    """The trials queued when the study is created, in order, each the values it fixes (the
+    rest are sampled when a worker claims it): the grid's points; else the start points, then
+    for a random sweep of a finite space distinct grid points in a seeded random order (no
+    point twice), or empty points to sample."""
+    if self.sampler == "grid":
+      return self.grid_points
+    left = self.num_trials - len(self.start_points)
+    if self.sampler == "random" and self.finite:
+      others = [p for p in self.grid_points if p not in self.start_points]
+      random.Random(self.seed).shuffle(others)
+      return [*self.start_points, *others[:left]]
+    return [*self.start_points, *[{}] * left]
 
   def to_json(self) -> dict:
     """What identifies the sweep (a study resumed with another spec is refused)."""
@@ -335,6 +358,10 @@ def _check_settings(spec: SweepSpec, base: ml_collections.ConfigDict):
   elif spec.num_trials < 1:
     raise SweepError(f"sweep.num_trials={spec.num_trials}: a {spec.sampler} sweep needs a "
                      "budget >= 1")
+  elif spec.sampler == "random" and spec.finite and spec.num_trials > len(spec.grid_points):
+    raise SweepError(f"sweep.num_trials={spec.num_trials} but the search space has "
+                     f"{len(spec.grid_points)} points (a random sweep runs each at most "
+                     "once): lower it, or use sweep.sampler='grid'")
   for key in ("pruner_startup_trials", "pruner_warmup_steps", "max_retries"):
     if getattr(spec, key) < 0:
       raise SweepError(f"sweep.{key}={getattr(spec, key)} must be >= 0")

@@ -20,21 +20,28 @@ STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING
 
 def rows(study, spec: sweep_spec.SweepSpec) -> list[dict]:
   """One row per started trial, in trial order. A pruned trial's objective is its last
-  reported validation value (at `steps`)."""
+  reported validation value (at `steps`); a failed or running trial has none (its curve is
+  in `intermediate`). A failed trial always says why: its error, or that its worker stopped
+  (no heartbeat) and which trial reruns it."""
+  trials = [t for t in study.get_trials(deepcopy=False) if STATES[t.state.name] != "waiting"]
+  reruns = {t.user_attrs["retry_of"]: t.number for t in trials
+            if t.user_attrs.get("retry_of") is not None}
   out = []
-  for t in study.get_trials(deepcopy=False):
+  for t in trials:
     state = STATES[t.state.name]
-    if state == "waiting":
-      continue
     value = t.value
-    if value is None and t.intermediate_values:
+    if state == "pruned" and value is None and t.intermediate_values:
       value = t.intermediate_values[max(t.intermediate_values)]
+    error = t.user_attrs.get("error")
+    if state == "failed" and not error:
+      error = ("its worker stopped (no heartbeat: killed or lost)"
+               + (f"; rerun as trial {reruns[t.number]}" if t.number in reruns else ""))
     out.append({"trial": t.number, "state": state, "objective": value,
                 "steps": t.user_attrs.get("steps"),
                 "wall_time_s": t.user_attrs.get("wall_time_s"),
                 **{name: t.params.get(name) for name in spec.search_space},
                 "retry_of": t.user_attrs.get("retry_of"), "host": t.user_attrs.get("host"),
-                "workdir": t.user_attrs.get("workdir"), "error": t.user_attrs.get("error"),
+                "workdir": t.user_attrs.get("workdir"), "error": error,
                 "intermediate": {int(k): v for k, v in sorted(t.intermediate_values.items())}})
   return out
 
@@ -138,15 +145,18 @@ def _plot_params(table, spec, path: Path):
   for ax, name in zip(axes.flat, names):
     dist = spec.search_space[name]
     values = [r[name] for r in table if r[name] is not None]
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    if numeric:
+    if isinstance(dist, sweep_spec.Choice):  # (a choice, numbers too: one slot per value)
+      labels = [_short(v) for v in dist.values]
+      position = lambda v: labels.index(_short(v))  # noqa: E731
+      ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 4 else 0,
+                    ha="right" if len(labels) > 4 else "center", fontsize=8)
+      ax.set_xlim(-0.5, len(labels) - 0.5)
+    else:
       position = lambda v: v  # noqa: E731
       if _log_axis(dist, values):
         ax.set_xscale("log")
-    else:  # categorical: one slot per choice
-      labels = [str(v) for v in getattr(dist, "values", sorted(set(values), key=str))]
-      position = lambda v: labels.index(str(v))  # noqa: E731
-      ax.set_xticks(range(len(labels)), labels)
+      if isinstance(dist, sweep_spec.Integer):
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     for state, marker, alpha in (("complete", "o", 0.9), ("pruned", "x", 0.6)):
       pts = [(position(r[name]), r["objective"]) for r in table
              if r["state"] == state and r["objective"] is not None and r[name] is not None]
@@ -192,6 +202,7 @@ def _plot_trials(table, spec, path: Path):
     ax.scatter([r["trial"] for r in pruned], [r["objective"] for r in pruned], marker="x",
                label="pruned (last value)")
   ax.set_xlabel("trial")
+  ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))  # (trials are whole numbers)
   ax.set_ylabel(spec.objective)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)

@@ -141,7 +141,8 @@ def _make_sampler(spec: sweep_spec.SweepSpec, seed: int):
   if spec.sampler == "tpe":
     # constant_liar: running trials count as bad, so parallel workers spread out.
     return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
-  return optuna.samplers.RandomSampler(seed=seed)  # grid points are fixed when enqueued
+  # (grid points, and a random sweep's points of a finite space, are fixed when enqueued)
+  return optuna.samplers.RandomSampler(seed=seed)
 
 
 def _make_pruner(spec: sweep_spec.SweepSpec):
@@ -174,8 +175,7 @@ def open_study(storage, name: str, spec: sweep_spec.SweepSpec, identity: dict,
     log.info("Joined study %r (%d trials so far)", name, len(study.trials))
     return study
   study.set_user_attr("sweep", identity)
-  points = (spec.grid_points if spec.sampler == "grid" else
-            [*spec.start_points, *[{}] * (spec.num_trials - len(spec.start_points))])
+  points = spec.queued_points()
   for point in points:
     study.enqueue_trial(point)
   study.set_user_attr("ready", True)

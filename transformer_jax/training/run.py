@@ -157,7 +157,8 @@ class Run:
     finally:
       self.t_last = time.time()  # evaluation time does not count against training speed
     plots.plot_metrics(self.workdir)
-    self.best_ckpt.save(step, self.state, metrics={"bleu": bleu})
+    if bleu > self.stopper.best:  # (only a better model is written: it replaces the best)
+      self.best_ckpt.save(step, self.state, metrics={"bleu": bleu})
     if self.stopper.update(bleu):
       log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
                "evaluations", step, self.stopper.best, self.stopper.patience)

@@ -77,6 +77,8 @@ def test_ranges_and_overrides_as_config_flags_parse_them():
      "sweep.start_points[0].optimizer.learning_rate=0.5 is outside its search range"),
     ({"start_points": ({"optimizer": {"learning_rate": 1e-3}},) * 5},
      "holds 5 points but sweep.num_trials=4"),
+    ({"sampler": "random", "search_space": {"optimizer": {"warmup_steps": choice(5, 10)}}},
+     "sweep.num_trials=4 but the search space has 2 points"),
 ])
 def test_bad_specs_are_rejected_with_the_key(fields, message):
   with pytest.raises(SweepError) as e:
@@ -147,3 +149,21 @@ def test_shipped_recipe_spec_starts_from_the_modern_recipe():
   assert start["model.positional_encoding"] == "rotary" and spec.fixed["data.test_split"] == ""
   for point in variants:  # (one change at a time)
     assert len([k for k in start if point[k] != start[k]]) == 1, point
+
+
+def test_a_random_sweep_of_a_finite_space_runs_no_point_twice(tmp_path):
+  """Six points, six trials: each once, in an order the seed decides (claimed as any trial)."""
+  fields = dict(sampler="random", num_trials=6, seed=3, search_space={"optimizer": {
+      "learning_rate": choice(1e-3, 3e-3, 1e-2), "warmup_steps": integer(5, 10, step=5)}})
+  spec = sweep_spec.load_spec(_spec(**fields), tiny.get_config())
+  storage = study.open_storage(f"sqlite:///{tmp_path / 'study.db'}", 60, 120, 2)
+  opened = study.open_study(storage, "s", spec, spec.to_json())
+  points = []
+  for _ in range(spec.num_trials):
+    trial, _ = study.claim_next_trial(opened, storage, opened._study_id, spec)
+    points.append((trial.suggest_categorical("optimizer.learning_rate", (1e-3, 3e-3, 1e-2)),
+                   trial.suggest_int("optimizer.warmup_steps", 5, 10, step=5)))
+  assert sorted(points) == sorted((p["optimizer.learning_rate"], p["optimizer.warmup_steps"])
+                                  for p in spec.grid_points)
+  other = sweep_spec.load_spec(_spec(**{**fields, "seed": 4}), tiny.get_config())
+  assert other.queued_points() != spec.queued_points()  # (the order: the seed's)

@@ -6,9 +6,11 @@ import logging
 import shutil
 
 from tests import helpers
+from transformer_jax.config.parse import from_config_dict
 from transformer_jax.inference import trained_run
 from transformer_jax.parallel import numerics
-from transformer_jax.training import stopping
+from transformer_jax.training import stopping, validation
+from transformer_jax.training.run import open_run
 
 
 def test_a_run_writes_its_outputs(tiny_run):
@@ -150,3 +152,18 @@ def test_a_run_from_before_the_token_id_store_resumes_on_the_text_path(tfds_cach
       caplog.text)
   assert helpers.checkpoint_steps(run) == [10, 20]
   assert json.loads((run / "config.json").read_text())["data"]["pretokenize"] is False
+
+
+def test_only_a_better_validation_writes_the_best_checkpoint(tiny_run, tfds_cache, tmp_path,
+                                                            monkeypatch):
+  run_dir = helpers.copy_run(tiny_run, tmp_path / "run")
+  config = helpers.tiny_config(**{"data.cache_dir": str(tfds_cache)})
+  bleus = iter([30.0, 20.0, 30.0, 40.0])
+  monkeypatch.setattr(validation, "validate", lambda *args: next(bleus))
+  with open_run(from_config_dict(config), run_dir, config.to_dict()) as run:
+    run.stopper.best = float("-inf")  # (the tiny run's own validations left aside)
+    saved = []
+    monkeypatch.setattr(run.best_ckpt, "save", lambda step, *a, **k: saved.append(step))
+    for step in (21, 22, 23, 24):
+      run.validate(step)
+  assert saved == [21, 24]

@@ -1,0 +1,62 @@
+"""The sweep report from a study: what a failed trial's row says, and plots whose axes show
+the swept values as they are."""
+
+import optuna
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from tests import helpers
+from transformer_jax.config import search_space as sweep_spec
+from transformer_jax.config.search_space import choice, integer
+from transformer_jax.configs import tiny
+from transformer_jax.reporting import plots
+from transformer_jax.sweeps import report
+
+SPACE = {"optimizer": {"learning_rate": choice(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3),
+                       "warmup_steps": integer(5, 50, step=5)}}
+
+
+def _study(spec):
+  study = optuna.create_study(direction=spec.direction)
+  dists = {"optimizer.learning_rate": CategoricalDistribution((1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3)),
+           "optimizer.warmup_steps": IntDistribution(5, 50, step=5)}
+  study.add_trial(create_trial(state=TrialState.COMPLETE, value=2.5, distributions=dists,
+                               params={"optimizer.learning_rate": 3e-3,
+                                       "optimizer.warmup_steps": 10},
+                               intermediate_values={5: 3.0, 10: 2.5}))
+  study.add_trial(create_trial(state=TrialState.FAIL, distributions=dists,
+                               params={"optimizer.learning_rate": 0.1,
+                                       "optimizer.warmup_steps": 5},
+                               intermediate_values={5: 2.0}))  # (a worker that died)
+  study.add_trial(create_trial(state=TrialState.PRUNED, distributions=dists,
+                               params={"optimizer.learning_rate": 0.3,
+                                       "optimizer.warmup_steps": 20},
+                               intermediate_values={5: 4.0}, user_attrs={"retry_of": 1}))
+  return study
+
+
+def test_a_failed_trial_has_no_objective_and_says_why():
+  spec = sweep_spec.load_spec(helpers.with_overrides(sweep_spec.new_spec(), {
+      "search_space": SPACE, "num_trials": 6, "objective": "eval/loss"}), tiny.get_config())
+  table = report.rows(_study(spec), spec)
+  failed, pruned = table[1], table[2]
+  assert failed["state"] == "failed" and failed["objective"] is None
+  assert failed["error"] == "its worker stopped (no heartbeat: killed or lost); rerun as trial 2"
+  assert pruned["objective"] == 4.0  # (a pruned trial: its last reported value)
+  assert report.best(table, spec)["trial"] == 0
+
+
+def test_the_plots_show_choices_as_labelled_slots_and_trials_as_whole_numbers(
+    tmp_path, monkeypatch):
+  spec = sweep_spec.load_spec(helpers.with_overrides(sweep_spec.new_spec(), {
+      "search_space": SPACE, "num_trials": 6, "objective": "eval/loss"}), tiny.get_config())
+  figures = []
+  monkeypatch.setattr(plots, "save", lambda fig, path, **kw: figures.append(fig))
+  report.write(_study(spec), spec, tmp_path, lambda params, workdir: ["train.py"])
+  params_fig, trials_fig = figures
+  rate = params_fig.axes[0]
+  assert [t.get_text() for t in rate.get_xticklabels()] == [
+      "0.001", "0.003", "0.01", "0.03", "0.1", "0.3"]
+  assert list(rate.get_xticks()) == [0, 1, 2, 3, 4, 5] and rate.get_xscale() == "linear"
+  assert all(float(t).is_integer() for t in params_fig.axes[1].get_xticks())
+  assert all(float(t).is_integer() for t in trials_fig.axes[0].get_xticks())

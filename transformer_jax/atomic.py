@@ -18,6 +18,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -39,6 +40,14 @@ def replacing(path: str | Path) -> Iterator[Path]:
   finally:
     with contextlib.suppress(FileNotFoundError):
       tmp.unlink()
+
+
+@contextlib.contextmanager
+def text_file(path: str | Path) -> Iterator[TextIO]:
+  """A text file (UTF-8) to write `path` through: it becomes `path` whole when the block ends
+  without an error, else `path` stays as it was (`replacing`)."""
+  with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    yield f
 
 
 def write_text(path: str | Path, text: str, encoding: str = "utf-8"):

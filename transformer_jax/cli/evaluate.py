@@ -5,9 +5,8 @@ r"""Scores checkpoints of a trained run with sacreBLEU and chrF, side by side.
   transformer-jax-evaluate --workdir=runs/default --source_file=newstest.de \
       --reference_file=newstest.en
 
-Writes <workdir>/eval/<set>/<checkpoint>.hyp (--alignments: and .align, word alignments as
-translate prints them) and adds to results.json there (a multilingual run: a set per
-direction); --checkpoint=all adds bleu_by_step.csv and .png.
+Writes <workdir>/eval/<set>/<checkpoint>.hyp (--alignments: and .align) and adds to
+results.json there (a set per direction of a multilingual run; --checkpoint=all: a plot).
 """
 
 import contextlib
@@ -23,12 +22,10 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_multi_string("workdir", None, "A training workdir; several: an ensemble (one "
                             "tokenizer; results go to the first's eval/).", flag_values=fv,
                             required=True)
-  flags.DEFINE_string("split", "", "Split of the run's data, or NAME.SPLIT of a mixture's "
-                      "corpus (default: its test split, and each corpus's test_split).",
-                      flag_values=fv)
+  flags.DEFINE_string("split", "", "A split, or NAME.SPLIT of a mixture's corpus (default: "
+                      "the test split and each corpus's).", flag_values=fv)
   flags.DEFINE_multi_string("checkpoint", ["latest"], "latest | best | all | STEP | average:N "
-                            "| steps:A,B,... [:ema | :raw]; repeat to compare several",
-                            flag_values=fv)
+                            "| steps:A,B,... [:ema | :raw]; repeatable", flag_values=fv)
   flags.DEFINE_string("source_file", "", "Score on this source text file (with "
                       "--reference_file) instead of a split.", flag_values=fv)
   flags.DEFINE_string("reference_file", "", "The references of --source_file.", flag_values=fv)
@@ -37,22 +34,16 @@ def define_flags(fv: flags.FlagValues):
                             "length_penalty, nbest, greedy, ...); repeatable.", flag_values=fv)
   flags.DEFINE_bool("lowercase", False, "Also report lowercased BLEU.", flag_values=fv)
   flags.DEFINE_bool("alignments", False, "Also write word alignments.", flag_values=fv)
-  flags.DEFINE_string("source_tag", "", "A tag of a multilingual/tagged run put before every "
-                      "source (e.g. '>>fra<<'; a mixture corpus's set keeps its own).",
-                      flag_values=fv)
-  flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16", "auto"], "The matmuls' dtype "
-                    "(default: the run's; a run trained in bf16, this machine's choice).",
-                    flag_values=fv)
+  runner.define_decoding_flags(fv)
   flags.DEFINE_string("output_dir", "", "Where to write (default <workdir>/eval/<set>).",
                       flag_values=fv)
 
 
 def evaluate(args: runner.Args):
   # (writing into the workdir: one writer at a time; --output_dir elsewhere only reads it)
-  way_out = ("wait for it to finish, or write the results elsewhere with --output_dir=DIR "
-             "(evaluate then only reads the run)")
-  with (lock.hold(args.workdir[0], "evaluate", way_out=way_out) if not args.output_dir
-        else contextlib.nullcontext()):
+  with (lock.hold(args.workdir[0], "evaluate", way_out="wait for it to finish, or write the "
+                  "results elsewhere with --output_dir=DIR (evaluate then only reads the run)")
+        if not args.output_dir else contextlib.nullcontext()):
     results, out_dirs = evaluate_checkpoints(
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
         args.max_sentences, args.decode, args.lowercase, args.output_dir, args.alignments,

@@ -9,7 +9,6 @@ to those of an `opus-mt-SRC-TGT` folder name. Anything the model has that this c
 compute is refused, named.
 """
 
-import json
 import re
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from absl import flags
 
 from transformer_jax.cli import runner
 from transformer_jax.errors import UsageError
-from transformer_jax.importing import hf_marian, writer
+from transformer_jax.importing import hf_marian
 
 FORMATS = ("hf-marian",)
 
@@ -47,11 +46,6 @@ def run(args: runner.Args):
   source, target = languages(args)
   workdir = hf_marian.import_run(args.model_dir, args.workdir, source, target)
   print(f"imported {args.model_dir} ({getattr(args, 'from')}, {source}->{target}) -> {workdir}")
-  tags = json.loads((workdir / writer.RECORD).read_text())["target_language_tags"]
-  if tags:
-    print(f"a multilingual model of {len(tags)} target-language tags ({', '.join(tags[:8])}"
-          f"{', ...' * (len(tags) > 8)}; all in {workdir / writer.RECORD}): translate and "
-          f"evaluate with --source_tag={tags[0]}, or start each source line with its tag")
 
 
 def main(argv=None):

@@ -12,9 +12,11 @@ tool's own flags (also as a console script) and a tool can run in-process, e.g. 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
+import signal
 import sys
 from collections.abc import Callable
 
@@ -46,6 +48,16 @@ class Args:
       raise AttributeError(name) from None
 
 
+def define_decoding_flags(fv: flags.FlagValues):
+  """--source_tag and --dtype, as every tool that decodes with a run takes them."""
+  flags.DEFINE_string("source_tag", "", "A tag of a multilingual/tagged run put before every "
+                      "source (e.g. '>>fra<<'; a mixture corpus's set keeps its own).",
+                      flag_values=fv)
+  flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16", "auto"], "The matmuls' dtype "
+                    "(default: the run's; a run trained in bf16, this machine's choice).",
+                    flag_values=fv)
+
+
 def usage(doc: str, flag_values: flags.FlagValues) -> str:
   return (f"{doc.strip()}\n\nflags:\n"
           f"{flag_values.get_help(prefix='  ', include_special_flags=False)}")
@@ -53,9 +65,11 @@ def usage(doc: str, flag_values: flags.FlagValues) -> str:
 
 def run(tool: str, doc: str, define_flags: Callable[[flags.FlagValues], None],
         body: Callable[[Args], object], argv: list[str] | None = None,
-        configs: dict[str, str] | None = None) -> int:
+        configs: dict[str, str] | None = None, stop_on_sigterm: bool = False) -> int:
   """Runs `body` on the parsed `argv` (default: sys.argv); returns the exit status.
-  `configs` maps each config-file flag the tool takes to its help text."""
+  `configs` maps each config-file flag the tool takes to its help text. `stop_on_sigterm`:
+  SIGTERM raises errors.Interrupted in `body` (which may say what it saved), a line and
+  status 130 instead of a silent end (the handler before is restored after)."""
   argv = list(sys.argv if argv is None else argv)
   configs = configs or {}
   flag_values = flags.FlagValues()
@@ -79,7 +93,8 @@ def run(tool: str, doc: str, define_flags: Callable[[flags.FlagValues], None],
              for name in configs}
     logs.setup(flag_values.verbosity)
     enable_compilation_cache()
-    body(Args(flag_values, loaded, given))
+    with _interrupted_by_sigterm() if stop_on_sigterm else contextlib.nullcontext():
+      body(Args(flag_values, loaded, given))
     return 0
   except errors.ConfigError as e:
     return _fail(f"config error: {e}", EXIT_USAGE)
@@ -99,6 +114,18 @@ def run(tool: str, doc: str, define_flags: Callable[[flags.FlagValues], None],
                  "(nothing saved before it was lost)", EXIT_ERROR)
   except KeyboardInterrupt:
     return _fail(f"{tool}: interrupted", EXIT_INTERRUPTED)
+
+
+@contextlib.contextmanager
+def _interrupted_by_sigterm():
+  def stop(signum, frame):
+    raise errors.Interrupted("stopped by SIGTERM")
+
+  previous = signal.signal(signal.SIGTERM, stop)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 def _flag_message(error: Exception) -> str:

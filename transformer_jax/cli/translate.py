@@ -5,12 +5,12 @@ r"""Translates text with a trained run: stdin or a file in, stdout or a file out
       [--checkpoint=best] [--decode=beam_size=5 --decode=nbest=4] [--prefix_file=prefixes.en]
   transformer-jax-translate --workdir=runs/seed1 --workdir=runs/seed2 ...   # an ensemble
   transformer-jax-translate --workdir=runs/default --source_tag='>>de<<'    # a tagged run
-One output line per input line (gzipped input too), in order; an empty line gives an empty line.
-Input is batched by length; on a terminal (or with --interactive) each line is translated as
-it is entered. With nbest > 1 each input gives `nbest` lines `INDEX ||| translation ||| score`;
---alignments adds ` ||| ALIGNMENT` to each (Pharaoh `i-j` pairs: source word i, target word j).
+One output line per input line (gzipped input too), in order, batched by length; on a
+terminal (or with --interactive) each line as it is entered. nbest > 1: `nbest` lines `INDEX |||
+translation ||| score` each; --alignments adds ` ||| ALIGNMENT` (Pharaoh `i-j` pairs).
 """
 
+import contextlib
 import sys
 
 from absl import flags
@@ -30,12 +30,9 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_string("output", "-", "Output file ('-' = stdout).", flag_values=fv)
   flags.DEFINE_string("prefix_file", "", "Target prefixes, one per input line (empty: none): "
                       "each translation starts with its prefix.", flag_values=fv)
-  flags.DEFINE_string("source_tag", "", "A tag put before every source.", flag_values=fv)
+  runner.define_decoding_flags(fv)
   flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, nbest, "
                             "greedy, sampling, temperature, ...); repeatable.", flag_values=fv)
-  flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16", "auto"], "The matmuls' dtype "
-                    "(default: the run's; a run trained in bf16, this machine's choice).",
-                    flag_values=fv)
   flags.DEFINE_bool("interactive", None, "Translate line by line as input arrives (default: "
                     "when stdin is a terminal).", flag_values=fv)
   flags.DEFINE_bool("alignments", False, "Word alignments (cross-attention).", flag_values=fv)
@@ -50,14 +47,9 @@ def translate(args: runner.Args):
                           args.dtype, args.alignments, args.alignment_layer)
   lines = iter_lines(sys.stdin.buffer, "<stdin>") if from_stdin else read_lines(args.input)
   prefixes = list(read_lines(args.prefix_file)) if args.prefix_file else None
-  if args.output == "-":
-    translator.translate_lines(lines, sys.stdout, interactive, prefixes)
-  elif interactive:  # (a session's record: each line as it is translated)
-    with open(args.output, "w", encoding="utf-8") as out:
-      translator.translate_lines(lines, out, interactive, prefixes)
-  else:  # (the whole file or none: a temporary beside it, renamed when complete)
-    with atomic.replacing(args.output) as tmp, open(tmp, "w", encoding="utf-8") as out:
-      translator.translate_lines(lines, out, interactive, prefixes)
+  with (contextlib.nullcontext(sys.stdout) if args.output == "-"
+        else atomic.text_file(args.output)) as out:  # (a file: whole or not at all)
+    translator.translate_lines(lines, out, interactive, prefixes)
 
 
 def main(argv=None):

@@ -14,11 +14,8 @@ where it stopped; the result equals an uninterrupted run's. Use the folder as a 
 mixture: config.data.corpora.NAME = dict(data_dir=FOLDER, tag=TAG, ...).
 """
 
-import signal
-
 from absl import flags
 
-from transformer_jax import errors
 from transformer_jax.cli import runner
 from transformer_jax.inference.corpus_translation import translate_corpus as run
 from transformer_jax.inference.translator import Translator
@@ -40,34 +37,22 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_integer("block_lines", 0, "Lines per block: the unit of progress and of "
                        "resuming (0: about a twentieth of the input, 64 to 2,048).",
                        lower_bound=0, flag_values=fv)
-  flags.DEFINE_string("source_tag", "", "A tag of a multilingual/tagged run put before every "
-                      "source (e.g. '>>de<<').", flag_values=fv)
-  flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16", "auto"], "The matmuls' dtype "
-                    "(default: the run's; a run trained in bf16, this machine's choice).",
-                    flag_values=fv)
+  runner.define_decoding_flags(fv)
   flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, sampling, "
                             "top_k, top_p, temperature, seed, ...); repeatable.", flag_values=fv)
 
 
-def _stop(signum, frame):
-  raise errors.Interrupted("stopped by SIGTERM")
-
-
 def translate_corpus(args: runner.Args):
-  # (SIGTERM: a line saying what is saved and exit 130, not a silent 143)
-  previous = signal.signal(signal.SIGTERM, _stop)
-  try:
-    with lock.hold(args.out, "translate-corpus"):  # (one writer of the output folder)
-      translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag,
-                              args.dtype)
-      run(translator, args.workdir, args.checkpoint, args.input, args.out, args.split,
-          args.tag, args.block_lines)
-  finally:
-    signal.signal(signal.SIGTERM, previous)
+  with lock.hold(args.out, "translate-corpus"):  # (one writer of the output folder)
+    translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag,
+                            args.dtype)
+    run(translator, args.workdir, args.checkpoint, args.input, args.out, args.split, args.tag,
+        args.block_lines)
 
 
 def main(argv=None):
-  runner.main("translate-corpus", __doc__, define_flags, translate_corpus, argv)
+  runner.main("translate-corpus", __doc__, define_flags, translate_corpus, argv,
+              stop_on_sigterm=True)
 
 
 if __name__ == "__main__":

@@ -263,8 +263,6 @@ class DecodeConfig:
                                 # or, with sampling, that many samples
 
   def __post_init__(self):
-    if self.min_length < 0:
-      raise ConfigError(f"config.decode.min_length={self.min_length} must be >= 0")
     if self.beam_size < 1:
       raise ConfigError(f"config.decode.beam_size={self.beam_size} must be >= 1")
     if self.max_length < 1 or self.batch_size < 1:
@@ -285,15 +283,13 @@ class DecodeConfig:
     if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
       raise ConfigError(f"config.decode: temperature={self.temperature} must be > 0, "
                         f"top_p={self.top_p} in (0, 1], top_k={self.top_k} >= 0")
-    if self.length_penalty < 0:  # (the search's stopping bound holds for alpha >= 0 only)
-      raise ConfigError(f"config.decode.length_penalty={self.length_penalty} must be >= 0 "
-                        "(0 ranks by total log-probability)")
-    # A setting this mode would leave unused is a mistake, not a no-op: set to a value other
-    # than the one that turns it off (beam_size, length_penalty and seed are in every config
-    # and read only by their mode: not counted).
+    for key in ("min_length", "length_penalty"):  # (the search's early stop needs alpha >= 0)
+      if getattr(self, key) < 0:
+        raise ConfigError(f"config.decode.{key}={getattr(self, key)} must be >= 0")
+    # A setting the mode would leave unused is a mistake, not a no-op (beam_size,
+    # length_penalty and seed, in every config and read by their mode only, aside).
     unused = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if not self.sampling else {}
-    if self.greedy or self.sampling:
-      unused["min_length"] = 0
+    unused.update({"min_length": 0} if self.greedy or self.sampling else {})
     for key, off in unused.items():
       if getattr(self, key) != off:
         mode = "sampling" if self.sampling else "greedy decoding" if self.greedy else "beam search"

@@ -21,9 +21,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import tensorflow_datasets as tfds
 from array_record.python import array_record_module
-from tensorflow_datasets.core import example_serializer
 
 from transformer_jax import atomic
 from transformer_jax.config.corpora import CleaningConfig
@@ -37,6 +35,11 @@ log = logging.getLogger(__name__)
 
 # The embedded default corpus (Multi30k Task 1, de/en, train/val/test2016).
 EMBEDDED_MULTI30K = Path(__file__).parents[1] / "corpora" / "multi30k"
+
+
+def _tfds():  # (imported when first used: ~0.2 s that translating text never needs)
+  import tensorflow_datasets  # noqa: PLC0415 (a deliberate deferral of a heavy library)
+  return tensorflow_datasets
 
 
 def default_cache_dir() -> str:
@@ -161,7 +164,7 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
     shutil.rmtree(stale)
   tmp = out.with_name(f".incomplete-{os.getpid()}")
   tmp.mkdir()
-  features = tfds.features.FeaturesDict({lang: tfds.features.Text() for lang in langs})
+  features = _tfds().features.FeaturesDict({lang: _tfds().features.Text() for lang in langs})
   try:
     split_infos, reports = (write_splits or _write_splits)(
         tmp, folder, tuple(dict.fromkeys(splits)), langs, features,
@@ -170,7 +173,7 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
       cleaning_lib.log_report(rep)
     if reports:
       cleaning_lib.write_report(tmp, reports)
-    tfds.folder_dataset.write_metadata(
+    _tfds().folder_dataset.write_metadata(
         data_dir=tmp, features=features, split_infos=split_infos, check_data=False,
         description=f"Parallel text from {folder.resolve()}", disable_shuffling=True)
   except BaseException:  # (a bad file, an interrupt: no half-written folder left behind)
@@ -261,7 +264,7 @@ def serialize_pair(serializer, features, langs: tuple[str, str], a: str, b: str)
 
 
 def pair_serializer(features):
-  return example_serializer.ExampleSerializer(features.get_serialized_info())
+  return _tfds().core.example_serializer.ExampleSerializer(features.get_serialized_info())
 
 
 def shard_path(out: Path, split: str, index: int, count: int) -> Path:
@@ -269,7 +272,7 @@ def shard_path(out: Path, split: str, index: int, count: int) -> Path:
 
 
 def _write_split(out: Path, split: str, pairs: Iterator[tuple[int, str, str]],
-                 langs: tuple[str, str], features) -> tfds.core.SplitInfo:
+                 langs: tuple[str, str], features):
   """Writes one split's pairs as numbered array_record shards; returns its TFDS SplitInfo."""
   serializer = pair_serializer(features)
   lengths: list[int] = []
@@ -292,7 +295,7 @@ def _write_split(out: Path, split: str, pairs: Iterator[tuple[int, str, str]],
     final = shard_path(out, split, i, len(lengths))
     os.replace(out / f"{split}.{i}.tmp", final)
     num_bytes += final.stat().st_size
-  return tfds.core.SplitInfo(name=split, shard_lengths=lengths, num_bytes=num_bytes)
+  return _tfds().core.SplitInfo(name=split, shard_lengths=lengths, num_bytes=num_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,18 +328,17 @@ def corpus_spec(cfg: DataConfig, dataset: str = "") -> CorpusSpec:
                     cfg.cleaning, cfg.train_split)
 
 
-def get_builder(spec: CorpusSpec, write_splits=None) -> tfds.core.DatasetBuilder:
-  """Prepares (once, cached) and returns the TFDS builder for the corpus (a local one's
-  shards written by `write_splits`: see `prepare_local`)."""
+def get_builder(spec: CorpusSpec, write_splits=None):
+  """The corpus's TFDS builder, prepared once, cached (`write_splits`: see prepare_local)."""
   with preparation_lock(spec.cache_dir):
     if spec.dataset == "local":
-      return tfds.builder_from_directory(os.fspath(prepare_local(
+      return _tfds().builder_from_directory(os.fspath(prepare_local(
           spec.local_folder, spec.splits, (spec.source_lang, spec.target_lang), spec.cache_dir,
           spec.cleaning, spec.train_split, write_splits)))
     if spec.cleaning is not None and spec.cleaning.active and spec.train_split in spec.splits:
       raise ConfigError(f"config.data.cleaning applies to local corpora, not to the TFDS "
                         f"dataset {spec.dataset}: turn its rules off (or clean a local copy)")
-    builder = tfds.builder(spec.dataset, data_dir=spec.cache_dir or None)
+    builder = _tfds().builder(spec.dataset, data_dir=spec.cache_dir or None)
     builder.download_and_prepare(file_format="array_record")
     _check_prepared(builder, spec.splits)
   return builder

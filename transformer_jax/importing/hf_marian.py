@@ -25,6 +25,7 @@ last); the decoder starts from PAD in both. Anything else in the files is refuse
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,8 @@ from transformer_jax.data.tokenizer import LANGUAGE_TAG, PairedTokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.importing import safetensors, writer
 from transformer_jax.model.embeddings import sinusoidal_positions
+
+log = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 SPECIAL_PIECES = ("<pad>", "</s>", "<unk>")  # our ids 0, 1, 2
@@ -291,5 +294,11 @@ def import_run(model_dir: str | Path, workdir: str | Path, source_lang: str,
             "ids": "Marian's, reordered: its PAD, EOS and UNK are our 0, 1, 2",
             # (a target-multilingual model: each source starts with the tag of its language)
             "target_language_tags": [p for p in pieces if LANGUAGE_TAG.fullmatch(p)]}
-  return writer.write_run(workdir, options, (source_lang, target_lang), params,
-                          tokenizer_bytes, record)
+  workdir = writer.write_run(workdir, options, (source_lang, target_lang), params,
+                             tokenizer_bytes, record)
+  tags = record["target_language_tags"]
+  if tags:
+    log.info("A multilingual model of %d target-language tags (%s%s; all in %s): translate and "
+             "evaluate with --source_tag=%s, or start each source line with its tag", len(tags),
+             ", ".join(tags[:8]), ", ..." * (len(tags) > 8), workdir / writer.RECORD, tags[0])
+  return workdir

@@ -27,6 +27,7 @@ from transformer_jax.errors import DataError, UsageError
 from transformer_jax.evaluation import alignment, scoring
 from transformer_jax.evaluation.evaluator import Evaluator
 from transformer_jax.inference import trained_run
+from transformer_jax.parallel import compilation
 from transformer_jax.reporting import plots
 from transformer_jax.workdir import layout
 
@@ -148,14 +149,15 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
     label += "+" + ",".join(decode_overrides)
   model, params = trained_run.members(runs, list(group))
   evaluator = Evaluator(eval_set, model, runs[0].tokenizer, decode, runs[0].mesh)
-  t0 = time.time()
+  t0, prepared = time.time(), compilation.program_seconds()
   with tqdm(total=len(eval_set), unit="sent", file=sys.stderr, desc=f"{label} on {name}",
             disable=jax.process_index() != 0) as bar:
     translations = evaluator.translations(params, on_batch=bar.update)
   hyps = [h.text for h in translations]
   result = layout.result_record(label, selected.steps, name,
                                 scoring.score(hyps, eval_set.references), len(hyps),
-                                time.time() - t0, decode)
+                                time.time() - t0, decode,
+                                compilation.program_seconds() - prepared)
   if len(runs) > 1:
     result["ensemble"] = [str(r.workdir) for r in runs]
   if lowercase:

@@ -68,8 +68,10 @@ class TrainedRun:
 
   def params(self, selected: Selected):
     """The weights of a selection: the moving average unless "raw" was asked for (or the run
-    keeps none)."""
-    return selection.weights(self.state(selected), selected)
+    keeps none); only they are read from the checkpoints."""
+    abstract = abstract_state(self.cfg, self.model, self.mesh)
+    return selection.weights(selection.restore(self.workdir, selected, abstract,
+                                               weights_only=True), selected)
 
 
 def load(workdir: str | Path, dtype: str = "") -> TrainedRun:

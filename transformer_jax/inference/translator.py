@@ -104,7 +104,7 @@ class Translator:
   def warm_up(self):
     """Translates two made-up sources of 1 and 17 tokens (the two shortest length buckets),
     so that the programs a line typed interactively needs are traced, and compiled or loaded
-    from the persistent compilation cache, before the first line arrives."""
+    from the persistent compilation cache, while the answer to the first line is read."""
     ids = [np.asarray(self.source_prefix + [UNK_ID + 1] * n + [EOS_ID], np.int32)  # (a piece)
            for n in (1, 17)]
     for source in ids:
@@ -143,13 +143,15 @@ class Translator:
     target prefixes, line-aligned with `lines` (not with `interactive`)."""
     if interactive and prefixes is not None:
       raise UsageError("--prefix_file needs the whole input at once: not with --interactive")
-    if interactive:
-      self.warm_up()
+    if interactive:  # (the first line prepares its own programs; the rest wait for none)
+      print("ready: one sentence per line (Ctrl-D ends)", file=sys.stderr, flush=True)
       for index, line in enumerate(lines):
         ((hyps, aligned),) = self._with_alignments([line], self.translate([line]))
         for text in self.output_lines(index, hyps, aligned):
           out.write(text + "\n")
         out.flush()
+        if index == 0:
+          self.warm_up()
       return
     lines = list(lines)
     if prefixes is not None and len(prefixes) != len(lines):

@@ -10,6 +10,10 @@ shared by machines of different kinds never hands one of them code compiled for 
 MIN_COMPILE_SECONDS to compile are kept (JAX's default is 1 s: the decoder's search loops for a
 few rows compile faster than that, and a line translated interactively would wait for them
 in every new process).
+
+`program_seconds` counts the time this process spent preparing programs (tracing, lowering,
+compiling or loading them from the cache), from JAX's own duration events, so that a speed can
+be given apart from it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import jax
+from jax import monitoring
 
 from transformer_jax.config.folders import cache_home
 from transformer_jax.parallel import numerics
@@ -52,3 +57,25 @@ def enable_compilation_cache():
     return
   jax.config.update("jax_compilation_cache_dir", str(folder))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+
+
+# JAX's duration events of preparing a program: tracing, lowering, and compiling it (or, with
+# the persistent cache, loading it).
+PROGRAM_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+_prepared = {"seconds": 0.0, "listening": False}
+
+
+def _count(event: str, duration: float, **_):
+  if event in PROGRAM_EVENTS:
+    _prepared["seconds"] += duration
+
+
+def program_seconds() -> float:
+  """Seconds this process has spent preparing programs since the first call (the difference
+  of two calls: the share of the time between them)."""
+  if not _prepared["listening"]:
+    monitoring.register_event_duration_secs_listener(_count)
+    _prepared["listening"] = True
+  return _prepared["seconds"]

@@ -92,7 +92,8 @@ def initial_state(cfg: TrainConfig, workdir: Path, model: Transformer, mesh, sta
   (selected,) = chosen
   abstract = abstract_state(src_cfg, Transformer(src_cfg.model), mesh)
   _check_shapes(shapes_by_path(abstract.params), shapes_by_path(state.params), src, selected)
-  params = selection.weights(selection.restore(src, selected, abstract), selected)
+  params = selection.weights(selection.restore(src, selected, abstract, weights_only=True),
+                             selected)
   params = jax.tree_util.tree_map(lambda new, old: new.astype(old.dtype), params, state.params)
   state = state.replace(params=params)
   if getattr(state, "ema_params", None) is not None:  # (buffers of their own: both donated)

@@ -218,10 +218,9 @@ def _model_and_data(cfg: TrainConfig, workdir: Path) -> Run:
   mesh = resolution.make_mesh(cfg)
   model = Transformer(cfg.model)
   init, state_sharding = state_init(cfg, model, mesh)  # fails fast on an uneven split
-  ckpt = Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep)
   # (fine-tuning's first start: the tokenizer of the run it starts from; once the run has a
   # checkpoint it resumes from its own, with its own copy, and the source may be gone)
-  starting_from_source = cfg.init_from.workdir and ckpt.latest_step() is None
+  starting_from_source = cfg.init_from.workdir and not layout.has_checkpoints(workdir)
   tok = (init_from.load_tokenizer(cfg, workdir) if starting_from_source
          else load_tokenizer(cfg, workdir))
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
@@ -240,7 +239,8 @@ def _model_and_data(cfg: TrainConfig, workdir: Path) -> Run:
     log.info("Moving average of the parameters (decay %g): validation, the best checkpoint "
              "and the test use it", cfg.optimizer.ema_decay)
   return Run(cfg, workdir, Schedule.of(cfg), model, mesh, tok, pipeline, train_iter, state,
-             ckpt, Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu"),
+             Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep),
+             Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu"),
              state_sharding, dropout_rng=dropout_rng)
 
 

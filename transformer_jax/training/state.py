@@ -47,6 +47,12 @@ class EmaTrainState(TrainState):
 def state_init(cfg: TrainConfig, model: Transformer, mesh):
   """(init(rng) -> boxed TrainState, the state's shardings on `mesh`); a ConfigError when the
   mesh cannot split the parameters evenly (checked before anything is compiled)."""
+  init, state_sharding, _ = _described(cfg, model, mesh)
+  return init, state_sharding
+
+
+def _described(cfg: TrainConfig, model: Transformer, mesh):
+  """`state_init`'s two, and the boxed state's shapes (one trace of the model's init)."""
   tx = make_optimizer(cfg.optimizer, cfg.num_train_steps)
   dummy = jnp.ones((1, 8), jnp.int32)
 
@@ -65,7 +71,7 @@ def state_init(cfg: TrainConfig, model: Transformer, mesh):
     raise ConfigError(f"config.parallelism: mesh {dict(mesh.shape)} and its axis rules cannot "
                       "split the model's parameters evenly: " + "; ".join(problems)
                       + ". Change config.parallelism.mesh_shape, the axis rules or the sizes.")
-  return init, state_sharding
+  return init, state_sharding, boxed
 
 
 def create_state(cfg: TrainConfig, model: Transformer, mesh, rng):
@@ -82,8 +88,8 @@ def initialise(init, state_sharding, rng):
 
 def abstract_state(cfg: TrainConfig, model: Transformer, mesh):
   """Shapes, dtypes and shardings of the TrainState, without computing it (restore target)."""
-  init, state_sharding = state_init(cfg, model, mesh)
-  shapes = jax.eval_shape(lambda r: nn.meta.unbox(init(r)), jax.random.PRNGKey(0))
+  _, state_sharding, boxed = _described(cfg, model, mesh)
+  shapes = nn.meta.unbox(boxed)
   return jax.tree_util.tree_map(
       lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), shapes, state_sharding)
 

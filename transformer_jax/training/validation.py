@@ -12,6 +12,7 @@ import jax
 
 from transformer_jax.data.eval_sets import direction_sets, load_eval_set, scoring_sets
 from transformer_jax.evaluation.evaluator import Evaluator, sample_translations
+from transformer_jax.parallel import compilation
 from transformer_jax.reporting.metrics import MetricWriter
 from transformer_jax.workdir import layout
 
@@ -62,14 +63,14 @@ def test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, floa
   for a corpus's."""
   result = {}
   for name, eval_set in scoring_sets(cfg.data, tok).items():
-    t0 = time.time()
+    t0, prepared = time.time(), compilation.program_seconds()
     score, hyps = Evaluator(eval_set, model, tok, cfg.decode, mesh).bleu(params)
-    seconds = time.time() - t0
+    seconds, prepared = time.time() - t0, compilation.program_seconds() - prepared
     label = f"step_{step}" + ("_ema" if cfg.optimizer.ema_decay else "")  # (as evaluate does)
     out_dir = layout.eval_dir(workdir, name)
     layout.write_lines(out_dir / f"{label}.hyp", hyps)
     layout.write_results(out_dir, [layout.result_record(
-        label, [step], name, score, len(hyps), seconds, cfg.decode)])
+        label, [step], name, score, len(hyps), seconds, cfg.decode, prepared)])
     prefix = "test/" if name == cfg.data.test_split else f"test/{name}/"
     metrics = {f"{prefix}bleu": score.bleu, f"{prefix}chrf": score.chrf,
                ("perf/test_" if name == cfg.data.test_split else f"perf/test/{name}/")

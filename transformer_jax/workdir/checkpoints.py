@@ -86,18 +86,24 @@ class Checkpointer:
     """Returns once the save in flight (if any) is complete on disk."""
     self.manager.wait_until_finished()
 
-  def restore(self, step: int, abstract_state, data_iterator=None):
+  def restore(self, step: int, abstract_state, data_iterator=None,
+              fields: tuple[str, ...] | None = None):
     """Restores the state (shaped and sharded like `abstract_state`) and, when given, moves
-    `data_iterator` to the saved position. Returns the state."""
+    `data_iterator` to the saved position. Returns the state. With `fields` (e.g.
+    ("ema_params",): what decoding needs), only those of the state's fields are read, the
+    others left as placeholders: a fraction of the checkpoint's bytes."""
     self.wait()
     if step not in self.all_steps():
       raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; available "
                             f"steps: {self.all_steps() or 'none'}")
-    items = {"state": ocp.args.StandardRestore(abstract_state)}
-    if data_iterator is not None:
-      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
     try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+      if fields is not None:
+        state = _restore_fields(self.directory / str(step) / "state", abstract_state, fields)
+      else:
+        items = {"state": ocp.args.StandardRestore(abstract_state)}
+        if data_iterator is not None:
+          items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+        state = self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
     except Exception:  # noqa: BLE001 (what a vanished file raises depends on where it vanished)
       if (self.directory / str(step)).exists():
         raise
@@ -106,7 +112,7 @@ class Checkpointer:
           "training run writing that workdir keeps only its newest checkpoints): select a "
           "newer one, or evaluate when the run has ended") from None
     log.info("Restored checkpoint at step %d from %s", step, self.directory)
-    return restored["state"]
+    return state
 
   def restore_latest(self, abstract_state, data_iterator=None):
     """(step, state) of the newest checkpoint that restores, or (0, None) when there is none.
@@ -172,6 +178,21 @@ class Checkpointer:
     self.manager.close()  # (waits for the save in flight)
 
 
+def _restore_fields(path: Path, abstract_state, fields: tuple[str, ...]):
+  """The state saved at `path` (a checkpoint's state item), only `fields` read. (Orbax's
+  PyTree handler reads what the standard one wrote, placeholders left out.)"""
+  skipped = {name: jax.tree_util.tree_map(lambda _: ocp.PLACEHOLDER, getattr(abstract_state, name))
+             for name in ("params", "opt_state", "ema_params")
+             if name not in fields and getattr(abstract_state, name, None) is not None}
+  target = abstract_state.replace(**skipped)
+  restore_args = jax.tree_util.tree_map(
+      lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding) if isinstance(x, jax.ShapeDtypeStruct)
+      else ocp.RestoreArgs(), target)
+  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as checkpointer:
+    return checkpointer.restore(path, args=ocp.args.PyTreeRestore(item=target,
+                                                                  restore_args=restore_args))
+
+
 def _one_line(e: Exception) -> str:
   first = str(e).splitlines()[0][:300] if str(e) else ""
   return f"{type(e).__name__}: {first}"
@@ -193,16 +214,22 @@ def abstract_like(tree):
 
 def average_states(states):
   """The element-wise mean of the states' parameters, and of their moving averages when
-  they keep them (other fields from the last state)."""
+  they keep them (other fields from the last state); one state as it is."""
   if not states:
     raise CheckpointError("nothing to average")
+  if len(states) == 1:
+    return states[0]
+  fields = [f for f in ("params", "ema_params")  # (those restored: not placeholders)
+            if isinstance(next(iter(jax.tree_util.tree_leaves(getattr(states[-1], f, None))),
+                               None), jax.Array)]
+  means = _mean([{f: getattr(s, f) for f in fields} for s in states])
+  return states[-1].replace(**means)
 
-  def mean(field):
-    return jax.tree_util.tree_map(lambda *xs: sum(xs) / len(xs),
-                                  *[getattr(s, field) for s in states])
-  if getattr(states[-1], "ema_params", None) is not None:
-    return states[-1].replace(params=mean("params"), ema_params=mean("ema_params"))
-  return states[-1].replace(params=mean("params"))
+
+@jax.jit
+def _mean(trees):
+  """The leaf-wise mean of the trees (one program, not one per leaf)."""
+  return jax.tree_util.tree_map(lambda *xs: sum(xs) / len(xs), *trees)
 
 
 def parse_selection(selection: str, available: list[int]) -> list[tuple[str, list[int]]]:

@@ -75,6 +75,12 @@ def eval_dir(workdir: str | Path, name: str) -> Path:
   return Path(workdir) / "eval" / name
 
 
+def has_checkpoints(workdir: str | Path) -> bool:
+  """Whether the run has saved a checkpoint (a step's folder), without opening them."""
+  folder = Path(workdir) / CHECKPOINTS
+  return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+
 def save_config(config_dict: dict, workdir: str | Path):
   if jax.process_index() == 0:
     atomic.write_json(Path(workdir) / CONFIG, config_dict, indent=2, sort_keys=True)
@@ -165,12 +171,17 @@ def write_lines(path: Path, lines: list[str]):
 
 
 def result_record(label: str, steps: list[int], data: str, score, sentences: int,
-                  seconds: float, decode: DecodeConfig) -> dict:
+                  seconds: float, decode: DecodeConfig, program_seconds: float = 0.0) -> dict:
   """One entry of results.json: what was scored (checkpoint label and steps, data), the
-  sacreBLEU scores with their signatures, the decoding settings and the speed."""
+  sacreBLEU scores with their signatures, the decoding settings and the speed: the decoding's
+  wall time (`seconds`), the part of it spent preparing programs (`program_seconds`: tracing,
+  lowering, compiling or loading them; once per process and shape), and sentences per second
+  of the rest, the speed of the search itself."""
   return {"label": label, "steps": list(steps), "data": data, "sentences": sentences,
           "bleu": score.bleu, "bleu_signature": score.bleu_signature, "chrf": score.chrf,
-          "chrf_signature": score.chrf_signature, "sentences_per_sec": sentences / seconds,
+          "chrf_signature": score.chrf_signature,
+          "sentences_per_sec": sentences / max(seconds - program_seconds, 1e-9),
+          "seconds": seconds, "program_seconds": program_seconds,
           "decode": dataclasses.asdict(decode)}
 
 

@@ -103,18 +103,26 @@ def select(workdir: Path, selection: str, has_ema: bool) -> list[Selected]:
   return chosen
 
 
-def restore(workdir: Path, selected: Selected, abstract):
+def restore(workdir: Path, selected: Selected, abstract, weights_only: bool = False):
   """The train state of a selection (shaped like `abstract`): one checkpoint's, or their
-  parameters' mean."""
+  parameters' mean. `weights_only`: only the weights `weights` takes are read (the other
+  fields are placeholders)."""
+  fields = (_weights_field(abstract, selected),) if weights_only else None
   ckpt = checkpoints(workdir, selected.from_best)
   try:
-    states = [ckpt.restore(step, abstract) for step in selected.steps]
+    states = [ckpt.restore(step, abstract, fields=fields) for step in selected.steps]
   finally:
     ckpt.close()
   return average_states(states)
 
 
+def _weights_field(state, selected: Selected) -> str:
+  """The state field holding a selection's weights."""
+  has_ema = getattr(state, "ema_params", None) is not None
+  return "params" if selected.weights == "raw" or not has_ema else "ema_params"
+
+
 def weights(state, selected: Selected):
   """The weights of a restored selection: the moving average unless "raw" was asked for (or
   the run keeps none)."""
-  return state.params if selected.weights == "raw" else state.eval_params
+  return getattr(state, _weights_field(state, selected))

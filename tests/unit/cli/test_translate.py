@@ -33,6 +33,8 @@ def test_translate_nbest_output(tiny_run, interactive):
                                       f"--interactive={interactive}", "--decode=nbest=2",
                                       stdin=b"Ein Hund.\n\nEine Katze.\n")
   assert status == 0, err[-2000:]
+  # (interactively, a line says when the first sentence can be typed)
+  assert ("ready: one sentence per line (Ctrl-D ends)" in err) == (interactive == "true")
   rows = [x.split(" ||| ") for x in out.splitlines()]
   assert {int(x[0]) for x in rows} == {0, 1, 2}
   assert [x for x in rows if int(x[0]) == 1] == [["1", "", "0.0000"]]  # the empty line's

@@ -220,7 +220,7 @@ def test_a_target_multilingual_model_is_imported_with_its_tags_and_asks_for_one(
   run_dir = tmp_path / "run"
   status, out, err = helpers.run_tool(import_model.main, "--from=hf-marian",
                                       f"--model_dir={folder}", f"--workdir={run_dir}")
-  assert status == 0 and "--source_tag=>>fra<<" in out, err
+  assert status == 0 and "--source_tag=>>fra<<" in err, err
   assert json.loads((run_dir / "import.json").read_text())["target_language_tags"] == list(tags)
   run = trained_run.load(run_dir)
   assert run.tokenizer.language_tags == tags and run.cfg.model.dtype == "float32"

@@ -1,7 +1,10 @@
 """Where the persistent compilation cache goes: one folder per machine kind, JAX's own settings
-first, and a switch to turn it off."""
+first, a switch to turn it off, and the time spent preparing programs."""
 
 import types
+
+import jax
+import jax.numpy as jnp
 
 from transformer_jax.parallel import compilation
 
@@ -37,3 +40,15 @@ def test_enabling_points_jax_at_this_machines_folder(tmp_path, monkeypatch):
                      "jax_persistent_cache_min_compile_time_secs":
                      compilation.MIN_COMPILE_SECONDS} and expected.is_dir()
 
+
+
+def test_program_seconds_counts_preparing_a_new_program_and_not_running_it():
+  program = jax.jit(lambda x: jnp.tanh(x) * 3.0 + jnp.arange(x.shape[0]))
+  before = compilation.program_seconds()
+  jax.block_until_ready(program(jnp.ones(7)))
+  prepared = compilation.program_seconds() - before
+  assert prepared > 0.0
+  before = compilation.program_seconds()
+  for _ in range(3):
+    jax.block_until_ready(program(jnp.ones(7)))
+  assert compilation.program_seconds() == before  # (the same program again: nothing to do)

@@ -1,0 +1,108 @@
+"""How long a decoding tool takes from its start to its first translation, with a warm
+compilation cache: `translate` of one line (piped), `translate --interactive` (its first line
+answered), and `evaluate` of one batch (128 sentences of test2016, as files).
+
+  python benchmarks/tool_startup.py --workdir=runs/default [--rounds=3]
+      [--checkout=/path/to/another/clone]
+
+Each tool runs `--rounds` times after one unmeasured run (which fills the compilation cache);
+the table gives the median seconds to the first line on stdout (translate) or to the end of
+the first batch (evaluate's progress), and of the whole process. With `--checkout`, the same
+commands also run with that clone's package first on PYTHONPATH (the code before a change),
+alternating with this one's, so that both see the same machine.
+"""
+
+import gzip
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "A trained workdir.", required=True)
+flags.DEFINE_integer("rounds", 3, "Measured runs of each tool.")
+flags.DEFINE_string("checkout", "", "Another clone whose package to measure alongside.")
+
+ROOT = Path(__file__).resolve().parents[1]
+LINE = "Ein Hund rennt durch den Schnee.\n"
+FIRST_PROGRESS = re.compile(rb"\| *[1-9]\d*/\d+ ")  # (tqdm's count past 0: a batch is done)
+
+
+def _timed(argv: list[str], stdin: str, env: dict) -> tuple[float, float]:
+  """(seconds to the first stdout line or progress past 0, seconds to the end)."""
+  start = time.perf_counter()
+  proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env)
+  first = []
+
+  def watch(stream, pattern):
+    seen = b""
+    while chunk := stream.read(1):
+      seen = (seen + chunk)[-256:]
+      if not first and pattern.search(seen):
+        first.append(time.perf_counter() - start)
+
+  watchers = [threading.Thread(target=watch, args=(proc.stdout, re.compile(rb"\n"))),
+              threading.Thread(target=watch, args=(proc.stderr, FIRST_PROGRESS))]
+  for watcher in watchers:
+    watcher.start()
+  proc.stdin.write(stdin.encode())
+  proc.stdin.close()
+  if proc.wait() != 0:
+    raise RuntimeError(f"{' '.join(argv)} exited with {proc.returncode}")
+  for watcher in watchers:
+    watcher.join()
+  return first[0], time.perf_counter() - start
+
+
+def _batch_files(folder: Path) -> tuple[Path, Path]:
+  corpus = ROOT / "transformer_jax" / "corpora" / "multi30k"
+  paths = []
+  for lang in ("de", "en"):
+    lines = gzip.open(corpus / f"test2016.{lang}.gz", "rt", encoding="utf-8").readlines()[:128]
+    paths.append(folder / f"batch.{lang}")
+    paths[-1].write_text("".join(lines), encoding="utf-8")
+  return tuple(paths)
+
+
+def main(_):
+  tmp = Path(tempfile.mkdtemp())
+  source, reference = _batch_files(tmp)
+  python = sys.executable
+  tools = {
+      "translate, one line": ([python, "-m", "transformer_jax.cli.translate",
+                               f"--workdir={FLAGS.workdir}", "--interactive=false"], LINE),
+      "translate --interactive, first line": (
+          [python, "-m", "transformer_jax.cli.translate", f"--workdir={FLAGS.workdir}",
+           "--interactive=true"], LINE),
+      "evaluate, first batch of 128": (
+          [python, "-m", "transformer_jax.cli.evaluate", f"--workdir={FLAGS.workdir}",
+           f"--source_file={source}", f"--reference_file={reference}",
+           f"--output_dir={tmp / 'eval'}"], ""),
+  }
+  codes = {"this checkout": str(ROOT)}
+  if FLAGS.checkout:
+    codes["--checkout"] = str(Path(FLAGS.checkout).resolve())
+  print(f"{FLAGS.workdir}; median of {FLAGS.rounds} runs, warm compilation cache")
+  for tool, (argv, stdin) in tools.items():
+    times = {code: [] for code in codes}
+    for code, path in codes.items():  # (the unmeasured run: fills the cache)
+      _timed(argv, stdin, {**os.environ, "PYTHONPATH": path})
+    for _ in range(FLAGS.rounds):
+      for code, path in codes.items():
+        times[code].append(_timed(argv, stdin, {**os.environ, "PYTHONPATH": path}))
+    for code, measured in times.items():
+      first = statistics.median(t for t, _ in measured)
+      whole = statistics.median(t for _, t in measured)
+      print(f"  {tool:<38} {code:<14} first {first:5.2f} s   whole {whole:5.2f} s")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -14,7 +14,8 @@ from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import resizing
 from transformer_jax.decoding.mbr import mbr_order
-from transformer_jax.decoding.search import beam_search, greedy_search, prepare
+from transformer_jax.decoding.members import prepare
+from transformer_jax.decoding.search import beam_search, greedy_search
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.parallel import mesh as mesh_lib
 
@@ -34,7 +35,7 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
   """Decodes every source of `eval_set`; yields (row indices, sequences (B, N, L), scores
   (B, N)) per batch, N = the candidates asked for (cfg.nbest, or cfg.mbr_candidates with
   MBR), best first for beam search. `model`/`params`: one model or tuples (an ensemble), or
-  `search.prepare`'s Members (params None); the set's target prefixes, if any, are forced.
+  `members.prepare`'s Members (params None); the set's target prefixes, if any, are forced.
 
   Batches are length-sorted; each sentence has its own length cap (`sentence_caps`), so its
   translation does not depend on the batch. A batch has `cfg.batch_size` rows, the last one

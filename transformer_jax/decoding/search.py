@@ -12,14 +12,14 @@ runs until it has to stop for one of `resizing`'s reasons (few sentences left, t
 then the state is compacted or grown and the loop goes on (see `resizing`).
 
 Both take one model or an ensemble (a tuple of models and a tuple of their parameters, one
-vocabulary), or the two `prepare`d once for many batches: each step's log-probabilities are
-the members' average. Both can force a target prefix per sentence (`prefix_BP`, 0-padded
-ids): its tokens are chosen, with their log-probabilities counted, before the search goes on.
+vocabulary), or the two made ready once for many batches (`members.prepare`): each step's
+log-probabilities are the members' average. Both can force a target prefix per sentence
+(`prefix_BP`, 0-padded ids): its tokens are chosen, with their log-probabilities counted,
+before the search goes on.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import flax
@@ -29,8 +29,8 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import resizing
-from transformer_jax.model.embeddings import compute_dtype
-from transformer_jax.model.transformer import Transformer, unscanned
+from transformer_jax.decoding.members import prepare
+from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.selection import top_k
 from transformer_jax.parallel import mesh as mesh_lib
@@ -64,38 +64,6 @@ def _gather_beams(tree, beam_indices_BW, batch_size):
     idx = beam_indices_BW.reshape(beam_indices_BW.shape + (1,) * (x.ndim - 2))
     return _flat(jnp.take_along_axis(x, idx, axis=1))
   return jax.tree_util.tree_map_with_path(gather, tree)
-
-
-@functools.partial(jax.jit, static_argnames=("dtype",))
-def _in_compute_dtype(params, dtype):
-  """The projection kernels cast once to the matmuls' dtype, not at every step; the rest
-  (norms, biases, the embedding table, read in f32) as they are."""
-  def cast(path, x):
-    return x.astype(dtype) if getattr(path[-1], "key", None) == "kernel" else x
-  return jax.tree_util.tree_map_with_path(cast, params)
-
-
-@dataclasses.dataclass(frozen=True)
-class Members:
-  """One model or an ensemble made ready to decode (`prepare`): each member in the per-layer
-  layout, its kernels in the compute dtype."""
-  models: tuple
-  params: tuple
-
-
-def prepare(model, params=None) -> Members:
-  """The members of one model or an ensemble (tuples of models and of their parameters), made
-  ready once for every batch a set is decoded in; a Members is returned as it is."""
-  if isinstance(model, Members):
-    return model
-  if not isinstance(model, tuple):
-    model, params = (model,), (params,)
-  pairs = [unscanned(m, p) for m, p in zip(model, params)]
-  models = tuple(m for m, _ in pairs)
-  params = tuple(p if compute_dtype(m.config) == jnp.float32
-                 else _in_compute_dtype(p, dtype=compute_dtype(m.config))
-                 for m, (_, p) in zip(models, pairs))
-  return Members(models, params)
 
 
 def _decoder_step(models, params, caches, inputs, tokens_N):

@@ -151,17 +151,21 @@ class SweepSpec:
 
   def queued_points(self) -> list[dict[str, Any]]:
     """The trials queued when the study is created, in order, each the values it fixes (the
-    rest are sampled when a worker claims it): the grid's points; else the start points, then
-    for a random sweep of a finite space distinct grid points in a seeded random order (no
-    point twice), or empty points to sample."""
+    rest are sampled when a worker claims it): the grid's points; for a random sweep of a
+    finite space, distinct grid points in a seeded random order (a start point first, as the
+    first point that has its values: no point twice); else the start points, then empty
+    points to sample."""
     if self.sampler == "grid":
       return self.grid_points
-    left = self.num_trials - len(self.start_points)
     if self.sampler == "random" and self.finite:
-      others = [p for p in self.grid_points if p not in self.start_points]
-      random.Random(self.seed).shuffle(others)
-      return [*self.start_points, *others[:left]]
-    return [*self.start_points, *[{}] * left]
+      order = self.grid_points
+      random.Random(self.seed).shuffle(order)
+      queued = []
+      for start in self.start_points:  # (the first point it matches: its missing fields drawn)
+        queued.append(next((p for p in order if p not in queued
+                            and all(p[k] == v for k, v in start.items())), start))
+      return queued + [p for p in order if p not in queued][:self.num_trials - len(queued)]
+    return [*self.start_points, *[{}] * (self.num_trials - len(self.start_points))]
 
   def to_json(self) -> dict:
     """What identifies the sweep (a study resumed with another spec is refused)."""

@@ -24,9 +24,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
-from sentencepiece import sentencepiece_pb2
 
 from transformer_jax import atomic
+from transformer_jax.data.words import char_spans, parsed, words_of_spans
 from transformer_jax.errors import ConfigError, DataError, TokenizerDamaged
 
 log = logging.getLogger(__name__)
@@ -58,46 +58,6 @@ def _content_ids(ids) -> list[int]:
   return out
 
 
-def _parsed(serialized: bytes) -> sentencepiece_pb2.SentencePieceText:
-  return sentencepiece_pb2.SentencePieceText.FromString(serialized)
-
-
-def _char_spans(text: str, pieces) -> list[tuple[int, int]]:
-  """The (begin, end) character offsets in `text` of pieces whose offsets SentencePiece gives
-  in bytes of its UTF-8."""
-  char_at = {}
-  offset = 0
-  for i, ch in enumerate(text):
-    char_at[offset] = i
-    offset += len(ch.encode())
-  char_at[offset] = len(text)
-  return [(char_at[p.begin], char_at[p.end]) for p in pieces]
-
-
-def words_of_spans(text: str, spans: list[tuple[int, int]]) -> list[int]:
-  """For each (begin, end) character span of `text`, the whitespace-separated word of `text`
-  (counted from 0, as `text.split()` gives them) that it spells: the word of its first
-  character that is not a space. A span of spaces alone (a word-start marker) belongs to the
-  word after it, or at the end to the one before."""
-  word_of_char, word, in_word = [], -1, False
-  for ch in text:
-    if ch.isspace():
-      in_word = False
-      word_of_char.append(-1)
-    else:
-      word += not in_word
-      in_word = True
-      word_of_char.append(word)
-  words = [next((w for w in word_of_char[b:e] if w >= 0), None) for b, e in spans]
-  following = None
-  for i in reversed(range(len(words))):
-    words[i] = following = words[i] if words[i] is not None else following
-  preceding = 0
-  for i, w in enumerate(words):
-    words[i] = preceding = w if w is not None else preceding
-  return words
-
-
 class Tokenizer:
   """A SentencePiece model with the id conventions the model and decoder rely on."""
 
@@ -127,16 +87,40 @@ class Tokenizer:
     return self.sp.get_piece_size()
 
   def encode(self, text: str, side: str = "source") -> list[int]:
-    """Subword ids of `text` (on `side`: the same for a joint model), followed by EOS."""
-    return self.sp.encode(text) + [EOS_ID]
+    """Subword ids of `text` (on `side`: the same for a joint model), followed by EOS; a
+    language tag `text` starts with is its one piece (`leading_tag`)."""
+    tag, rest = self._split_tag(text)
+    return self._tag_ids(tag) + self._ids_of(rest, side) + [EOS_ID]
 
   def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
-    """`encode` of each text, on SentencePiece's threads."""
-    return [ids + [EOS_ID] for ids in self.sp.encode(texts, num_threads=os.cpu_count() or 1)]
+    """`encode` of each text, on SentencePiece's threads (a model without tags)."""
+    if self.language_tags:
+      return [self.encode(text, side) for text in texts]
+    return [ids + [EOS_ID] for ids in self._ids_of_batch(texts, side)]
 
   def encode_pieces(self, text: str, side: str = "source") -> list[str]:
     """The subword strings of `text`, without EOS (what CTranslate2 takes)."""
-    return self.sp.encode(text, out_type=str)
+    tag, rest = self._split_tag(text)
+    return tag + self._processor(side).encode(rest, out_type=str)
+
+  def _split_tag(self, text: str) -> tuple[list[str], str]:
+    """([the language tag `text` starts with], the rest): the tag is a piece of its own, as
+    training put it before a tagged corpus's sources and Marian's tokenizer in transformers
+    splits it, not what SentencePiece would cut the text into."""
+    tag = self.leading_tag(text)
+    return ([tag], text.lstrip()[len(tag):]) if tag else ([], text)
+
+  def _processor(self, side: str) -> spm.SentencePieceProcessor:
+    return self.sp
+
+  def _ids_of(self, text: str, side: str, **sampling) -> list[int]:
+    return self.sp.encode(text, **sampling)
+
+  def _ids_of_batch(self, texts: list[str], side: str) -> list[list[int]]:
+    return self.sp.encode(texts, num_threads=os.cpu_count() or 1)
+
+  def _tag_ids(self, tags: list[str]) -> list[int]:
+    return [self.sp.piece_to_id(tag) for tag in tags]
 
   def sample_batch(self, texts: list[str], alpha: float, nbest_size: int,
                    seed: int, side: str = "source") -> list[list[int]]:
@@ -160,7 +144,9 @@ class Tokenizer:
     return [ids + [EOS_ID] for ids in out]
 
   def _sample(self, text: str, alpha: float, nbest_size: int, side: str) -> list[int]:
-    return self.sp.encode(text, enable_sampling=True, alpha=alpha, nbest_size=nbest_size)
+    tag, rest = self._split_tag(text)
+    return self._tag_ids(tag) + self._ids_of(rest, side, enable_sampling=True, alpha=alpha,
+                                             nbest_size=nbest_size)
 
   def tag_id(self, tag: str, where: str) -> int:
     """The id of reserved token `tag` (a piece of its own); an error naming `where` (the
@@ -183,15 +169,24 @@ class Tokenizer:
   def encode_words(self, text: str, side: str = "source") -> tuple[list[int], list[int]]:
     """`encode(text)`'s ids without EOS, and for each the whitespace-separated word of `text`
     it spells (`words_of_spans`: by the span of `text` SentencePiece took it from, whatever
-    normalisation or unknown pieces)."""
-    proto = _parsed(self.sp.encode(text, out_type="serialized_proto"))
-    return [p.id for p in proto.pieces], words_of_spans(text, _char_spans(text, proto.pieces))
+    normalisation or unknown pieces; a leading tag: its own word)."""
+    tag, rest = self._split_tag(text)
+    proto = parsed(self._processor(side).encode(rest, out_type="serialized_proto"))
+    offset = len(text) - len(rest)  # (the tag and the spaces before it)
+    spans = [(0, offset)] * len(tag) + [(b + offset, e + offset)
+                                        for b, e in char_spans(rest, proto.pieces)]
+    ids = self._tag_ids(tag) + self._ids_of_pieces([p.piece for p in proto.pieces],
+                                                   [p.id for p in proto.pieces])
+    return ids, words_of_spans(text, spans)
+
+  def _ids_of_pieces(self, pieces: list[str], processor_ids: list[int]) -> list[int]:
+    return processor_ids
 
   def decode_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
     """`decode(ids)`'s text, and for each of the ids it spells (those before EOS, padding
     skipped) the whitespace-separated word of that text it belongs to."""
-    proto = _parsed(self.sp.decode_ids(_content_ids(ids), out_type="serialized_proto"))
-    return proto.text, words_of_spans(proto.text, _char_spans(proto.text, proto.pieces))
+    proto = parsed(self.sp.decode_ids(_content_ids(ids), out_type="serialized_proto"))
+    return proto.text, words_of_spans(proto.text, char_spans(proto.text, proto.pieces))
 
   @functools.cached_property
   def language_tags(self) -> tuple[str, ...]:
@@ -265,27 +260,21 @@ class PairedTokenizer(Tokenizer):
   def _ids(self, pieces: list[str]) -> list[int]:
     return [self.ids.get(piece, UNK_ID) for piece in pieces]
 
-  def _tag_and_text(self, text: str) -> tuple[list[str], str]:
-    """([the language tag `text` starts with], the rest), as Marian's tokenizer in
-    transformers splits it: the tag is one piece of the vocabulary, not SentencePiece's."""
-    tag = self.leading_tag(text)
-    return ([tag], text.lstrip()[len(tag):]) if tag else ([], text)
+  def _processor(self, side: str) -> spm.SentencePieceProcessor:
+    return self.sps[side]
 
-  def encode(self, text: str, side: str = "source") -> list[int]:
-    tag, text = self._tag_and_text(text)
-    return self._ids(tag + self.sps[side].encode(text, out_type=str)) + [EOS_ID]
+  def _ids_of(self, text: str, side: str, **sampling) -> list[int]:
+    return self._ids(self.sps[side].encode(text, out_type=str, **sampling))
 
-  def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
-    return [self.encode(text, side) for text in texts] if self.language_tags else [
-        self._ids(p) + [EOS_ID] for p in self.sps[side].encode(
-            texts, out_type=str, num_threads=os.cpu_count() or 1)]
+  def _ids_of_batch(self, texts: list[str], side: str) -> list[list[int]]:
+    return [self._ids(p) for p in self.sps[side].encode(texts, out_type=str,
+                                                        num_threads=os.cpu_count() or 1)]
 
-  def encode_pieces(self, text: str, side: str = "source") -> list[str]:
-    return self.sps[side].encode(text, out_type=str)
+  def _tag_ids(self, tags: list[str]) -> list[int]:
+    return self._ids(tags)
 
-  def _sample(self, text: str, alpha: float, nbest_size: int, side: str) -> list[int]:
-    return self._ids(self.sps[side].encode(text, out_type=str, enable_sampling=True,
-                                           alpha=alpha, nbest_size=nbest_size))
+  def _ids_of_pieces(self, pieces: list[str], processor_ids: list[int]) -> list[int]:
+    return self._ids(pieces)
 
   def tag_id(self, tag: str, where: str) -> int:
     if tag not in self.ids:
@@ -301,22 +290,13 @@ class PairedTokenizer(Tokenizer):
   def pieces(self, ids) -> list[str]:
     return [self.vocabulary[int(i)] for i in ids]
 
-  def encode_words(self, text: str, side: str = "source") -> tuple[list[int], list[int]]:
-    tag, rest = self._tag_and_text(text)
-    proto = _parsed(self.sps[side].encode(rest, out_type="serialized_proto"))
-    offset = len(text) - len(rest)  # (the tag and the spaces before it)
-    spans = [(0, offset)] * len(tag) + [(b + offset, e + offset)
-                                        for b, e in _char_spans(rest, proto.pieces)]
-    return self._ids(tag + [p.piece for p in proto.pieces]), words_of_spans(text, spans)
-
   def decode_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
-    proto = _parsed(self.sps[side].decode_pieces(self.pieces(_content_ids(ids)),
+    proto = parsed(self.sps[side].decode_pieces(self.pieces(_content_ids(ids)),
                                                  out_type="serialized_proto"))
-    # (as `decode`: a piece unknown to the side's model keeps its '▁', read as a space)
+    # (as `decode`: a piece unknown to the side's model keeps its '▁', read as a space; the
+    # words are counted before the ends are stripped, which leaves them the same words)
     text = proto.text.replace("▁", " ")
-    lead = len(text) - len(text.lstrip())
-    spans = [(b - lead, e - lead) for b, e in _char_spans(proto.text, proto.pieces)]
-    return text.strip(), words_of_spans(text.strip(), spans)
+    return text.strip(), words_of_spans(text, char_spans(proto.text, proto.pieces))
 
   def sentencepiece_files(self) -> dict[str, bytes]:
     """Marian's (and CTranslate2's Marian converter's) names."""

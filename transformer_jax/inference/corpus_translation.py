@@ -91,7 +91,7 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
   with what is saved said."""
   input_path, out = Path(input_path), Path(out)
   total = sum(1 for _ in _raw_lines(input_path))  # (one pass: the block size, the ETA)
-  block_lines = block_lines or auto_block_lines(total)
+  block_lines = block_lines or _recorded_block_lines(out) or auto_block_lines(total)
   run = translator.run
   src_lang, tgt_lang = run.cfg.data.source_lang, run.cfg.data.target_lang
   settings = {"workdirs": [str(Path(w).resolve()) for w in workdirs], "checkpoint": checkpoint,
@@ -190,6 +190,18 @@ def _resume(out: Path, settings: dict, files: dict[str, Path], final: dict[str, 
   if done:
     log.info("resuming %s after %d lines", out, done)
   return done, dict(sizes), counts
+
+
+def _recorded_block_lines(out: Path) -> int:
+  """The block size a translation begun in `out` was given (0 if none is there): a rerun
+  without --block_lines goes on with it, whatever the default."""
+  for path, settings in ((out / PROGRESS, "settings"), (out / RECORD, None)):
+    try:
+      record = json.loads(path.read_text())
+      return int((record[settings] if settings else record)["block_lines"])
+    except (OSError, ValueError, KeyError, TypeError):
+      continue
+  return 0
 
 
 def _changed(recorded: dict, settings: dict) -> list[str]:

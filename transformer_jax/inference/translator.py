@@ -150,7 +150,7 @@ class Translator:
         for text in self.output_lines(index, hyps, aligned):
           out.write(text + "\n")
         out.flush()
-        if index == 0:
+        if index == 0 and sys.stdin.isatty():  # (while a person reads the first answer)
           self.warm_up()
       return
     lines = list(lines)

@@ -155,7 +155,7 @@ def _plot_params(table, spec, path: Path):
       position = lambda v: v  # noqa: E731
       if _log_axis(dist, values):
         ax.set_xscale("log")
-      if isinstance(dist, sweep_spec.Integer):
+      elif isinstance(dist, sweep_spec.Integer):
         ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     for state, marker, alpha in (("complete", "o", 0.9), ("pruned", "x", 0.6)):
       pts = [(position(r[name]), r["objective"]) for r in table

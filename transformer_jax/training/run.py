@@ -83,6 +83,7 @@ class Run:
   skipped: int = 0
   preempted: bool = False
   validating: int = -1  # the step being validated
+  best_bleu: float = float("-inf")  # that of checkpoints_best (what a validation must beat)
 
   def begin(self) -> bool:
     """Before the first step: a validation that SIGTERM cut short is done first; a spent time
@@ -157,8 +158,9 @@ class Run:
     finally:
       self.t_last = time.time()  # evaluation time does not count against training speed
     plots.plot_metrics(self.workdir)
-    if bleu > self.stopper.best:  # (only a better model is written: it replaces the best)
+    if bleu > self.best_bleu:  # (only a better model is written: it replaces the best)
       self.best_ckpt.save(step, self.state, metrics={"bleu": bleu})
+      self.best_bleu = bleu
     if self.stopper.update(bleu):
       log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
                "evaluations", step, self.stopper.best, self.stopper.patience)
@@ -279,6 +281,9 @@ def _resume(run: Run, config_dict: dict | None):
   run.nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
   run.stopper = schedule.EarlyStopping(cfg.early_stopping_patience,
                                        schedule.bleu_history(run.history))
+  # (the saved best's own BLEU, not the log's: a kill may have logged a validation whose
+  # best checkpoint it never wrote)
+  run.best_bleu = run.best_ckpt.best_value()
 
 
 def _carry_counts(pipeline, history: list[dict]):

@@ -36,6 +36,7 @@ class Checkpointer:
 
   def __init__(self, directory: str | Path, max_to_keep: int = 3, best_metric: str = ""):
     self.directory = Path(directory).absolute()
+    self.best_metric = best_metric
     best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
                 keep_checkpoints_without_metrics=False) if best_metric else {}
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
@@ -53,6 +54,12 @@ class Checkpointer:
 
   def best_step(self) -> int | None:
     return self.manager.best_step()
+
+  def best_value(self) -> float:
+    """The best checkpoint's `best_metric` as saved with it; -inf when there is none."""
+    step = self.best_step()
+    metrics = self.manager.metrics(step) if step is not None else None
+    return float(metrics[self.best_metric]) if metrics else float("-inf")
 
   def save(self, step: int, state, data_iterator=None, metrics: dict | None = None):
     if step in self.all_steps():  # a resumed run redoing saved steps: the same state again

@@ -191,9 +191,9 @@ def read_results(out_dir: Path) -> list[dict]:
 
 
 def write_results(out_dir: Path, records: list[dict]) -> Path:
-  """Adds `records` to `out_dir`/results.json; a record of the same checkpoint label and
+  """Adds `records` to `out_dir`/results.json; a record of the same checkpoint label, set and
   decoding settings replaces the earlier one, all others are kept."""
-  key = lambda r: (r["label"], json.dumps(r["decode"], sort_keys=True))  # noqa: E731
+  key = lambda r: (r["label"], r["data"], json.dumps(r["decode"], sort_keys=True))  # noqa: E731
   new = {key(r) for r in records}
   kept = [r for r in read_results(out_dir) if key(r) not in new]
   path = Path(out_dir) / RESULTS

@@ -51,7 +51,7 @@ def steps(workdir: Path) -> list[int]:
 # The labels the tools print for a selection, which name it back.
 _LABELS = [(re.compile(r"step_(\d+)"), r"\1"), (re.compile(r"best_step_(\d+)"), r"best@\1"),
            (re.compile(r"average_last_(\d+)_to_(\d+)"), r"average:\1@\2"),
-           (re.compile(r"average_(\d+(?:_\d+)+)"), r"steps:\1")]
+           (re.compile(r"average_(\d+(?:_\d+)*)"), r"steps:\1")]
 
 
 def _unlabelled(selection: str) -> str:

@@ -167,3 +167,9 @@ def test_a_random_sweep_of_a_finite_space_runs_no_point_twice(tmp_path):
                                   for p in spec.grid_points)
   other = sweep_spec.load_spec(_spec(**{**fields, "seed": 4}), tiny.get_config())
   assert other.queued_points() != spec.queued_points()  # (the order: the seed's)
+  # A start point that leaves a field out: a whole point of the grid, none queued twice.
+  partial = sweep_spec.load_spec(_spec(**fields, start_points=(
+      {"optimizer": {"learning_rate": 3e-3}},)), tiny.get_config())
+  queued = partial.queued_points()
+  assert queued[0]["optimizer.learning_rate"] == 3e-3 and len(queued[0]) == 2
+  assert sorted(map(str, queued)) == sorted(map(str, spec.grid_points))

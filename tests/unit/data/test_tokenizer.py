@@ -123,3 +123,36 @@ def test_the_seed_sentencepiece_reads_as_none_samples_as_seed_0(tmp_path):
   seed_0, seed_5 = (tok.sample_batch(texts, 0.1, -1, seed=s) for s in (0, 5))
   assert seed_0 != seed_5
   assert tok.sample_batch(texts, 0.1, -1, seed=2**32 - 1) == seed_0
+
+
+def test_a_leading_language_tag_is_one_piece_as_training_puts_it_before_a_source(tmp_path):
+  """Joint (tags reserved at training) and paired (tags in the vocabulary): `>>xx<< text`
+  encodes as the tag's id and then the text's ids, in every way a text is encoded."""
+  joint = T.train_tokenizer(SENTENCES * 20, 80, tmp_path / "joint.model",
+                            tags=(">>de<<", ">>en<<"))
+  source, target, vocabulary = _paired(tmp_path)
+  paired = T.Tokenizer.from_bytes(T.PairedTokenizer.bundle(
+      source.model_proto, target.model_proto, vocabulary[:3] + [">>en<<"] + vocabulary[3:]))
+  text = "Zwei Hunde spielen im Schnee."
+  for tok, tag in ((joint, ">>en<<"), (paired, ">>en<<")):
+    tag_id = tok.tag_id(tag, "test")
+    assert tok.language_tags and tok.leading_tag(f" {tag} {text}") == tag
+    assert tok.encode(f"{tag} {text}") == [tag_id] + tok.encode(text)
+    assert tok.encode_batch([f"{tag} {text}"]) == [[tag_id] + tok.encode(text)]
+    assert tok.encode_pieces(f"{tag} {text}") == [tag] + tok.encode_pieces(text)
+    ids, words = tok.encode_words(f"{tag} {text}")
+    assert ids == [tag_id] + tok.encode(text)[:-1] and words[0] == 0 and words[-1] == 5
+    sampled = tok.sample_batch([f"{tag} {text}"] * 4, 0.1, -1, seed=1)
+    assert all(ids[0] == tag_id and ids[1] != tag_id for ids in sampled)
+  # (a tag-like text the vocabulary lacks is text)
+  assert joint.leading_tag(">>fr<< Hallo") == ""
+
+
+def test_a_paired_translation_starting_with_an_unknown_piece_keeps_its_words(tmp_path):
+  """UNK decodes to ' ⁇ ' (a leading space, stripped from the text): still word 0."""
+  _paired(tmp_path)
+  tok = T.Tokenizer.load(tmp_path / "spm.model")
+  ids = tok.encode("Two dogs play.", "target")[:-1]
+  text, words = tok.decode_words([T.UNK_ID] + ids)
+  assert text.split() == ["⁇", "Two", "dogs", "play."]
+  assert words == [0] + [w + 1 for w in tok.decode_words(ids)[1]]

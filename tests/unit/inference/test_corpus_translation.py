@@ -77,7 +77,7 @@ def test_a_rerun_after_a_crash_mid_block_ends_with_the_uninterrupted_files(tiny_
   assert progress["lines_done"] == 6
   assert not (tmp_path / "cut" / "train.en").exists()  # (not a corpus before it is complete)
   monkeypatch.setattr(translator, "translate", real)
-  translate_corpus(translator, *args, str(tmp_path / "cut"), block_lines=3)
+  translate_corpus(translator, *args, str(tmp_path / "cut"))  # (the block size it began with)
   for name in ("train.de", "train.en", "translation.json"):
     whole = (tmp_path / "whole" / name).read_bytes()
     assert (tmp_path / "cut" / name).read_bytes() == whole.replace(b"/whole", b"/cut"), name

@@ -29,7 +29,7 @@ def test_bad_checkpoint_selections_are_named(tiny_run):
 
 @pytest.mark.parametrize("has_ema", [False, True])
 def test_every_label_the_tools_print_names_its_model_back(tiny_run, has_ema):
-  selections = ["latest", "best", "all", "average:2", "steps:10,20"]
+  selections = ["latest", "best", "all", "average:2", "steps:10,20", "steps:10"]
   if has_ema:
     selections += ["latest:raw", "best:ema", "average:2:raw"]
   for given in selections:

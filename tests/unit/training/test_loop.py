@@ -5,6 +5,8 @@ import json
 import logging
 import shutil
 
+import pytest
+
 from tests import helpers
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.inference import trained_run
@@ -156,12 +158,18 @@ def test_a_run_from_before_the_token_id_store_resumes_on_the_text_path(tfds_cach
 
 def test_only_a_better_validation_writes_the_best_checkpoint(tiny_run, tfds_cache, tmp_path,
                                                             monkeypatch):
+  """What a validation must beat is the saved best checkpoint's BLEU, also after a kill that
+  logged a better validation (99 here) whose best checkpoint it never wrote."""
   run_dir = helpers.copy_run(tiny_run, tmp_path / "run")
+  saved_best = helpers.logged(tiny_run, "eval/bleu", helpers.checkpoint_steps(
+      tiny_run, "checkpoints_best")[0])
+  with (run_dir / "metrics.jsonl").open("a") as f:
+    f.write(json.dumps({"step": 20, "eval/bleu": 99.0}) + "\n")
   config = helpers.tiny_config(**{"data.cache_dir": str(tfds_cache)})
-  bleus = iter([30.0, 20.0, 30.0, 40.0])
+  bleus = iter([saved_best + 1, saved_best, saved_best + 1, saved_best + 2])
   monkeypatch.setattr(validation, "validate", lambda *args: next(bleus))
   with open_run(from_config_dict(config), run_dir, config.to_dict()) as run:
-    run.stopper.best = float("-inf")  # (the tiny run's own validations left aside)
+    assert run.best_bleu == pytest.approx(saved_best)
     saved = []
     monkeypatch.setattr(run.best_ckpt, "save", lambda step, *a, **k: saved.append(step))
     for step in (21, 22, 23, 24):

@@ -35,11 +35,12 @@ LINE = "Ein Hund rennt durch den Schnee.\n"
 FIRST_PROGRESS = re.compile(rb"\| *[1-9]\d*/\d+ ")  # (tqdm's count past 0: a batch is done)
 
 
-def _timed(argv: list[str], stdin: str, env: dict) -> tuple[float, float]:
-  """(seconds to the first stdout line or progress past 0, seconds to the end)."""
+def _timed(argv: list[str], stdin: str, env: dict, cwd: Path) -> tuple[float, float]:
+  """(seconds to the first stdout line or progress past 0, seconds to the end). (`cwd`: not a
+  checkout, whose package `python -m` would take before PYTHONPATH's.)"""
   start = time.perf_counter()
   proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, env=env)
+                          stderr=subprocess.PIPE, env=env, cwd=cwd)
   first = []
 
   def watch(stream, pattern):
@@ -74,30 +75,31 @@ def _batch_files(folder: Path) -> tuple[Path, Path]:
 
 def main(_):
   tmp = Path(tempfile.mkdtemp())
+  workdir = Path(FLAGS.workdir).resolve()
   source, reference = _batch_files(tmp)
   python = sys.executable
   tools = {
       "translate, one line": ([python, "-m", "transformer_jax.cli.translate",
-                               f"--workdir={FLAGS.workdir}", "--interactive=false"], LINE),
+                               f"--workdir={workdir}", "--interactive=false"], LINE),
       "translate --interactive, first line": (
-          [python, "-m", "transformer_jax.cli.translate", f"--workdir={FLAGS.workdir}",
+          [python, "-m", "transformer_jax.cli.translate", f"--workdir={workdir}",
            "--interactive=true"], LINE),
       "evaluate, first batch of 128": (
-          [python, "-m", "transformer_jax.cli.evaluate", f"--workdir={FLAGS.workdir}",
+          [python, "-m", "transformer_jax.cli.evaluate", f"--workdir={workdir}",
            f"--source_file={source}", f"--reference_file={reference}",
            f"--output_dir={tmp / 'eval'}"], ""),
   }
   codes = {"this checkout": str(ROOT)}
   if FLAGS.checkout:
     codes["--checkout"] = str(Path(FLAGS.checkout).resolve())
-  print(f"{FLAGS.workdir}; median of {FLAGS.rounds} runs, warm compilation cache")
+  print(f"{workdir}; median of {FLAGS.rounds} runs, warm compilation cache")
   for tool, (argv, stdin) in tools.items():
     times = {code: [] for code in codes}
     for code, path in codes.items():  # (the unmeasured run: fills the cache)
-      _timed(argv, stdin, {**os.environ, "PYTHONPATH": path})
+      _timed(argv, stdin, {**os.environ, "PYTHONPATH": path}, tmp)
     for _ in range(FLAGS.rounds):
       for code, path in codes.items():
-        times[code].append(_timed(argv, stdin, {**os.environ, "PYTHONPATH": path}))
+        times[code].append(_timed(argv, stdin, {**os.environ, "PYTHONPATH": path}, tmp))
     for code, measured in times.items():
       first = statistics.median(t for t, _ in measured)
       whole = statistics.median(t for _, t in measured)

@@ -8,8 +8,10 @@ answered), and `evaluate` of one batch (128 sentences of test2016, as files).
 Each tool runs `--rounds` times after one unmeasured run (which fills the compilation cache);
 the table gives the median seconds to the first line on stdout (translate) or to the end of
 the first batch (evaluate's progress), and of the whole process. With `--checkout`, the same
-commands also run with that clone's package first on PYTHONPATH (the code before a change),
-alternating with this one's, so that both see the same machine.
+commands also run with that clone's package first on PYTHONPATH (the code before a change;
+`--checkout=CLONE:DIR` also puts DIR's packages, e.g. an older dependency installed with
+`pip install --target`, before the venv's), alternating with this one's, so that both see the
+same machine.
 """
 
 import gzip
@@ -28,7 +30,8 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained workdir.", required=True)
 flags.DEFINE_integer("rounds", 3, "Measured runs of each tool.")
-flags.DEFINE_string("checkout", "", "Another clone whose package to measure alongside.")
+flags.DEFINE_string("checkout", "", "Another clone whose package to measure alongside (and, "
+                    "':'-separated, folders of other packages to take before the venv's).")
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = "Ein Hund rennt durch den Schnee.\n"
@@ -90,8 +93,8 @@ def main(_):
            f"--output_dir={tmp / 'eval'}"], ""),
   }
   codes = {"this checkout": str(ROOT)}
-  if FLAGS.checkout:
-    codes["--checkout"] = str(Path(FLAGS.checkout).resolve())
+  if FLAGS.checkout:  # (PYTHONPATH's form: the clone, and other folders after it)
+    codes["--checkout"] = ":".join(str(Path(p).resolve()) for p in FLAGS.checkout.split(":"))
   print(f"{workdir}; median of {FLAGS.rounds} runs, warm compilation cache")
   for tool, (argv, stdin) in tools.items():
     times = {code: [] for code in codes}

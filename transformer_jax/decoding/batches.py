@@ -53,7 +53,6 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
   config = members.models[0].config
   candidates = cfg.mbr_candidates if cfg.mbr else cfg.nbest
   draws = candidates if cfg.sampling else 1
-  base_rng = jax.random.PRNGKey(cfg.seed)
   for rows, batch in eval_set.batches(batch_size, max_len=config.max_len):
     size = resizing.fitting_size(len(rows), sizes)
     inputs, prefixes = batch["inputs"][:size], batch.get("prefixes")
@@ -73,6 +72,7 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
       if cfg.sampling:  # (the key of draw n of sentence i: the seed folded with i, then n)
         ids = np.zeros((size,), np.int32)
         ids[:len(rows)] = rows
+        base_rng = jax.random.PRNGKey(cfg.seed)
         rng = jax.vmap(lambda i, n: jax.random.fold_in(jax.random.fold_in(base_rng, i), n))(
             jnp.repeat(ids, draws), jnp.tile(jnp.arange(draws), size))
       seqs, scores = greedy_search(members, None, inputs, max_len=max_len, rng=rng,

@@ -54,7 +54,7 @@ def state_init(cfg: TrainConfig, model: Transformer, mesh):
 def _described(cfg: TrainConfig, model: Transformer, mesh):
   """`state_init`'s two, and the boxed state's shapes (one trace of the model's init)."""
   tx = make_optimizer(cfg.optimizer, cfg.num_train_steps)
-  dummy = jnp.ones((1, 8), jnp.int32)
+  dummy = np.ones((1, 8), np.int32)  # (numpy, and a key's shape below: no op to compile)
 
   def init(rng):
     variables = model.init(rng, dummy, dummy)
@@ -64,7 +64,7 @@ def _described(cfg: TrainConfig, model: Transformer, mesh):
                                   ema_decay=cfg.optimizer.ema_decay)
     return TrainState.create(apply_fn=model.apply, params=variables["params"], tx=tx)
 
-  boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+  boxed = jax.eval_shape(init, jax.ShapeDtypeStruct((2,), jnp.uint32))
   state_sharding = mesh_lib.logical_to_mesh(boxed, mesh, cfg.parallelism.axis_rules)
   problems = mesh_lib.indivisible(nn.meta.unbox(boxed), state_sharding)
   if problems:

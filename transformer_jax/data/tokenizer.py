@@ -46,7 +46,7 @@ PAIRED_FORMAT = "transformer_jax.paired_sentencepiece"  # the bundle's "format" 
 LANGUAGE_TAG = re.compile(r">>[^\s<>]+<<")
 
 
-def _content_ids(ids) -> list[int]:
+def content_ids(ids) -> list[int]:
   """The ids before the first EOS, padding skipped: what a decoded sequence says."""
   out = []
   for i in ids:
@@ -90,7 +90,7 @@ class Tokenizer:
     """Subword ids of `text` (on `side`: the same for a joint model), followed by EOS; a
     language tag `text` starts with is its one piece (`leading_tag`)."""
     tag, rest = self._split_tag(text)
-    return self._tag_ids(tag) + self._ids_of(rest, side) + [EOS_ID]
+    return self._piece_ids(tag) + self._ids_of(rest, side) + [EOS_ID]
 
   def encode_batch(self, texts: list[str], side: str = "source") -> list[list[int]]:
     """`encode` of each text, on SentencePiece's threads (a model without tags)."""
@@ -119,8 +119,8 @@ class Tokenizer:
   def _ids_of_batch(self, texts: list[str], side: str) -> list[list[int]]:
     return self.sp.encode(texts, num_threads=os.cpu_count() or 1)
 
-  def _tag_ids(self, tags: list[str]) -> list[int]:
-    return [self.sp.piece_to_id(tag) for tag in tags]
+  def _piece_ids(self, pieces: list[str]) -> list[int]:
+    return [self.sp.piece_to_id(piece) for piece in pieces]
 
   def sample_batch(self, texts: list[str], alpha: float, nbest_size: int,
                    seed: int, side: str = "source") -> list[list[int]]:
@@ -145,7 +145,7 @@ class Tokenizer:
 
   def _sample(self, text: str, alpha: float, nbest_size: int, side: str) -> list[int]:
     tag, rest = self._split_tag(text)
-    return self._tag_ids(tag) + self._ids_of(rest, side, enable_sampling=True, alpha=alpha,
+    return self._piece_ids(tag) + self._ids_of(rest, side, enable_sampling=True, alpha=alpha,
                                              nbest_size=nbest_size)
 
   def tag_id(self, tag: str, where: str) -> int:
@@ -160,7 +160,7 @@ class Tokenizer:
 
   def decode(self, ids, side: str = "target") -> str:
     """Detokenized text of ids (on `side`), stopping at the first EOS and skipping padding."""
-    return self.sp.decode(_content_ids(ids))
+    return self.sp.decode(content_ids(ids))
 
   def pieces(self, ids) -> list[str]:
     """The subword strings of ids (for attention-map labels and debugging)."""
@@ -175,17 +175,13 @@ class Tokenizer:
     offset = len(text) - len(rest)  # (the tag and the spaces before it)
     spans = [(0, offset)] * len(tag) + [(b + offset, e + offset)
                                         for b, e in char_spans(rest, proto.pieces)]
-    ids = self._tag_ids(tag) + self._ids_of_pieces([p.piece for p in proto.pieces],
-                                                   [p.id for p in proto.pieces])
+    ids = self._piece_ids(tag + [p.piece for p in proto.pieces])
     return ids, words_of_spans(text, spans)
-
-  def _ids_of_pieces(self, pieces: list[str], processor_ids: list[int]) -> list[int]:
-    return processor_ids
 
   def decode_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
     """`decode(ids)`'s text, and for each of the ids it spells (those before EOS, padding
     skipped) the whitespace-separated word of that text it belongs to."""
-    proto = parsed(self.sp.decode_ids(_content_ids(ids), out_type="serialized_proto"))
+    proto = parsed(self.sp.decode_ids(content_ids(ids), out_type="serialized_proto"))
     return proto.text, words_of_spans(proto.text, char_spans(proto.text, proto.pieces))
 
   @functools.cached_property
@@ -270,10 +266,7 @@ class PairedTokenizer(Tokenizer):
     return [self._ids(p) for p in self.sps[side].encode(texts, out_type=str,
                                                         num_threads=os.cpu_count() or 1)]
 
-  def _tag_ids(self, tags: list[str]) -> list[int]:
-    return self._ids(tags)
-
-  def _ids_of_pieces(self, pieces: list[str], processor_ids: list[int]) -> list[int]:
+  def _piece_ids(self, pieces: list[str]) -> list[int]:
     return self._ids(pieces)
 
   def tag_id(self, tag: str, where: str) -> int:
@@ -284,14 +277,14 @@ class PairedTokenizer(Tokenizer):
 
   def decode(self, ids, side: str = "target") -> str:
     """`side`'s model's detokenization of the pieces up to the first EOS (PAD skipped)."""
-    pieces = self.pieces(_content_ids(ids))
+    pieces = self.pieces(content_ids(ids))
     return self.sps[side].decode_pieces(pieces).replace("▁", " ").strip()
 
   def pieces(self, ids) -> list[str]:
     return [self.vocabulary[int(i)] for i in ids]
 
   def decode_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
-    proto = parsed(self.sps[side].decode_pieces(self.pieces(_content_ids(ids)),
+    proto = parsed(self.sps[side].decode_pieces(self.pieces(content_ids(ids)),
                                                  out_type="serialized_proto"))
     # (as `decode`: a piece unknown to the side's model keeps its '▁', read as a space; the
     # words are counted before the ends are stripped, which leaves them the same words)

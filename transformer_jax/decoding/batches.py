@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.config.sections import DecodeConfig
-from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
+from transformer_jax.data.tokenizer import content_ids
 from transformer_jax.decoding import resizing
 from transformer_jax.decoding.mbr import mbr_order
 from transformer_jax.decoding.members import prepare
@@ -105,7 +105,7 @@ def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=
   for rows, seqs, scores in decode_batches(model, params, eval_set, cfg, mesh):
     for row, index in enumerate(rows):
       out[index] = [Hypothesis(tokenizer.decode(seqs[row, n]), float(scores[row, n]),
-                               _content(seqs[row, n]))
+                               tuple(content_ids(seqs[row, n])))
                     for n in range(seqs.shape[1]) if scores[row, n] > NEG_INF / 2]
       if cfg.mbr:  # (the candidates reordered by expected utility; their scores kept)
         out[index] = [out[index][i] for i in mbr_order([h.text for h in out[index]], cfg.mbr)]
@@ -113,11 +113,6 @@ def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=
     if on_batch is not None:
       on_batch(len(rows))
   return out
-
-
-def _content(seq: np.ndarray) -> tuple[int, ...]:
-  ends = np.flatnonzero(seq == EOS_ID)
-  return tuple(int(i) for i in seq[:ends[0] if len(ends) else len(seq)] if i != PAD_ID)
 
 
 def translate(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,

@@ -15,7 +15,7 @@ import functools
 import jax
 import numpy as np
 
-from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
+from transformer_jax.data.tokenizer import EOS_ID, content_ids
 from transformer_jax.evaluation.attention_maps import weights_model
 
 BUCKET = 16  # padded lengths are multiples of this: few shapes, few compilations
@@ -94,8 +94,7 @@ def align(model, params, tokenizer, eval_set, target_ids: list, layer: int | Non
                      f"{cfg.num_decoder_layers - 1}")
   prefix = list(eval_set.source_prefix)
   sources = [tokenizer.encode_words(text) for text in eval_set.sources]
-  targets = [[int(i) for i in ids if i != PAD_ID] for ids in target_ids]
-  targets = [ids[:ids.index(EOS_ID)] if EOS_ID in ids else ids for ids in targets]
+  targets = [content_ids(ids) for ids in target_ids]
   weights = cross_attention(
       model, params, [np.asarray(prefix + ids + [EOS_ID], np.int32) for ids, _ in sources],
       [np.asarray(ids + [EOS_ID], np.int32) for ids in targets], layer)

@@ -47,10 +47,11 @@ class TrainedRun:
                             "takes one")
     return chosen[0]
 
-  def state(self, selected: Selected):
-    """The train state of a selection: one checkpoint's, or their parameters' mean."""
+  def state(self, selected: Selected, weights_only: bool = False):
+    """The train state of a selection: one checkpoint's, or their parameters' mean
+    (`weights_only`: only the weights `params` takes, the rest placeholders)."""
     return selection.restore(self.workdir, selected,
-                             abstract_state(self.cfg, self.model, self.mesh))
+                             abstract_state(self.cfg, self.model, self.mesh), weights_only)
 
   def source_prefix(self, tag: str) -> list[int]:
     """The ids every source starts with: the id of `--source_tag`'s `tag`, or none."""
@@ -69,9 +70,7 @@ class TrainedRun:
   def params(self, selected: Selected):
     """The weights of a selection: the moving average unless "raw" was asked for (or the run
     keeps none); only they are read from the checkpoints."""
-    abstract = abstract_state(self.cfg, self.model, self.mesh)
-    return selection.weights(selection.restore(self.workdir, selected, abstract,
-                                               weights_only=True), selected)
+    return selection.weights(self.state(selected, weights_only=True), selected)
 
 
 def load(workdir: str | Path, dtype: str = "") -> TrainedRun:

@@ -16,6 +16,7 @@ from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import EOS_ID, UNK_ID
 from transformer_jax.decoding.batches import Hypothesis, translate_nbest
+from transformer_jax.decoding.members import prepare
 from transformer_jax.errors import DataError, UsageError
 from transformer_jax.evaluation import alignment
 from transformer_jax.inference import trained_run
@@ -41,6 +42,7 @@ class Translator:
     self.steps = [list(chosen.steps) for chosen in selected]  # (per run: the steps averaged)
     self.labels = [chosen.label for chosen in selected]
     self.model, self.params = trained_run.members(runs, selected)
+    self.members = prepare(self.model, self.params)  # (made ready once, for every call)
     # (word alignments: None = off, else the decoder layer whose cross-attention gives them)
     self.alignment_layer = None
     if alignments:
@@ -92,7 +94,7 @@ class Translator:
     if progress:
       bar = tqdm(total=len(todo), unit="sent", file=sys.stderr)
     decode = self.decode if seed is None else dataclasses.replace(self.decode, seed=seed)
-    nbest = translate_nbest(self.model, self.params, eval_set, self.run.tokenizer,
+    nbest = translate_nbest(self.members, None, eval_set, self.run.tokenizer,
                             decode, self.run.mesh,
                             on_batch=bar.update if bar is not None else None)
     if bar is not None:
@@ -108,7 +110,7 @@ class Translator:
     ids = [np.asarray(self.source_prefix + [UNK_ID + 1] * n + [EOS_ID], np.int32)  # (a piece)
            for n in (1, 17)]
     for source in ids:
-      translate_nbest(self.model, self.params, EvalSet([""], [""], [source], [source]),
+      translate_nbest(self.members, None, EvalSet([""], [""], [source], [source]),
                       self.run.tokenizer, self.decode, self.run.mesh)
 
   def output_lines(self, index: int, hyps: list[Hypothesis],

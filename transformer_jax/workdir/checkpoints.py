@@ -219,16 +219,16 @@ def abstract_like(tree):
       if isinstance(x, jax.Array) else x, tree)
 
 
-def average_states(states):
-  """The element-wise mean of the states' parameters, and of their moving averages when
-  they keep them (other fields from the last state); one state as it is."""
+def average_states(states, fields: tuple[str, ...] | None = None):
+  """The element-wise mean of the states' `fields` (default: the parameters, and their moving
+  averages when they keep them; those a restore read, when it read only some), the other
+  fields from the last state; one state as it is."""
   if not states:
     raise CheckpointError("nothing to average")
   if len(states) == 1:
     return states[0]
-  fields = [f for f in ("params", "ema_params")  # (those restored: not placeholders)
-            if isinstance(next(iter(jax.tree_util.tree_leaves(getattr(states[-1], f, None))),
-                               None), jax.Array)]
+  fields = [f for f in fields or ("params", "ema_params")
+            if getattr(states[-1], f, None) is not None]
   means = _mean([{f: getattr(s, f) for f in fields} for s in states])
   return states[-1].replace(**means)
 

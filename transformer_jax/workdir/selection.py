@@ -113,7 +113,7 @@ def restore(workdir: Path, selected: Selected, abstract, weights_only: bool = Fa
     states = [ckpt.restore(step, abstract, fields=fields) for step in selected.steps]
   finally:
     ckpt.close()
-  return average_states(states)
+  return average_states(states, fields)
 
 
 def _weights_field(state, selected: Selected) -> str:

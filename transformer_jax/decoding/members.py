@@ -5,17 +5,17 @@ per-layer layout, its projection kernels cast to the matmuls' dtype."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
 from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.transformer import unscanned
+from transformer_jax.parallel.program_store import stored_jit
 
 
-@functools.partial(jax.jit, static_argnames=("dtype",))
-def _in_compute_dtype(params, dtype):
+@stored_jit(static_argnames=("dtype",))
+def _in_compute_dtype(params, *, dtype):
   """The projection kernels cast once to the matmuls' dtype, not at every step; the rest
   (norms, biases, the embedding table, read in f32) as they are."""
   def cast(path, x):

@@ -12,16 +12,16 @@ functions change its shape between runs of the compiled search loop:
 
 Each (rows, length) pair is one compiled program per batch shape; the ladders keep them few
 (powers of two for rows, down to FEWEST_ROWS; multiples of SEGMENT for length), and the
-persistent compilation cache keeps them across runs.
+program store (`parallel.program_store`) keeps them, compiled, across processes.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from transformer_jax.parallel.program_store import stored_jit
 
 SEGMENT = 32  # cache positions (and token slots) added at a time
 FEWEST_ROWS = 8  # a search is not compacted below this many rows (each size is more programs)
@@ -68,7 +68,7 @@ def _take_rows(x, keep, rows: int):
   return x.reshape((-1,) + x.shape[2:])
 
 
-@functools.partial(jax.jit, static_argnames=("rows",))
+@stored_jit(static_argnames=("rows",))
 def compact(state, keep, *, rows: int):
   """The state of the sentences `keep` (indices into the current `rows` sentences), in that
   order."""
@@ -90,7 +90,7 @@ def _grown_axis(path) -> int | None:
   return None
 
 
-@functools.partial(jax.jit, static_argnames=("length",))
+@stored_jit(static_argnames=("length",))
 def grow(state, *, length: int):
   """The state with its self-attention caches and token buffers padded with zeros to
   `length` positions."""

@@ -34,6 +34,7 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.selection import top_k
 from transformer_jax.parallel import mesh as mesh_lib
+from transformer_jax.parallel.program_store import stored_jit
 
 
 def length_penalty(length, alpha: float):
@@ -178,8 +179,8 @@ class BeamState(SearchState):
     return self.live_seqs.shape[-1]
 
 
-@functools.partial(jax.jit, static_argnames=("models", "beam_size"))
-def _start_beam(models, params, inputs_BS, caps_B, prefix_BP, *, beam_size: int):
+@stored_jit(static_argnames=("models", "beam_size"))
+def _start_beam(params, inputs_BS, caps_B, prefix_BP, *, models, beam_size: int):
   B, W, C = inputs_BS.shape[0], beam_size, resizing.SEGMENT
   return BeamState(
       step=jnp.array(0, jnp.int32), caps=caps_B, inputs=inputs_BS, prefix=prefix_BP,
@@ -233,9 +234,8 @@ def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_
                    cache=_gather_beams(cache, live_beams, B))
 
 
-@functools.partial(jax.jit, static_argnames=("models", "alpha", "num_return", "min_len",
-                                             "stop_at"))
-def _advance_beam(models, params, state: BeamState, *, alpha: float, num_return: int,
+@stored_jit(static_argnames=("models", "alpha", "num_return", "min_len", "stop_at"))
+def _advance_beam(params, state: BeamState, *, models, alpha: float, num_return: int,
                   min_len: int, stop_at: int):
   """Beam steps while the cache has room and more than `stop_at` sentences are searching;
   returns the state and which sentences are."""
@@ -268,9 +268,9 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
     resizing.store_rows(seqs, sentences, mesh_lib.fetch(s.finished_seqs))
     scores[sentences] = mesh_lib.fetch(s.finished_scores)
 
-  state = _start_beam(models, params, inputs_BS, _caps(caps, max_len, B), prefix_BP,
+  state = _start_beam(params, inputs_BS, _caps(caps, max_len, B), prefix_BP, models=models,
                       beam_size=W)
-  advance = functools.partial(_advance_beam, models, params, alpha=alpha,
+  advance = functools.partial(_advance_beam, params, models=models, alpha=alpha,
                               num_return=num_return, min_len=min_len)
   _run(state, advance, B, unit, store, counts)
   return seqs, scores
@@ -304,8 +304,8 @@ class GreedyState(SearchState):
     return self.seqs.shape[-1]
 
 
-@functools.partial(jax.jit, static_argnames=("models",))
-def _start_greedy(models, params, inputs_BS, caps_B, prefix_BP, keys_B2):
+@stored_jit(static_argnames=("models",))
+def _start_greedy(params, inputs_BS, caps_B, prefix_BP, keys_B2, *, models):
   B, C = inputs_BS.shape[0], resizing.SEGMENT
   return GreedyState(
       step=jnp.array(0, jnp.int32), caps=caps_B, inputs=inputs_BS, prefix=prefix_BP,
@@ -332,9 +332,8 @@ def _greedy_step(models, params, s: GreedyState, temperature: float, top_k: int,
   return s.replace(step=s.step + 1, seqs=seqs, logprobs=logprobs, done=done, cache=cache)
 
 
-@functools.partial(jax.jit, static_argnames=("models", "temperature", "top_k", "top_p",
-                                             "stop_at"))
-def _advance_greedy(models, params, state: GreedyState, *, temperature: float, top_k: int,
+@stored_jit(static_argnames=("models", "temperature", "top_k", "top_p", "stop_at"))
+def _advance_greedy(params, state: GreedyState, *, models, temperature: float, top_k: int,
                     top_p: float, stop_at: int):
   """Greedy (or sampling) steps while the cache has room and more than `stop_at` rows are
   unfinished; returns the state and which rows are."""
@@ -371,8 +370,9 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
     resizing.store_rows(seqs, sentences, mesh_lib.fetch(s.seqs))
     logprobs[sentences] = mesh_lib.fetch(s.logprobs)
 
-  state = _start_greedy(models, params, inputs_BS, _caps(caps, max_len, B), prefix_BP, rng)
-  advance = functools.partial(_advance_greedy, models, params, temperature=temperature,
+  state = _start_greedy(params, inputs_BS, _caps(caps, max_len, B), prefix_BP, rng,
+                        models=models)
+  advance = functools.partial(_advance_greedy, params, models=models, temperature=temperature,
                               top_k=top_k, top_p=top_p)
   _run(state, advance, B, unit, store, counts)
   return seqs, logprobs

@@ -9,11 +9,13 @@ shared by machines of different kinds never hands one of them code compiled for 
 `TRANSFORMER_JAX_COMPILATION_CACHE=0` turns it off. Programs that took at least
 MIN_COMPILE_SECONDS to compile are kept (JAX's default is 1 s: the decoder's search loops for a
 few rows compile faster than that, and a line translated interactively would wait for them
-in every new process).
+in every new process). The decoding programs also go to the program store
+(`program_store`: `programs/<machine>` under the package's cache folder, on with the cache and
+off with the switch), which loads them without tracing them.
 
 `program_seconds` counts the time this process spent preparing programs (tracing, lowering,
-compiling or loading them from the cache), from JAX's own duration events, so that a speed can
-be given apart from it.
+compiling or loading them from a cache), from JAX's own duration events and the store's, so
+that a speed can be given apart from it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import jax
 from jax import monitoring
 
 from transformer_jax.config.folders import cache_home
-from transformer_jax.parallel import numerics
+from transformer_jax.parallel import numerics, program_store
 from transformer_jax.parallel.hardware import cpu_info
 
 log = logging.getLogger(__name__)
@@ -45,8 +47,20 @@ def cache_dir(environ: Mapping[str, str], configured: str | None,
   return (root or cache_home() / "jax_cache") / numerics.machine_key(*cpu_info())
 
 
+def program_store_dir(environ: Mapping[str, str], root: Path | None = None) -> Path | None:
+  """Where `program_store` keeps this machine's programs (under `root`, by default the
+  package's cache folder's programs/), or None when the switch is off."""
+  if environ.get(SWITCH, "1") == "0":
+    return None
+  return (root or cache_home() / "programs") / numerics.machine_key(*cpu_info())
+
+
 def enable_compilation_cache():
-  """Points JAX's persistent compilation cache at this machine's folder (see the module doc)."""
+  """Points JAX's persistent compilation cache at this machine's folder, and the program store
+  at its own (see the module doc)."""
+  store = program_store_dir(os.environ)
+  if store is not None:
+    program_store.enable(store)
   folder = cache_dir(os.environ, jax.config.jax_compilation_cache_dir)
   if folder is None:
     return
@@ -63,7 +77,7 @@ def enable_compilation_cache():
 # the persistent cache, loading it).
 PROGRAM_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                  "/jax/core/compile/backend_compile_duration")
+                  "/jax/core/compile/backend_compile_duration", program_store.LOAD_EVENT)
 _prepared = {"seconds": 0.0, "listening": False}
 
 

@@ -7,12 +7,15 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from jax import monitoring
 
 from tests import helpers
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.decoding import resizing
+from transformer_jax.decoding import search as search_lib
 from transformer_jax.decoding.batches import decode_batches, sentence_caps
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import program_store
 
 # 32 source lengths from 1 to 40 tokens: a batch of them spans three 16-token buckets; their
 # caps (length + 2) end the short ones early, so that the search compacts 32 -> 16 -> 8 rows,
@@ -84,3 +87,48 @@ def test_the_batch_sizes_a_search_steps_down_through():
   assert resizing.smaller_size(100, sizes) == 64 and resizing.smaller_size(16, sizes) == 8
   assert resizing.smaller_size(8, sizes) == 0  # (no compaction below FEWEST_ROWS = 8 rows)
   assert resizing.compacted_size(3, sizes) == 8 and resizing.compacted_size(20, sizes) == 32
+
+
+@pytest.mark.parametrize("search", ["beam", "sampling"])
+def test_a_set_decoded_with_stored_programs_equals_jax_jit(random_model, search, tmp_path,
+                                                          monkeypatch):
+  """Every program of a search that compacts and grows (start, loops, compactions, growth),
+  compiled into the program store, then loaded by a new process (nothing held in memory)
+  without tracing: the same sequences and scores as plain jax.jit."""
+  model, params, sources = random_model
+  cfg = helpers.section("decode", beam_size=3, sampling=search == "sampling", max_length=64,
+                        max_length_a=1.0, max_length_b=2, batch_size=len(sources), seed=5)
+  stored = (search_lib._start_beam, search_lib._advance_beam, search_lib._start_greedy,
+            search_lib._advance_greedy, resizing.compact, resizing.grow)
+  traced = []
+
+  def listen(event, _, fun_name="", **__):
+    if event.endswith("jaxpr_trace_duration"):
+      traced.append(fun_name)
+
+  def decode():
+    traced.clear()
+    counts = collections.Counter()
+    out = [(rows, seqs, scores) for rows, seqs, scores in
+           decode_batches(model, params, _eval_set(sources), cfg, counts=counts)]
+    assert counts["compactions"] >= 2 and counts["growths"] >= 1, counts
+    return out, [name for name in traced if name.startswith(tuple(f.__name__ for f in stored))]
+
+  plain, _ = decode()
+  monkeypatch.setattr(program_store, "_environment", lambda: str(tmp_path))  # (keys of its own)
+  monkeypatch.setitem(program_store._store, "folder", None)  # (as it was, after the test)
+  program_store.enable(tmp_path)
+  monitoring.register_event_duration_secs_listener(listen)
+  try:
+    compiled, compiled_traces = decode()
+    for program in stored:  # (a new process)
+      monkeypatch.setattr(program, "_programs", {})
+    loaded, loaded_traces = decode()
+  finally:
+    monitoring.unregister_event_duration_listener(listen)
+  assert len(compiled_traces) >= 6 and loaded_traces == []
+  for (rows, seqs, scores), *others in zip(plain, compiled, loaded):
+    for other_rows, other_seqs, other_scores in others:
+      np.testing.assert_array_equal(rows, other_rows)
+      np.testing.assert_array_equal(seqs, other_seqs)
+      np.testing.assert_array_equal(scores, other_scores)

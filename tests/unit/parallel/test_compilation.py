@@ -6,7 +6,7 @@ import types
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.parallel import compilation
+from transformer_jax.parallel import compilation, program_store
 
 
 def test_the_cache_is_per_machine_unless_jax_settings_or_the_switch_decide(tmp_path, monkeypatch):
@@ -34,11 +34,17 @@ def test_enabling_points_jax_at_this_machines_folder(tmp_path, monkeypatch):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "root"))
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   monkeypatch.delenv(compilation.SWITCH, raising=False)
+  monkeypatch.setitem(program_store._store, "folder", None)  # (off again after the test)
   compilation.enable_compilation_cache()
   expected = compilation.cache_dir({}, None, tmp_path / "root" / "transformer_jax" / "jax_cache")
   assert updates == {"jax_compilation_cache_dir": str(expected),
                      "jax_persistent_cache_min_compile_time_secs":
                      compilation.MIN_COMPILE_SECONDS} and expected.is_dir()
+  # ...and the program store at its own folder, which the switch turns off too
+  store = tmp_path / "root" / "transformer_jax" / "programs"
+  assert program_store.folder().parent == store and program_store.folder().name == \
+      expected.name
+  assert compilation.program_store_dir({compilation.SWITCH: "0"}) is None
 
 
 

@@ -1,0 +1,240 @@
+"""Compiled programs kept between processes and loaded without tracing: what makes a decoding
+tool's first sentence come in its first seconds.
+
+JAX's persistent cache is keyed by the lowered program, so even a hit costs tracing the Python
+function and lowering it (0.3-0.6 s for a search loop, against 0.05 s to load it), in every
+process and for every shape a search meets. `stored_jit` keys a program by what determines it
+before any tracing: this package's source, the versions of jax, jaxlib, flax, numpy and
+ml_dtypes, the devices and JAX's tracing settings, the function, its static arguments, and the
+shapes, dtypes and shardings of the others. A program found under its key is deserialized and
+called (`jax.experimental.serialize_executable`); one not found is compiled as `jax.jit` would
+and stored. A process keeps the programs it has met in memory.
+
+Only programs this process compiled itself are stored: one that JAX's persistent cache handed
+over cannot be serialized whole again (XLA:CPU; the copy fails to run), so each program is
+compiled under a name holding its key (`jit_<function>_<key>`), which JAX's cache has seen only
+if this store lost the file; then it is compiled once more under a fresh name. A stored program
+that fails to load or to run its first call is deleted and compiled again, with a warning.
+
+The store is on once `enable` has been called (by `compilation.enable_compilation_cache`: in
+every tool and in training, unless TRANSFORMER_JAX_COMPILATION_CACHE=0), in
+`programs/<machine>/` under the package's cache folder, at most MAX_BYTES (the programs used
+least recently go first); off, a StoredJit is `jax.jit`. A multi-process run does not use it
+(its programs span processes). Like JAX's cache, a stored file is trusted code: the folder is
+the user's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import inspect
+import logging
+import os
+import pickle
+import secrets
+import time
+from pathlib import Path
+
+import jax
+from jax import monitoring
+from jax.experimental import serialize_executable
+
+from transformer_jax import atomic
+
+log = logging.getLogger(__name__)
+
+LOAD_EVENT = "/transformer_jax/program_store/load_duration"  # (counted as preparing programs)
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+MAX_BYTES = 1 << 30  # the store's size, beyond which the programs used least recently go
+# (JAX settings that change what a function traces to)
+_TRACING_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
+                     "jax_numpy_dtype_promotion", "jax_default_prng_impl",
+                     "jax_threefry_partitionable", "jax_enable_checks")
+_store = {"folder": None, "hits": 0, "listening": False}
+
+
+def enable(folder: str | Path):
+  """Stores programs in `folder` (and loads them from it) from now on in this process."""
+  if not _store["listening"]:
+    monitoring.register_event_listener(_count_cache_hit)
+    _store["listening"] = True
+  _store["folder"] = Path(folder)
+
+
+def folder() -> Path | None:
+  """Where programs are stored, or None (not enabled, or a multi-process run)."""
+  return _store["folder"] if jax.process_count() == 1 else None
+
+
+def _count_cache_hit(event: str, **_):
+  if event == _CACHE_HIT_EVENT:
+    _store["hits"] += 1
+
+
+@functools.cache
+def _environment() -> str:
+  """What every key of this process starts with: the package's source, the versions of what
+  traces and compiles it, and the devices."""
+  digest = hashlib.sha256()
+  package = Path(__file__).resolve().parents[1]
+  for path in sorted(package.rglob("*.py")):
+    digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+  versions = [f"{name}={importlib.metadata.version(name)}"
+              for name in ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")]
+  devices = [f"{d.platform}:{d.device_kind}:{d.id}" for d in jax.devices()]
+  digest.update(repr((versions, devices, os.environ.get("XLA_FLAGS", ""),
+                      os.environ.get("LIBTPU_INIT_ARGS", ""))).encode())
+  return digest.hexdigest()
+
+
+def _settings() -> tuple:
+  return tuple(getattr(jax.config, name) for name in _TRACING_SETTINGS)
+
+
+def _leaf(x) -> tuple:
+  """What a program depends on of an argument: its shape, dtype, weak type and placement."""
+  if not hasattr(x, "shape"):  # (a Python number)
+    x = jax.typeof(x)
+  return x.shape, x.dtype, getattr(x, "weak_type", False), getattr(x, "sharding", None)
+
+
+def _sharding_text(sharding) -> str:
+  if sharding is None:  # (numpy and Python values: placed on the default device)
+    return "host"
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is not None and hasattr(mesh, "devices"):  # (a NamedSharding: its devices in order)
+    return f"{sharding.spec}|{mesh.axis_names}|{[d.id for d in mesh.devices.flat]}|" \
+           f"{mesh.devices.shape}|{sharding.memory_kind}"
+  return repr(sharding)
+
+
+class StoredJit:
+  """A `jax.jit` of `fun` whose compiled programs are stored (see the module doc). Static
+  arguments are keyword-only; the others are given positionally."""
+
+  def __init__(self, fun, static_argnames: tuple[str, ...] = ()):
+    parameters = inspect.signature(fun).parameters
+    for name in static_argnames:
+      if name not in parameters or parameters[name].kind is not inspect.Parameter.KEYWORD_ONLY:
+        raise TypeError(f"{fun.__qualname__}: static argument {name!r} must be keyword-only")
+    functools.update_wrapper(self, fun)
+    self._fun, self._static = fun, tuple(static_argnames)
+    self._jitted = jax.jit(fun, static_argnames=static_argnames)
+    self._programs = {}  # signature -> compiled program (this process)
+
+  def __call__(self, *args, **kwargs):
+    where = folder()
+    if where is None:
+      return self._jitted(*args, **kwargs)
+    static = tuple((name, kwargs.pop(name)) for name in self._static if name in kwargs)
+    if kwargs:
+      raise TypeError(f"{self._fun.__qualname__}: give {sorted(kwargs)} positionally")
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    signature = (tree, tuple(_leaf(x) for x in leaves), static, _settings())
+    program = self._programs.get(signature)
+    if program is not None:
+      return program(*args)
+    key = self._key(signature)
+    path = where / f"{self._fun.__name__}-{key}.bin"
+    program = _load(path)
+    if program is not None:
+      try:
+        out = program(*args)
+      except jax.errors.JaxRuntimeError as e:  # (e.g. a file not written by this store)
+        log.warning("stored program %s does not run (%s); compiling it again", path,
+                    str(e).splitlines()[0])
+        path.unlink(missing_ok=True)
+      else:
+        self._programs[signature] = program
+        return out
+    program = self._programs[signature] = self._compile(path, key, args, dict(static))
+    return program(*args)
+
+  def _key(self, signature) -> str:
+    """The file name's key: the signature as text, with the environment's."""
+    tree, leaves, static, settings = signature
+    text = repr((_environment(), settings, self._fun.__module__, self._fun.__qualname__,
+                 [(name, repr(value)) for name, value in static], str(tree),
+                 [(shape, str(dtype), weak, _sharding_text(sharding))
+                  for shape, dtype, weak, sharding in leaves]))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+  def _compile(self, path: Path, key: str, args, static):
+    """The program compiled (as jax.jit would), and stored if this process compiled it."""
+    for name in (key, f"{key}_{secrets.token_hex(4)}"):
+      hits = _store["hits"]
+      compiled = self._named(name).trace(*args, **static).lower().compile()
+      if _store["hits"] == hits:  # (compiled here, not handed over by JAX's cache)
+        try:
+          _save(path, compiled)
+        except (OSError, ValueError) as e:  # (a read-only folder, a program JAX cannot save)
+          log.warning("program not stored in %s: %s", path.parent, e)
+        return compiled
+    return compiled
+
+  def _named(self, suffix: str):
+    @functools.wraps(self._fun)
+    def named(*args, **kwargs):
+      return self._fun(*args, **kwargs)
+    named.__name__ = f"{self._fun.__name__}_{suffix}"
+    return jax.jit(named, static_argnames=self._static)
+
+
+def stored_jit(fun=None, *, static_argnames: tuple[str, ...] = ()):
+  """Decorator: `StoredJit(fun, static_argnames)`."""
+  if fun is None:
+    return functools.partial(stored_jit, static_argnames=static_argnames)
+  return StoredJit(fun, static_argnames)
+
+
+def _save(path: Path, compiled):
+  serialized, in_tree, out_tree = serialize_executable.serialize(compiled)
+  with atomic.replacing(path) as tmp:
+    tmp.write_bytes(pickle.dumps((serialized, in_tree, out_tree)))
+  _trim(path.parent)
+
+
+def _trim(where: Path, most: int | None = None):
+  """Above `most` bytes (MAX_BYTES), removes the programs used least recently (a load
+  touches its file) down to three quarters of it: each version of the package, each
+  shape, is a program of its own."""
+  most = MAX_BYTES if most is None else most
+  files = []
+  for path in where.glob("*.bin"):
+    try:
+      info = path.stat()
+    except FileNotFoundError:  # (removed by another process meanwhile)
+      continue
+    files.append((info.st_mtime, info.st_size, path))
+  total = sum(size for _, size, _ in files)
+  if total <= most:
+    return
+  for _, size, path in sorted(files):
+    if total <= most * 3 // 4:
+      break
+    path.unlink(missing_ok=True)
+    total -= size
+
+
+def _load(path: Path):
+  """The program stored at `path`, or None (none there, or one that cannot be loaded: then
+  removed)."""
+  start = time.perf_counter()
+  try:
+    data = path.read_bytes()
+  except FileNotFoundError:
+    return None
+  try:
+    program = serialize_executable.deserialize_and_load(*pickle.loads(data))
+  except Exception as e:  # (a damaged or foreign file: compiled again, stored anew)
+    log.warning("stored program %s cannot be loaded (%s: %s); compiling it again", path,
+                type(e).__name__, e)
+    path.unlink(missing_ok=True)
+    return None
+  with contextlib.suppress(OSError):  # (its use, for `_trim`)
+    os.utime(path)
+  monitoring.record_event_duration_secs(LOAD_EVENT, time.perf_counter() - start)
+  return program

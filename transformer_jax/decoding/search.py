@@ -133,6 +133,7 @@ def _run(state, advance, rows: int, unit: int, store, counts=None):
     stop_at = resizing.smaller_size(len(sentences), sizes)
     shape = (len(sentences), state.capacity)
     state, active = advance(state, stop_at=stop_at)
+    _preload_next(advance, state, len(sentences), stop_at, sizes)  # (while the loop runs)
     active, previous, step = mesh_lib.fetch(active), step, int(mesh_lib.fetch(state.step))
     if counts is not None:
       counts["sentence_steps"] += shape[0] * (step - previous)
@@ -154,6 +155,20 @@ def _run(state, advance, rows: int, unit: int, store, counts=None):
   store(state, sentences)
   if counts is not None:
     counts["batch_steps"] += rows * step
+
+
+def _preload_next(advance, state, rows: int, stop_at: int, sizes: list[int]):
+  """Loads the stored programs a search is likely to run after its loop at `rows` rows (the
+  compaction into `stop_at` rows and the loop at that size), while the loop computes, so
+  that their loading costs no time (`program_store`: `advance` is a partial of a
+  StoredJit; nothing happens when the store is off or does not hold them)."""
+  if not stop_at:
+    return
+  keep = jax.ShapeDtypeStruct((stop_at,), jnp.int32)
+  compacted = resizing.compact.preload(state, keep, rows=rows)
+  if compacted is not None:
+    advance.func.preload(*advance.args, compacted, **advance.keywords,
+                         stop_at=resizing.smaller_size(stop_at, sizes))
 
 
 @flax.struct.dataclass

@@ -124,22 +124,19 @@ class StoredJit:
     self._fun, self._static = fun, tuple(static_argnames)
     self._jitted = jax.jit(fun, static_argnames=static_argnames)
     self._programs = {}  # signature -> compiled program (this process)
+    self._preloaded = {}  # signature -> loaded program, not yet run
 
   def __call__(self, *args, **kwargs):
     where = folder()
     if where is None:
       return self._jitted(*args, **kwargs)
-    static = tuple((name, kwargs.pop(name)) for name in self._static if name in kwargs)
-    if kwargs:
-      raise TypeError(f"{self._fun.__qualname__}: give {sorted(kwargs)} positionally")
-    leaves, tree = jax.tree_util.tree_flatten(args)
-    signature = (tree, tuple(_leaf(x) for x in leaves), static, _settings())
+    signature, static = self._signature(args, kwargs)
     program = self._programs.get(signature)
     if program is not None:
       return program(*args)
     key = self._key(signature)
     path = where / f"{self._fun.__name__}-{key}.bin"
-    program = _load(path)
+    program = self._preloaded.pop(signature, None) or _load(path)
     if program is not None:
       try:
         out = program(*args)
@@ -150,8 +147,34 @@ class StoredJit:
       else:
         self._programs[signature] = program
         return out
-    program = self._programs[signature] = self._compile(path, key, args, dict(static))
+    program = self._programs[signature] = self._compile(path, key, args, static)
     return program(*args)
+
+  def preload(self, *args, **kwargs):
+    """Loads, without running it, the stored program that these arguments (arrays, or
+    jax.ShapeDtypeStructs like them) would run: e.g. a search's next program, read while
+    the current one computes. Returns its outputs' ShapeDtypeStructs, or None (no store, or
+    no such program stored)."""
+    where = folder()
+    if where is None:
+      return None
+    signature, _ = self._signature(args, kwargs)
+    program = self._programs.get(signature) or self._preloaded.get(signature)
+    if program is None:
+      program = _load(where / f"{self._fun.__name__}-{self._key(signature)}.bin")
+      if program is None:
+        return None
+      self._preloaded[signature] = program
+    return program.out_info
+
+  def _signature(self, args, kwargs) -> tuple[tuple, dict]:
+    """(What a program depends on of a call, in a form quick to hash; its static arguments.)"""
+    kwargs = dict(kwargs)
+    static = tuple((name, kwargs.pop(name)) for name in self._static if name in kwargs)
+    if kwargs:
+      raise TypeError(f"{self._fun.__qualname__}: give {sorted(kwargs)} positionally")
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    return (tree, tuple(_leaf(x) for x in leaves), static, _settings()), dict(static)
 
   def _key(self, signature) -> str:
     """The file name's key: the signature as text, with the environment's."""

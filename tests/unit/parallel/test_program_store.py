@@ -135,3 +135,17 @@ def test_above_its_size_the_store_drops_the_programs_used_least_recently(tmp_pat
   assert len(list(tmp_path.glob("*.bin"))) == 4  # (not above it: all kept)
   program_store._trim(tmp_path, most=399)  # -> at most 299 bytes: the two least recent go
   assert sorted(p.name for p in tmp_path.glob("*.bin")) == ["p1.bin", "p3.bin"]
+
+
+def test_preloading_reads_a_stored_program_without_running_it_and_the_call_runs_that(store):
+  x, y = np.ones((2, 3), np.float32), np.ones((4,), np.float32)
+  StoredJit(scaled_sum, ("scale",))(x, y, scale=2.0)
+  later = StoredJit(scaled_sum, ("scale",))  # (a new process)
+  like = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (x, y)]
+  assert later.preload(jax.ShapeDtypeStruct((3, 3), np.float32), like[1], scale=2.0) is None
+  out = later.preload(*like, scale=2.0)
+  assert out[0].shape == (2, 3) and out[1]["max"].shape == ()
+  for path in store.glob("*.bin"):  # (the call runs what was preloaded: no file needed)
+    path.unlink()
+  np.testing.assert_array_equal(later(x, y, scale=2.0)[0], np.full((2, 3), 6.0))
+  assert TRACES == [(2, 3)] and not list(store.glob("*.bin"))

@@ -193,8 +193,11 @@ class StoredJit:
       if _store["hits"] == hits:  # (compiled here, not handed over by JAX's cache)
         try:
           _save(path, compiled)
-        except (OSError, ValueError) as e:  # (a read-only folder, a program JAX cannot save)
-          log.warning("program not stored in %s: %s", path.parent, e)
+        except OSError as e:  # (e.g. a read-only cache folder: said once, then off)
+          log.warning("the program store is off in this process: %s", e)
+          _store["folder"] = None
+        except ValueError as e:  # (a program JAX cannot serialize)
+          log.warning("program %s not stored: %s", self._fun.__qualname__, e)
         return compiled
     return compiled
 
@@ -248,7 +251,7 @@ def _load(path: Path):
   start = time.perf_counter()
   try:
     data = path.read_bytes()
-  except FileNotFoundError:
+  except OSError:  # (none there, or an unreadable folder: compiled as if none)
     return None
   try:
     program = serialize_executable.deserialize_and_load(*pickle.loads(data))

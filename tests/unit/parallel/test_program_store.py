@@ -149,3 +149,14 @@ def test_preloading_reads_a_stored_program_without_running_it_and_the_call_runs_
     path.unlink()
   np.testing.assert_array_equal(later(x, y, scale=2.0)[0], np.full((2, 3), 6.0))
   assert TRACES == [(2, 3)] and not list(store.glob("*.bin"))
+
+
+def test_a_folder_that_refuses_writes_turns_the_store_off_with_one_warning(store, caplog,
+                                                                           monkeypatch):
+  def refuse(*_):
+    raise PermissionError(13, "Permission denied", str(store))
+  monkeypatch.setattr(program_store, "_save", refuse)
+  program = StoredJit(scaled_sum, ("scale",))
+  out = program(np.ones((2, 2), np.float32), np.ones(1, np.float32), scale=2.0)
+  np.testing.assert_array_equal(out[0], np.full((2, 2), 3.0))
+  assert program_store.folder() is None and caplog.text.count("program store is off") == 1

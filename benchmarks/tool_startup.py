@@ -2,7 +2,7 @@
 compilation cache: `translate` of one line (piped), `translate --interactive` (its first line
 answered), and `evaluate` of one batch (128 sentences of test2016, as files).
 
-  python benchmarks/tool_startup.py --workdir=runs/default [--rounds=3] [--tools=evaluate]
+  python benchmarks/tool_startup.py --workdir=runs/default [--rounds=3] [--tools=evaluate ...]
       [--checkout=/path/to/another/clone]
 
 Each tool runs `--rounds` times after one unmeasured run (which fills the compilation cache);
@@ -30,7 +30,9 @@ from absl import app, flags
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained workdir.", required=True)
 flags.DEFINE_integer("rounds", 3, "Measured runs of each tool.")
-flags.DEFINE_list("tools", ["translate", "interactive", "evaluate"], "Which tools to time.")
+TOOLS = {"translate": "translate, one line", "interactive": "translate --interactive, first line",
+         "evaluate": "evaluate, first batch of 128"}
+flags.DEFINE_multi_enum("tools", list(TOOLS), list(TOOLS), "Which tools to time.")
 flags.DEFINE_string("checkout", "", "Another clone whose package to measure alongside (and, "
                     "':'-separated, folders of other packages to take before the venv's).")
 
@@ -82,9 +84,9 @@ def main(_):
   workdir = Path(FLAGS.workdir).resolve()
   source, reference = _batch_files(tmp)
   python = sys.executable
-  tools = {
+  commands = {
       "translate": ([python, "-m", "transformer_jax.cli.translate",
-                               f"--workdir={workdir}", "--interactive=false"], LINE),
+                     f"--workdir={workdir}", "--interactive=false"], LINE),
       "interactive": (
           [python, "-m", "transformer_jax.cli.translate", f"--workdir={workdir}",
            "--interactive=true"], LINE),
@@ -97,10 +99,8 @@ def main(_):
   if FLAGS.checkout:  # (PYTHONPATH's form: the clone, and other folders after it)
     codes["--checkout"] = ":".join(str(Path(p).resolve()) for p in FLAGS.checkout.split(":"))
   print(f"{workdir}; median of {FLAGS.rounds} runs, warm compilation cache")
-  titles = {"translate": "translate, one line", "interactive": "translate --interactive, "
-            "first line", "evaluate": "evaluate, first batch of 128"}
   for tool in FLAGS.tools:
-    argv, stdin = tools[tool]
+    argv, stdin = commands[tool]
     times = {code: [] for code in codes}
     for code, path in codes.items():  # (the unmeasured run: fills the cache)
       _timed(argv, stdin, {**os.environ, "PYTHONPATH": path}, tmp)
@@ -110,7 +110,7 @@ def main(_):
     for code, measured in times.items():
       first = statistics.median(t for t, _ in measured)
       whole = statistics.median(t for _, t in measured)
-      print(f"  {titles[tool]:<38} {code:<14} first {first:5.2f} s   whole {whole:5.2f} s")
+      print(f"  {TOOLS[tool]:<38} {code:<14} first {first:5.2f} s   whole {whole:5.2f} s")
 
 
 if __name__ == "__main__":

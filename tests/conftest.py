@@ -111,3 +111,11 @@ def tiny_run(tfds_cache, tiny_tokenizer) -> Path:
   """A workdir of the tiny config trained for 20 steps (checkpoints at 10 and 20, evaluated at
   both). Read only: tests that write into a run copy it first (`helpers.copy_run`)."""
   return builders.get("tiny_run") / "run"
+
+
+@pytest.fixture(autouse=True)
+def _program_store_off_after_each_test(monkeypatch):
+  """A tool run in a test's process turns the program store on (runner): each test leaves it
+  as it found it, off, so that no later test decodes through the suite's store unasked."""
+  from transformer_jax.parallel import program_store  # (JAX's settings are made by now)
+  monkeypatch.setitem(program_store._store, "folder", program_store._store["folder"])

@@ -4,17 +4,20 @@ tool's first sentence come in its first seconds.
 JAX's persistent cache is keyed by the lowered program, so even a hit costs tracing the Python
 function and lowering it (0.3-0.6 s for a search loop, against 0.05 s to load it), in every
 process and for every shape a search meets. `stored_jit` keys a program by what determines it
-before any tracing: this package's source, the versions of jax, jaxlib, flax, numpy and
-ml_dtypes, the devices and JAX's tracing settings, the function, its static arguments, and the
-shapes, dtypes and shardings of the others. A program found under its key is deserialized and
-called (`jax.experimental.serialize_executable`); one not found is compiled as `jax.jit` would
-and stored. A process keeps the programs it has met in memory.
+before any tracing: this package's source (read when the store is enabled), the versions of
+Python, jax, jaxlib, flax, numpy and ml_dtypes, the devices and their runtime, JAX's tracing
+settings, the function (its name and code; closures are refused), its static arguments, and
+the pytree, shapes, dtypes, weak types and shardings of the others. A program found under its
+key is deserialized and called (`jax.experimental.serialize_executable`); one not found is
+compiled as `jax.jit` would and stored. A process keeps the programs it has met in memory.
 
 Only programs this process compiled itself are stored: one that JAX's persistent cache handed
 over cannot be serialized whole again (XLA:CPU; the copy fails to run), so each program is
 compiled under a name holding its key (`jit_<function>_<key>`), which JAX's cache has seen only
-if this store lost the file; then it is compiled once more under a fresh name. A stored program
-that fails to load or to run its first call is deleted and compiled again, with a warning.
+if this store lost the file; then it is compiled once more under a fresh name. (JAX's cache
+keeps its own copy of each, read only in that case.) A stored program that fails to load or to
+run its first call is deleted and compiled again, with a warning; one that cannot be
+serialized (a host callback) is not stored.
 
 The store is on once `enable` has been called (by `compilation.enable_compilation_cache`: in
 every tool and in training, unless TRANSFORMER_JAX_COMPILATION_CACHE=0), in
@@ -32,9 +35,11 @@ import hashlib
 import importlib.metadata
 import inspect
 import logging
+import marshal
 import os
 import pickle
 import secrets
+import sys
 import time
 from pathlib import Path
 
@@ -49,18 +54,22 @@ log = logging.getLogger(__name__)
 LOAD_EVENT = "/transformer_jax/program_store/load_duration"  # (counted as preparing programs)
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 MAX_BYTES = 1 << 30  # the store's size, beyond which the programs used least recently go
-# (JAX settings that change what a function traces to)
-_TRACING_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
-                     "jax_numpy_dtype_promotion", "jax_default_prng_impl",
-                     "jax_threefry_partitionable", "jax_enable_checks")
-_store = {"folder": None, "hits": 0, "listening": False}
+# (JAX settings that change what a function traces to, or where it runs)
+_TRACING_SETTINGS = ("jax_enable_x64", "jax_explicit_x64_dtypes", "jax_default_matmul_precision",
+                     "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
+                     "jax_default_prng_impl", "jax_threefry_partitionable", "jax_default_device")
+_store = {"folder": None, "environment": "", "hits": 0, "listening": False}
 
 
 def enable(folder: str | Path):
-  """Stores programs in `folder` (and loads them from it) from now on in this process."""
+  """Stores programs in `folder` (and loads them from it) from now on in this process. The
+  package's source is read now, when a tool starts, its modules imported: a file edited
+  while a long run goes on does not key the programs that run traced from the code it
+  imported."""
   if not _store["listening"]:
     monitoring.register_event_listener(_count_cache_hit)
     _store["listening"] = True
+  _store["environment"] = _environment()
   _store["folder"] = Path(folder)
 
 
@@ -74,18 +83,18 @@ def _count_cache_hit(event: str, **_):
     _store["hits"] += 1
 
 
-@functools.cache
 def _environment() -> str:
-  """What every key of this process starts with: the package's source, the versions of what
-  traces and compiles it, and the devices."""
+  """What every key of this process starts with: the package's source, the versions of
+  Python and of what traces and compiles it, the devices and their runtime."""
   digest = hashlib.sha256()
   package = Path(__file__).resolve().parents[1]
   for path in sorted(package.rglob("*.py")):
     digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
-  versions = [f"{name}={importlib.metadata.version(name)}"
-              for name in ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")]
+  versions = [sys.version] + [f"{name}={importlib.metadata.version(name)}"
+                              for name in ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")]
   devices = [f"{d.platform}:{d.device_kind}:{d.id}" for d in jax.devices()]
-  digest.update(repr((versions, devices, os.environ.get("XLA_FLAGS", ""),
+  digest.update(repr((versions, devices, jax.devices()[0].client.platform_version,
+                      os.environ.get("XLA_FLAGS", ""),
                       os.environ.get("LIBTPU_INIT_ARGS", ""))).encode())
   return digest.hexdigest()
 
@@ -96,8 +105,9 @@ def _settings() -> tuple:
 
 def _leaf(x) -> tuple:
   """What a program depends on of an argument: its shape, dtype, weak type and placement."""
-  if not hasattr(x, "shape"):  # (a Python number)
-    x = jax.typeof(x)
+  if not hasattr(x, "shape"):  # (a Python number: weakly typed, placed by the program)
+    aval = jax.typeof(x)
+    return aval.shape, aval.dtype, aval.weak_type, None
   return x.shape, x.dtype, getattr(x, "weak_type", False), getattr(x, "sharding", None)
 
 
@@ -106,16 +116,20 @@ def _sharding_text(sharding) -> str:
     return "host"
   mesh = getattr(sharding, "mesh", None)
   if mesh is not None and hasattr(mesh, "devices"):  # (a NamedSharding: its devices in order)
-    return f"{sharding.spec}|{mesh.axis_names}|{[d.id for d in mesh.devices.flat]}|" \
-           f"{mesh.devices.shape}|{sharding.memory_kind}"
+    return f"{sharding.spec}|{mesh.axis_names}|{getattr(mesh, 'axis_types', '')}|" \
+           f"{[d.id for d in mesh.devices.flat]}|{mesh.devices.shape}|{sharding.memory_kind}"
   return repr(sharding)
 
 
 class StoredJit:
   """A `jax.jit` of `fun` whose compiled programs are stored (see the module doc). Static
-  arguments are keyword-only; the others are given positionally."""
+  arguments are keyword-only; the others are given positionally. `fun` is a module-level
+  function: a closure's values would not be in the key."""
 
   def __init__(self, fun, static_argnames: tuple[str, ...] = ()):
+    if fun.__closure__ or "<locals>" in fun.__qualname__:
+      raise TypeError(f"{fun.__qualname__}: a StoredJit takes a module-level function (what a "
+                      "closure holds is not in a program's key)")
     parameters = inspect.signature(fun).parameters
     for name in static_argnames:
       if name not in parameters or parameters[name].kind is not inspect.Parameter.KEYWORD_ONLY:
@@ -128,7 +142,7 @@ class StoredJit:
 
   def __call__(self, *args, **kwargs):
     where = folder()
-    if where is None:
+    if where is None or jax.config.jax_disable_jit:
       return self._jitted(*args, **kwargs)
     signature, static = self._signature(args, kwargs)
     program = self._programs.get(signature)
@@ -174,12 +188,16 @@ class StoredJit:
     if kwargs:
       raise TypeError(f"{self._fun.__qualname__}: give {sorted(kwargs)} positionally")
     leaves, tree = jax.tree_util.tree_flatten(args)
-    return (tree, tuple(_leaf(x) for x in leaves), static, _settings()), dict(static)
+    return (tree, tuple(_leaf(x) for x in leaves), static,
+            (_store["environment"], _settings())), dict(static)
 
   def _key(self, signature) -> str:
     """The file name's key: the signature as text, with the environment's."""
-    tree, leaves, static, settings = signature
-    text = repr((_environment(), settings, self._fun.__module__, self._fun.__qualname__,
+    tree, leaves, static, (environment, settings) = signature
+    # (the function's own code too: the package's source does not hold a function outside it)
+    code = hashlib.sha256(marshal.dumps(self._fun.__code__)).hexdigest()
+    text = repr((environment, settings, self._fun.__module__, self._fun.__qualname__,
+                 code,
                  [(name, repr(value)) for name, value in static], str(tree),
                  [(shape, str(dtype), weak, _sharding_text(sharding))
                   for shape, dtype, weak, sharding in leaves]))
@@ -196,24 +214,23 @@ class StoredJit:
         except OSError as e:  # (e.g. a read-only cache folder: said once, then off)
           log.warning("the program store is off in this process: %s", e)
           _store["folder"] = None
-        except ValueError as e:  # (a program JAX cannot serialize)
-          log.warning("program %s not stored: %s", self._fun.__qualname__, e)
+        except Exception as e:  # noqa: BLE001 (a program JAX cannot serialize, e.g. with a
+          log.warning("program %s not stored (%s: %s)", self._fun.__qualname__,  # callback)
+                      type(e).__name__, e)
         return compiled
     return compiled
 
-  def _named(self, suffix: str):
+  def _named(self, name: str):
     @functools.wraps(self._fun)
     def named(*args, **kwargs):
       return self._fun(*args, **kwargs)
-    named.__name__ = f"{self._fun.__name__}_{suffix}"
+    named.__name__ = f"{self._fun.__name__}_{name}"
     return jax.jit(named, static_argnames=self._static)
 
 
-def stored_jit(fun=None, *, static_argnames: tuple[str, ...] = ()):
+def stored_jit(*, static_argnames: tuple[str, ...] = ()):
   """Decorator: `StoredJit(fun, static_argnames)`."""
-  if fun is None:
-    return functools.partial(stored_jit, static_argnames=static_argnames)
-  return StoredJit(fun, static_argnames)
+  return functools.partial(StoredJit, static_argnames=static_argnames)
 
 
 def _save(path: Path, compiled):

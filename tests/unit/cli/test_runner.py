@@ -8,13 +8,6 @@ import pytest
 
 from tests import helpers
 from transformer_jax.cli import runner, train
-from transformer_jax.parallel import program_store
-
-
-@pytest.fixture(autouse=True)
-def _program_store_as_it_was(monkeypatch):
-  """(a tool run in this process turns the program store on: off again after the test)"""
-  monkeypatch.setitem(program_store._store, "folder", program_store._store["folder"])
 
 TOOLS = {"train": ["--config", "--workdir", "--coordinator_address", "--jax_platforms"],
          "evaluate": ["--workdir", "--checkpoint", "--source_file", "--decode", "--lowercase"],

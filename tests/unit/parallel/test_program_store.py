@@ -25,9 +25,9 @@ def scaled_sum(x, y, *, scale: float):
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-  # (keys of this test's own: JAX's persistent cache, shared by the suite, has never seen them)
+  # (keys of this test's own: JAX's persistent cache, shared by the suite, has never seen them;
+  # conftest turns the store off again after the test)
   monkeypatch.setattr(program_store, "_environment", lambda: str(tmp_path))
-  monkeypatch.setitem(program_store._store, "folder", None)  # (as it was, after the test)
   program_store.enable(tmp_path)
   TRACES.clear()
   return tmp_path
@@ -73,21 +73,57 @@ def test_a_damaged_file_is_compiled_again_and_replaced(store, caplog):
   assert len(TRACES) == traced  # (the new file loads)
 
 
-def test_static_arguments_must_be_keyword_only_and_the_others_positional(store):
-  def f(x, scale):
-    return x * scale
+def plain_product(x, scale):
+  return x * scale
+
+
+def test_static_arguments_are_keyword_only_the_others_positional_and_closures_refused(store):
   with pytest.raises(TypeError, match="'scale' must be keyword-only"):
-    StoredJit(f, ("scale",))
+    StoredJit(plain_product, ("scale",))
   with pytest.raises(TypeError, match=r"give \['y'\] positionally"):
     StoredJit(scaled_sum, ("scale",))(np.ones(2), y=np.ones(2), scale=1.0)
 
+  def scaled_by(factor):
+    def times(x):
+      return x * factor
+    return times
+  with pytest.raises(TypeError, match="module-level function"):  # (2.0 and 3.0: one key)
+    StoredJit(scaled_by(2.0))
 
-def test_off_it_is_jax_jit(tmp_path, monkeypatch):
-  monkeypatch.setitem(program_store._store, "folder", None)
-  TRACES.clear()
+
+def test_a_python_number_is_an_argument_like_jax_jits(store):
+  program = StoredJit(plain_product)
+  np.testing.assert_array_equal(program(np.ones(2, np.float32), 1.5), [1.5, 1.5])
+  np.testing.assert_array_equal(StoredJit(plain_product)(np.ones(2, np.float32), 2.5),
+                                [2.5, 2.5])  # (the stored program, another value)
+  assert len(list(store.glob("plain_product-*.bin"))) == 1
+
+
+def printed(x):
+  jax.debug.print("{}", x)  # (a host callback)
+  return x + 1
+
+
+def test_a_program_that_cannot_be_serialized_runs_and_is_not_stored(store, caplog):
+  out = StoredJit(printed)(np.ones(2, np.float32))
+  np.testing.assert_array_equal(out, [2.0, 2.0])
+  assert "not stored" in caplog.text and not list(store.glob("*.bin"))
+
+
+def test_the_packages_source_is_read_once_when_the_store_is_enabled(tmp_path, monkeypatch):
+  """(a long run keys its programs by the source it imported, not by files edited since)"""
+  reads = []
+  monkeypatch.setattr(program_store, "_environment", lambda: reads.append(1) or "source")
+  program_store.enable(tmp_path)
+  for n in (2, 3):
+    StoredJit(scaled_sum, ("scale",))(np.ones((n, 1), np.float32), np.ones(1), scale=1.0)
+  assert reads == [1] and len(list(tmp_path.glob("*.bin"))) == 2
+
+
+def test_off_it_is_jax_jit():
+  assert program_store.folder() is None  # (conftest: off unless a test turns it on)
   out = StoredJit(scaled_sum, ("scale",))(np.ones((2, 2), np.float32), np.ones(1), scale=2.0)
   np.testing.assert_array_equal(out[0], np.full((2, 2), 3.0))
-  assert not list(tmp_path.iterdir())
 
 
 def test_a_program_jax_s_cache_hands_over_is_compiled_afresh_before_it_is_stored(tmp_path):
@@ -157,6 +193,7 @@ def test_a_folder_that_refuses_writes_turns_the_store_off_with_one_warning(store
     raise PermissionError(13, "Permission denied", str(store))
   monkeypatch.setattr(program_store, "_save", refuse)
   program = StoredJit(scaled_sum, ("scale",))
-  out = program(np.ones((2, 2), np.float32), np.ones(1, np.float32), scale=2.0)
-  np.testing.assert_array_equal(out[0], np.full((2, 2), 3.0))
+  for n in (2, 3):  # (two programs: one warning)
+    out = program(np.ones((n, 2), np.float32), np.ones(1, np.float32), scale=2.0)
+    np.testing.assert_array_equal(out[0], np.full((n, 2), 3.0))
   assert program_store.folder() is None and caplog.text.count("program store is off") == 1

@@ -58,7 +58,7 @@ MAX_BYTES = 1 << 30  # the store's size, beyond which the programs used least re
 _TRACING_SETTINGS = ("jax_enable_x64", "jax_explicit_x64_dtypes", "jax_default_matmul_precision",
                      "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
                      "jax_default_prng_impl", "jax_threefry_partitionable", "jax_default_device")
-_store = {"folder": None, "environment": "", "hits": 0, "listening": False}
+_store = {"folder": None, "source": "", "environment": "", "hits": 0, "listening": False}
 
 
 def enable(folder: str | Path):
@@ -69,7 +69,9 @@ def enable(folder: str | Path):
   if not _store["listening"]:
     monitoring.register_event_listener(_count_cache_hit)
     _store["listening"] = True
-  _store["environment"] = _environment()
+  # (the devices join at the first program: a multi-host run starts JAX's backend only after
+  # jax.distributed.initialize)
+  _store["source"], _store["environment"] = _source(), ""
   _store["folder"] = Path(folder)
 
 
@@ -83,20 +85,25 @@ def _count_cache_hit(event: str, **_):
     _store["hits"] += 1
 
 
-def _environment() -> str:
-  """What every key of this process starts with: the package's source, the versions of
-  Python and of what traces and compiles it, the devices and their runtime."""
+def _source() -> str:
+  """A digest of the package's source files."""
   digest = hashlib.sha256()
   package = Path(__file__).resolve().parents[1]
   for path in sorted(package.rglob("*.py")):
     digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+  return digest.hexdigest()
+
+
+def _environment() -> str:
+  """What every key of this process starts with: the package's source (as read by `enable`),
+  the versions of Python and of what traces and compiles it, the devices and their
+  runtime."""
   versions = [sys.version] + [f"{name}={importlib.metadata.version(name)}"
                               for name in ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")]
   devices = [f"{d.platform}:{d.device_kind}:{d.id}" for d in jax.devices()]
-  digest.update(repr((versions, devices, jax.devices()[0].client.platform_version,
-                      os.environ.get("XLA_FLAGS", ""),
-                      os.environ.get("LIBTPU_INIT_ARGS", ""))).encode())
-  return digest.hexdigest()
+  text = repr((_store["source"], versions, devices, jax.devices()[0].client.platform_version,
+               os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")))
+  return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _settings() -> tuple:
@@ -187,6 +194,8 @@ class StoredJit:
     static = tuple((name, kwargs.pop(name)) for name in self._static if name in kwargs)
     if kwargs:
       raise TypeError(f"{self._fun.__qualname__}: give {sorted(kwargs)} positionally")
+    if not _store["environment"]:
+      _store["environment"] = _environment()
     leaves, tree = jax.tree_util.tree_flatten(args)
     return (tree, tuple(_leaf(x) for x in leaves), static,
             (_store["environment"], _settings())), dict(static)

@@ -113,11 +113,24 @@ def test_a_program_that_cannot_be_serialized_runs_and_is_not_stored(store, caplo
 def test_the_packages_source_is_read_once_when_the_store_is_enabled(tmp_path, monkeypatch):
   """(a long run keys its programs by the source it imported, not by files edited since)"""
   reads = []
-  monkeypatch.setattr(program_store, "_environment", lambda: reads.append(1) or "source")
+  monkeypatch.setattr(program_store, "_source", lambda: reads.append(1) or str(tmp_path))
   program_store.enable(tmp_path)
   for n in (2, 3):
     StoredJit(scaled_sum, ("scale",))(np.ones((n, 1), np.float32), np.ones(1), scale=1.0)
   assert reads == [1] and len(list(tmp_path.glob("*.bin"))) == 2
+
+
+def test_enabling_the_store_starts_no_jax_backend():
+  """(a multi-host run enables it before jax.distributed.initialize, which must come first)"""
+  script = textwrap.dedent("""
+      from jax._src import xla_bridge
+      from transformer_jax.parallel import program_store
+      program_store.enable("/nonexistent/store")
+      print(xla_bridge.backends_are_initialized())
+  """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=120)
+  assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
 
 
 def test_off_it_is_jax_jit():

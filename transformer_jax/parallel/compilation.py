@@ -44,7 +44,7 @@ def cache_dir(environ: Mapping[str, str], configured: str | None,
   jax_cache/), or None when JAX's own setting or the switch decides."""
   if environ.get(SWITCH, "1") == "0" or environ.get("JAX_COMPILATION_CACHE_DIR") or configured:
     return None
-  return (root or cache_home() / "jax_cache") / numerics.machine_key(*cpu_info())
+  return _machine_folder(root or cache_home() / "jax_cache")
 
 
 def program_store_dir(environ: Mapping[str, str], root: Path | None = None) -> Path | None:
@@ -52,7 +52,12 @@ def program_store_dir(environ: Mapping[str, str], root: Path | None = None) -> P
   package's cache folder's programs/), or None when the switch is off."""
   if environ.get(SWITCH, "1") == "0":
     return None
-  return (root or cache_home() / "programs") / numerics.machine_key(*cpu_info())
+  return _machine_folder(root or cache_home() / "programs")
+
+
+def _machine_folder(root: Path) -> Path:
+  """This machine kind's folder under `root` (CPU model, ISA flags, jax version, XLA_FLAGS)."""
+  return root / numerics.machine_key(*cpu_info())
 
 
 def enable_compilation_cache():

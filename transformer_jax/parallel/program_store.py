@@ -100,8 +100,10 @@ def _environment() -> str:
   runtime."""
   versions = [sys.version] + [f"{name}={importlib.metadata.version(name)}"
                               for name in ("jax", "jaxlib", "flax", "numpy", "ml_dtypes")]
-  devices = [f"{d.platform}:{d.device_kind}:{d.id}" for d in jax.devices()]
-  text = repr((_store["source"], versions, devices, jax.devices()[0].client.platform_version,
+  devices = jax.devices()
+  text = repr((_store["source"], versions,
+               [f"{d.platform}:{d.device_kind}:{d.id}" for d in devices],
+               devices[0].client.platform_version,
                os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")))
   return hashlib.sha256(text.encode()).hexdigest()
 
@@ -143,6 +145,9 @@ class StoredJit:
         raise TypeError(f"{fun.__qualname__}: static argument {name!r} must be keyword-only")
     functools.update_wrapper(self, fun)
     self._fun, self._static = fun, tuple(static_argnames)
+    # (the function's own code in the key too: the package's source does not hold a function
+    # outside it)
+    self._code = hashlib.sha256(marshal.dumps(fun.__code__)).hexdigest()
     self._jitted = jax.jit(fun, static_argnames=static_argnames)
     self._programs = {}  # signature -> compiled program (this process)
     self._preloaded = {}  # signature -> loaded program, not yet run
@@ -156,7 +161,7 @@ class StoredJit:
     if program is not None:
       return program(*args)
     key = self._key(signature)
-    path = where / f"{self._fun.__name__}-{key}.bin"
+    path = self._path(where, key)
     program = self._preloaded.pop(signature, None) or _load(path)
     if program is not None:
       try:
@@ -182,7 +187,7 @@ class StoredJit:
     signature, _ = self._signature(args, kwargs)
     program = self._programs.get(signature) or self._preloaded.get(signature)
     if program is None:
-      program = _load(where / f"{self._fun.__name__}-{self._key(signature)}.bin")
+      program = _load(self._path(where, self._key(signature)))
       if program is None:
         return None
       self._preloaded[signature] = program
@@ -203,14 +208,15 @@ class StoredJit:
   def _key(self, signature) -> str:
     """The file name's key: the signature as text, with the environment's."""
     tree, leaves, static, (environment, settings) = signature
-    # (the function's own code too: the package's source does not hold a function outside it)
-    code = hashlib.sha256(marshal.dumps(self._fun.__code__)).hexdigest()
     text = repr((environment, settings, self._fun.__module__, self._fun.__qualname__,
-                 code,
+                 self._code,
                  [(name, repr(value)) for name, value in static], str(tree),
                  [(shape, str(dtype), weak, _sharding_text(sharding))
                   for shape, dtype, weak, sharding in leaves]))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+  def _path(self, where: Path, key: str) -> Path:
+    return where / f"{self._fun.__name__}-{key}.bin"
 
   def _compile(self, path: Path, key: str, args, static):
     """The program compiled (as jax.jit would), and stored if this process compiled it."""

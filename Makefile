@@ -27,8 +27,9 @@ $(VENV)/.installed: pyproject.toml
 # The tests also need the optional extras `wmt` (tensorflow-cpu: TFDS's WMT builders, mocked),
 # `postgres` (psycopg2-binary: sweep storage on a PostgreSQL server), `beam` (apache-beam:
 # corpus preparation as a pipeline, run on the DirectRunner), `ctranslate2` (the export's
-# runtime) and `hf` (torch + transformers: the Marian import's reference implementation).
-TEST_EXTRAS = test,wmt,postgres,beam,ctranslate2,hf
+# runtime), `hf` (torch + transformers: the Marian import's reference implementation) and `tpu`
+# (libtpu: the TPU compiler, for the compile tool's tests).
+TEST_EXTRAS = test,wmt,postgres,beam,ctranslate2,hf,tpu
 install-test: $(VENV)/.installed-test
 
 $(VENV)/.installed-test: $(VENV)/.installed

@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:
   sys.path.insert(0, str(ROOT))
 
 from tests import caches  # noqa: E402  (imports no JAX)
+from transformer_jax.parallel import platforms  # noqa: E402  (imports no JAX)
 
 # Set before JAX is imported (it reads these once). The first pytest process of a run makes
 # the run's folder; pytest-xdist's workers and every subprocess inherit it and the rest.
@@ -41,6 +42,7 @@ if _CONTROLLER:
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
                     TRANSFORMER_JAX_TEST_DATA=str(_CACHE / f"data_{caches.data_fingerprint()}"))
+  platforms.leave_out_absent_tpu()  # (libtpu from the `tpu` extra: no TPU lookup per process)
 
 from tests import builders  # noqa: E402
 

@@ -262,6 +262,10 @@ def _advance_beam(params, state: BeamState, *, models, alpha: float, num_return:
   return state, _beam_active(state, alpha, num_return)
 
 
+# (for compiling ahead of time: aot.programs lowers them for devices this process lacks)
+BEAM_PROGRAMS = {"start": _start_beam, "loop": _advance_beam, "step": _beam_step}
+
+
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
                 num_return: int = 1, min_len: int = 0, prefix_BP=None, caps=None,
                 unit: int = 1, counts=None):

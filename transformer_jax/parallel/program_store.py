@@ -193,6 +193,11 @@ class StoredJit:
       self._preloaded[signature] = program
     return program.out_info
 
+  def lower(self, *args, **kwargs) -> jax.stages.Lowered:
+    """The program for these arguments (jax.ShapeDtypeStructs welcome) lowered, neither
+    stored nor loaded: to compile it for devices this process does not run on."""
+    return self._jitted.lower(*args, **kwargs)
+
   def _signature(self, args, kwargs) -> tuple[tuple, dict]:
     """(What a program depends on of a call, in a form quick to hash; its static arguments.)"""
     kwargs = dict(kwargs)

@@ -16,9 +16,10 @@ from transformer_jax.workdir import layout
 log = logging.getLogger(__name__)
 
 
-def make_mesh(cfg: TrainConfig):
-  """The device mesh of `cfg`, checked against the batch it must split."""
-  mesh = mesh_lib.make_mesh(cfg.parallelism)
+def make_mesh(cfg: TrainConfig, devices=None):
+  """The device mesh of `cfg` (over `devices`, default: this process's JAX devices), checked
+  against the batch it must split."""
+  mesh = mesh_lib.make_mesh(cfg.parallelism, devices)
   dp = mesh_lib.data_parallel_size(mesh)
   if cfg.data.batch_size % (dp * cfg.num_micro_batches):
     raise ConfigError(f"config.data.batch_size={cfg.data.batch_size} is not divisible by the "

@@ -1,0 +1,85 @@
+"""Reading an optimised HLO module: collectives per step with loop trips applied, loops and
+their trip counts, XLA's form of a reduce-scatter."""
+
+import pytest
+
+from transformer_jax.aot import hlo
+
+MODULE = """HloModule jit_step, entry_computation_layout={()->f32[]}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%body (p: (s32[], f32[8,128])) -> (s32[], f32[8,128]) {
+  %p = (s32[], f32[8,128]{1,0:T(8,128)}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %v = f32[8,128]{1,0:T(8,128)} get-tuple-element(%p), index=1
+  %ar = f32[8,128]{1,0:T(8,128)} all-reduce(%v), channel_id=1, replica_groups={{0,1}}, to_apply=%add
+  ROOT %t = (s32[], f32[8,128]{1,0:T(8,128)}) tuple(%i, %ar)
+}
+
+%cond (p: (s32[], f32[8,128])) -> pred[] {
+  %p = (s32[], f32[8,128]{1,0:T(8,128)}) parameter(0)
+  %c = s32[]{:T(128)} constant(6)
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+%open_cond (p: (s32[], f32[8,128])) -> pred[] {
+  %p = (s32[], f32[8,128]{1,0:T(8,128)}) parameter(0)
+  %c = s32[] constant(6)
+  %i = s32[] get-tuple-element(%p), index=0
+  %lt = pred[] compare(%i, %c), direction=LT
+  %flag = pred[] constant(true)
+  ROOT %and = pred[] and(%lt, %flag)
+}
+
+ENTRY %main (a: f32[16,128], w: bf16[4,64]) -> f32[] {
+  %a = f32[16,128]{1,0} parameter(0)
+  %w = bf16[4,64]{1,0} parameter(1)
+  %ag-start = (bf16[4,64], bf16[8,64]) all-gather-start(%w), dimensions={0}
+  %ag = bf16[8,64]{1,0} all-gather-done(%ag-start)
+  %both = (f32[16,128]{1,0}, f32[]) all-reduce(%a, %a), to_apply=%add
+  %g0 = f32[16,128]{1,0} get-tuple-element(%both), index=0
+  %z = s32[] constant(0)
+  %ds = f32[8,128]{1,0} dynamic-slice(%g0, %z, %z), dynamic_slice_sizes={8,128}
+  %init = (s32[], f32[8,128]{1,0:T(8,128)}) tuple(%z, %ds)
+  %loop = (s32[], f32[8,128]{1,0:T(8,128)}) while(%init), condition=%cond, body=%body
+  %search = (s32[], f32[8,128]{1,0:T(8,128)}) while(%init), condition=%open_cond, body=%body
+  ROOT %r = f32[] constant(0)
+}
+"""
+
+
+def test_shape_bytes_adds_a_tuples_arrays():
+  assert hlo.shape_bytes("(f32[8,128]{1,0:T(8,128)}, /*index=1*/bf16[4]{0}, s32[])") == \
+      8 * 128 * 4 + 4 * 2 + 4
+
+
+def test_a_loop_counted_up_to_a_constant_has_that_many_trips_and_an_open_one_none():
+  loops = {loop.name: loop.trips for loop in hlo.Module.parse(MODULE).loops()}
+  assert loops == {"loop": 6, "search": None}
+
+
+def test_collectives_count_each_run_of_a_loop_body_and_async_ones_once():
+  found = hlo.Module.parse(MODULE).collectives()
+  # entry: one all-reduce (a tuple of two); the body's: 6 trips + 1 (the open loop, once)
+  assert found["all-reduce"].count == 1 + 6 + 1
+  assert found["all-reduce"].bytes == (16 * 128 * 4 + 4) + 7 * 8 * 128 * 4
+  assert (found["all-gather"].count, found["all-gather"].bytes) == (1, 8 * 64 * 2)
+  assert found["reduce-scatter"].count == found["all-to-all"].count == 0
+
+
+def test_a_reduction_then_sliced_is_found_and_its_shapes_listed():
+  module = hlo.Module.parse(MODULE)
+  assert module.sliced_reductions() == 1
+  assert (16, 128) in module.result_shapes("all-reduce")
+  assert module.result_shapes("all-gather") == [(8, 64)]
+
+
+def test_text_without_an_entry_is_refused():
+  with pytest.raises(ValueError, match="ENTRY"):
+    hlo.Module.parse("HloModule nothing\n")

@@ -1,0 +1,77 @@
+"""A training config checked for a target before anyone rents it: its run's programs compiled
+for the target's devices (described by libtpu, not present), each reported (report.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import jax
+
+from transformer_jax.aot import programs, report, targets
+from transformer_jax.config.sections import TrainConfig
+from transformer_jax.errors import UsageError
+from transformer_jax.parallel import numerics
+from transformer_jax.training.resolution import make_mesh
+
+PROGRAMS = ("train", "eval", "beam")
+
+
+def levers(cfg: TrainConfig) -> str:
+  """What makes a run's step smaller per chip, in its own override syntax."""
+  k = cfg.num_micro_batches
+  return (f"try --config.num_micro_batches={2 * k} (the batch in {2 * k} pieces), "
+          "--config.model.remat=full (recompute activations), or FSDP "
+          "--config.parallelism.mesh_shape='(1,-1,1)' (parameters and optimizer state split "
+          "over the chips)")
+
+
+def for_target(cfg: TrainConfig) -> TrainConfig:
+  """`cfg` with config.model.dtype="auto" resolved as it would be on a TPU."""
+  if cfg.model.dtype != "auto":
+    return cfg
+  dtype = numerics.accelerator_choice("tpu", "").dtype
+  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
+
+
+def selected(which: str) -> tuple[str, ...]:
+  names = tuple(n.strip() for n in which.split(",") if n.strip())
+  unknown = [n for n in names if n not in PROGRAMS]
+  if unknown or not names:
+    raise UsageError(f"--programs={which!r}: choose from {', '.join(PROGRAMS)}")
+  return names
+
+
+def check(cfg: TrainConfig, target: targets.Target, which: tuple[str, ...] = PROGRAMS,
+          on_report=None) -> list[report.Report]:
+  """The reports of the programs `which` of a run of `cfg` on `target` (`on_report(r)`: as
+  each is done, e.g. to print it)."""
+  cfg = for_target(cfg)
+  devices = targets.devices(target)
+  mesh = make_mesh(cfg, devices)
+  chosen = []
+  if "train" in which:
+    chosen.append(programs.train_program(cfg, mesh))
+  if "eval" in which:
+    chosen.append(programs.eval_program(cfg, mesh))
+  if "beam" in which:
+    chosen.extend(programs.beam_programs(cfg, mesh))
+  reports = []
+  with without_persistent_cache():
+    for program in chosen:
+      reports.append(report.compile_program(program, target, len(devices)))
+      if on_report is not None:
+        on_report(reports[-1])
+  return reports
+
+
+@contextlib.contextmanager
+def without_persistent_cache():
+  """JAX's persistent cache off: an executable for absent devices cannot be loaded back
+  (JAX warns at every lookup), and it would only take space."""
+  before = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", before)

@@ -1,0 +1,168 @@
+"""What an optimised HLO module (a compiled program's `as_text()`) says about how the program
+runs on its devices: the collectives it performs per step (count and bytes, loop trips
+applied) and its loops with their trip counts (from each loop's condition, `i < N`).
+
+The text is read, not executed: computations are the blocks `%name (...) -> ... {` (and
+`ENTRY`), instructions the lines `%name = SHAPE op(operands), attributes`. A computation runs
+as often as the instructions that call it: a loop body N times per run of its loop, where N
+is the constant its condition compares the counter with (None when the condition is not of
+that form, e.g. a search that stops when every sentence is done)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+_HEADER = re.compile(r"^(ENTRY\s+)?%(?P<name>[\w.\-]+) .*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?P<root>ROOT\s+)?%(?P<name>[\w.\-]+) = (?P<shape>.*?) "
+                          r"(?P<op>[a-z][a-z0-9\-]*)\((?P<rest>.*)$")
+_CALLEES = re.compile(r"\b(body|condition|calls|to_apply)=%(?P<name>[\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8\w*|c64|c128)\[(?P<dims>[\d,]*)\]")
+_TRIP = re.compile(r"compare\(.*\), direction=LT")
+_CONSTANT = re.compile(r"= s(?:32|64)\[\]\S* constant\((?P<value>\d+)\)")
+
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 1,
+          "u4": 1}
+
+
+def shape_bytes(shape: str) -> int:
+  """Bytes of every array in an HLO shape (a tuple's elements summed)."""
+  total = 0
+  for m in _ARRAY.finditer(shape):
+    dims = [int(d) for d in m.group("dims").split(",") if d]
+    total += math.prod(dims) * _BYTES.get(m.group(1), 1)  # (f8 types: one byte)
+  return total
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+  name: str
+  op: str
+  shape: str
+  rest: str
+  root: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  name: str
+  trips: int | None  # None: decided at run time
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+  op: str
+  count: int         # per run of the program, loop trips applied
+  bytes: int         # of their results, per device
+
+
+@dataclasses.dataclass(frozen=True)
+class Module:
+  computations: dict[str, list[Instruction]]
+  entry: str
+
+  @classmethod
+  def parse(cls, text: str) -> Module:
+    computations, entry, current = {}, "", None
+    for line in text.splitlines():
+      header = _HEADER.match(line)
+      if header:
+        current = header.group("name")
+        computations[current] = []
+        if header.group(1):
+          entry = current
+        continue
+      instruction = _INSTRUCTION.match(line) if current else None
+      if instruction:
+        computations[current].append(Instruction(
+            instruction.group("name"), instruction.group("op"), instruction.group("shape"),
+            instruction.group("rest"), bool(instruction.group("root"))))
+    if not entry:
+      raise ValueError("not an HLO module: no ENTRY computation")
+    return cls(computations, entry)
+
+  def trips(self, condition: str) -> int | None:
+    """N of a loop whose condition is `counter < constant(N)` and nothing else, else None."""
+    body = self.computations.get(condition, [])
+    roots = [i for i in body if i.root and i.op == "compare" and "direction=LT" in i.rest]
+    constants = {i.name: i for i in body if i.op == "constant"}
+    if len(roots) != 1:
+      return None
+    operands = re.findall(r"%([\w.\-]+)", roots[0].rest.split(")")[0])
+    values = [constants[o].rest.split(")")[0] for o in operands if o in constants]
+    return int(values[0]) if len(values) == 1 and values[0].isdigit() else None
+
+  def loops(self) -> list[Loop]:
+    return [Loop(i.name, self.trips(re.search(r"condition=%([\w.\-]+)", i.rest).group(1)))
+            for body in self.computations.values() for i in body if i.op == "while"]
+
+  def runs(self) -> dict[str, int]:
+    """How many times each computation runs per run of the program (a loop of unknown trip
+    count counted once)."""
+    counts: dict[str, int] = {}
+
+    def visit(name: str, times: int):
+      counts[name] = counts.get(name, 0) + times
+      for instruction in self.computations.get(name, []):
+        if instruction.op.endswith(("-done", "-update")):  # (the start's callee, again)
+          continue
+        factor = 1
+        if instruction.op == "while":
+          cond = re.search(r"condition=%([\w.\-]+)", instruction.rest).group(1)
+          factor = self.trips(cond) or 1
+        for m in _CALLEES.finditer(instruction.rest):
+          if m.group(1) != "to_apply":  # (a reduction's combiner: not a program of its own)
+            visit(m.group("name"), times * (factor if m.group(1) == "body" else 1))
+        for m in _BRANCHES.finditer(instruction.rest):
+          for branch in re.findall(r"%([\w.\-]+)", m.group("names")):
+            visit(branch, times)
+
+    visit(self.entry, 1)
+    return counts
+
+  def collectives(self) -> dict[str, Collective]:
+    """Per collective kind: how many run per step and the bytes of their results. An async
+    collective is counted at its `-done` (whose shape is the result)."""
+    found = {op: [0, 0] for op in COLLECTIVES}
+    for name, times in self.runs().items():
+      for instruction in self.computations.get(name, []):
+        op = instruction.op.removesuffix("-done")
+        if op in found and not instruction.op.endswith("-start"):
+          found[op][0] += times
+          found[op][1] += times * shape_bytes(instruction.shape)
+    return {op: Collective(op, count, size) for op, (count, size) in found.items()}
+
+  def result_shapes(self, op: str) -> list[tuple[int, ...]]:
+    """The dimensions of every array that the collectives `op` produce (a tuple's elements
+    each), in every computation."""
+    found = []
+    for body in self.computations.values():
+      for instruction in body:
+        if instruction.op.removesuffix("-done") == op and not instruction.op.endswith("-start"):
+          found.extend(tuple(int(d) for d in m.group("dims").split(",") if d)
+                       for m in _ARRAY.finditer(instruction.shape))
+    return found
+
+  def sliced_reductions(self) -> int:
+    """Results of all-reduces of which each device then keeps a slice (`dynamic-slice`):
+    the form XLA gives a reduce-scatter it does not emit as one."""
+    reduced = set()
+    for body in self.computations.values():
+      for i in body:
+        if i.op.removesuffix("-done") == "all-reduce" and not i.op.endswith("-start"):
+          reduced.add(i.name)
+        elif i.op == "get-tuple-element" and _first_operand(i) in reduced:
+          reduced.add(i.name)
+    return sum(1 for body in self.computations.values() for i in body
+               if i.op == "dynamic-slice" and _first_operand(i) in reduced)
+
+
+def _first_operand(instruction: Instruction) -> str:
+  found = re.match(r"\s*%([\w.\-]+)", instruction.rest)
+  return found.group(1) if found else ""
+

@@ -1,0 +1,128 @@
+"""The programs a run executes, lowered for a mesh of devices that need not be present: the
+train step, the validation loss step, and beam search's start (encoding, caches) and loop.
+Arguments are `ShapeDtypeStruct`s with the shardings the run gives its arrays, so the
+compiler partitions the programs exactly as it would for the run.
+
+A program with loops is also given its "twin": the same arithmetic without loops (the fused
+loss in one tile, layers not scanned, one micro-batch of the batch's 1/k, one beam step), for
+which the TPU compiler's cost estimate is sound (it counts a loop's body once)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.aot import flops
+from transformer_jax.config.sections import TrainConfig
+from transformer_jax.decoding import resizing, search
+from transformer_jax.evaluation.evaluator import eval_step
+from transformer_jax.model.embeddings import compute_dtype
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import mesh as mesh_lib
+from transformer_jax.training.state import abstract_state
+from transformer_jax.training.step import compile_step
+
+TRAIN_KEYS = ("inputs", "targets", "inputs_positions", "targets_positions",
+              "inputs_segment_ids", "targets_segment_ids")
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  name: str
+  lower: Callable[[], jax.stages.Lowered]          # the program the run executes
+  twin: Callable[[], jax.stages.Lowered] | None    # its arithmetic without loops
+  twin_runs: int            # runs of the twin per run of the program
+  model_flops: int          # per run (or per decoding step), all devices together
+  tokens: int               # target tokens per run (beam: hypotheses advanced per step)
+  per: str                  # "step" or "decoding step"
+
+
+def _sds(shape, dtype, sharding):
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def _shardings(tree):
+  return jax.tree_util.tree_map(lambda x: x.sharding, tree)
+
+
+def train_program(cfg: TrainConfig, mesh) -> Program:
+  rows, k = cfg.data.batch_size, cfg.num_micro_batches
+  S, T = cfg.data.max_source_length, cfg.data.max_target_length
+  twin_cfg = dataclasses.replace(
+      cfg, num_micro_batches=1, data=dataclasses.replace(cfg.data, batch_size=rows // k),
+      model=dataclasses.replace(cfg.model, loss_tile_tokens=0, scan_layers=False))
+  return Program("train_step", functools.partial(_lower_train, cfg, mesh),
+                 functools.partial(_lower_train, twin_cfg, mesh), k,
+                 flops.train_step(cfg.model, rows, S, T), rows * T, "step")
+
+
+def _lower_train(cfg: TrainConfig, mesh) -> jax.stages.Lowered:
+  model = Transformer(cfg.model)
+  state = abstract_state(cfg, model, mesh)
+  step = compile_step(cfg, model, mesh, _shardings(state))
+  rows = cfg.data.batch_size
+  batch = {key: _sds((rows, cfg.data.max_target_length if key.startswith("targets")
+                      else cfg.data.max_source_length), jnp.int32,
+                     mesh_lib.batch_sharding(mesh)) for key in TRAIN_KEYS}
+  scalars = (_sds((2,), jnp.uint32, mesh_lib.replicated(mesh)),)
+  if cfg.optimizer.cooldown_fraction > 0:
+    scalars += (_sds((), jnp.float32, mesh_lib.replicated(mesh)),)
+  return step.lower(state, batch, *scalars)
+
+
+def _decode_rows(cfg: TrainConfig, mesh) -> int:
+  return mesh_lib.round_up_to_data_parallel(cfg.decode.batch_size, mesh)
+
+
+def eval_program(cfg: TrainConfig, mesh) -> Program:
+  rows, S, T = _decode_rows(cfg, mesh), cfg.data.max_source_length, cfg.data.max_target_length
+
+  def lower():
+    model = Transformer(cfg.model)
+    params = abstract_state(cfg, model, mesh).params
+    batch = {key: _sds((rows, T if key == "targets" else S), jnp.int32,
+                       mesh_lib.batch_sharding(mesh)) for key in ("inputs", "targets")}
+    return jax.jit(functools.partial(eval_step, model=model)).lower(params, batch)
+
+  return Program("eval_step", lower, None, 1, flops.forward(cfg.model, rows, S, T), rows * T,
+                 "step")
+
+
+def _decoding_params(cfg: TrainConfig, mesh):
+  """The model in its per-layer layout and its parameters in the compute dtype, as the
+  search receives them (`decoding.members.prepare`)."""
+  model_cfg = dataclasses.replace(cfg.model, scan_layers=False)
+  model = Transformer(model_cfg)
+  params = abstract_state(dataclasses.replace(cfg, model=model_cfg), model, mesh).params
+  dtype = compute_dtype(model_cfg)
+  params = jax.tree_util.tree_map(
+      lambda x: _sds(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
+                     x.sharding), params)
+  return (model,), (params,)
+
+
+def beam_programs(cfg: TrainConfig, mesh) -> list[Program]:
+  """Beam search's start (encoding the batch, creating the caches) and its loop; the loop's
+  twin is one beam step, its figures per decoding step (at the cache's first length)."""
+  rows, S, W = _decode_rows(cfg, mesh), cfg.data.max_source_length, cfg.decode.beam_size
+  models, params = _decoding_params(cfg, mesh)
+  inputs = _sds((rows, S), jnp.int32, mesh_lib.batch_sharding(mesh))
+  caps = _sds((rows,), jnp.int32, mesh_lib.batch_sharding(mesh))
+  alpha, stored = cfg.decode.length_penalty, search.BEAM_PROGRAMS
+  start = functools.partial(stored["start"].lower, params, inputs, caps, None, models=models,
+                            beam_size=W)
+  state = functools.cache(lambda: start().compile().out_info)
+  step = functools.partial(stored["step"], models, alpha=alpha, num_return=1, min_len=0)
+  lowered = {"start": start, "step": lambda: jax.jit(step).lower(params, state()),
+             "loop": lambda: stored["loop"].lower(params, state(), models=models, alpha=alpha,
+                                                  num_return=1, min_len=0, stop_at=0)}
+  m = cfg.model
+  encode = rows * S * (flops.encoder_token(m, S) + flops.cross_keys_values(m))
+  return [Program("beam_start", lowered["start"], None, 1, encode, 0, "batch"),
+          Program("beam_loop", lowered["loop"], lowered["step"], 1,
+                  flops.decoder_step(m, rows * W, S, resizing.SEGMENT), rows * W,
+                  "decoding step")]

@@ -1,0 +1,109 @@
+"""The accelerators a program can be compiled for without them: Cloud TPU slices, whose
+devices `jax.experimental.topologies` describes with libtpu on any machine, and what each
+chip offers (peak bf16 matmul rate, HBM and its bandwidth; the vendor's figures).
+
+A target is named as Google Cloud names the slice: `v5e-8` (8 chips), `v5p-8` and `v4-8`
+(8 TensorCores: 4 chips, each two cores working as one device, "megacore"), `v6e-8`;
+`tpu-` in front is accepted."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from jax.experimental import topologies
+
+from transformer_jax.errors import Error, UsageError
+from transformer_jax.parallel.platforms import libtpu_installed
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  name: str
+  device_kind: str           # what JAX reports for its devices
+  peak_bf16_flops: float     # per second, dense bf16 matmuls
+  hbm_bytes: int
+  hbm_bytes_per_second: float
+  source: str                # where the figures are published
+
+
+GiB = 2**30
+CHIPS = {
+    "v4": Chip("TPU v4", "TPU v4", 275e12, 32 * GiB, 1200e9,
+               "https://cloud.google.com/tpu/docs/v4"),
+    "v5e": Chip("TPU v5e", "TPU v5 lite", 197e12, 16 * GiB, 819e9,
+                "https://cloud.google.com/tpu/docs/v5e"),
+    "v5p": Chip("TPU v5p", "TPU v5", 459e12, 95 * GiB, 2765e9,
+                "https://cloud.google.com/tpu/docs/v5p"),
+    "v6e": Chip("TPU v6e", "TPU v6 lite", 918e12, 32 * GiB, 1640e9,
+                "https://cloud.google.com/tpu/docs/v6e"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  name: str                  # e.g. "v5e-8"
+  chip: Chip
+  topology: str              # libtpu's topology name, e.g. "v5e:2x4"
+  chip_config: str           # "megacore" (v4, v5p) or "default"
+  chips_per_host: tuple[int, int, int]
+  num_slices: int = 1
+
+  @property
+  def num_chips(self) -> int:
+    shape = [int(x) for x in self.topology.split(":")[1].split("x")]
+    return math.prod(shape) * self.num_slices
+
+
+# (slice name: topology, chips per host); the slices of one or a few hosts, as MaxText's
+# accelerator_to_spec_map and Google Cloud's tables describe them
+_SLICES = {
+    "v4-8": ("v4:2x2x1", (2, 2, 1)), "v4-16": ("v4:2x2x2", (2, 2, 1)),
+    "v4-32": ("v4:2x2x4", (2, 2, 1)),
+    "v5p-8": ("v5:2x2x1", (2, 2, 1)), "v5p-16": ("v5:2x2x2", (2, 2, 1)),
+    "v5p-32": ("v5:2x2x4", (2, 2, 1)),
+    "v5e-1": ("v5e:1x1", (1, 1, 1)), "v5e-4": ("v5e:2x2", (2, 2, 1)),
+    "v5e-8": ("v5e:2x4", (2, 4, 1)), "v5e-16": ("v5e:4x4", (2, 2, 1)),
+    "v6e-1": ("v6e:1x1", (1, 1, 1)), "v6e-4": ("v6e:2x2", (2, 2, 1)),
+    "v6e-8": ("v6e:2x4", (2, 4, 1)), "v6e-16": ("v6e:4x4", (2, 2, 1)),
+}
+NAMES = tuple(_SLICES)
+DESCRIBED_ELSEWHERE = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
+                       "TPU_HOST_BOUNDS": "1,1,1",
+                       # several compiles at once (no chips to share): libtpu's lock file
+                       # would refuse all but the first
+                       "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+
+def target(name: str, num_slices: int = 1) -> Target:
+  """The target called `name` ("v5e-8" or "tpu-v5e-8"), `num_slices` slices of it joined by
+  the data-center network; a UsageError naming the known ones otherwise."""
+  key = name.lower().removeprefix("tpu-")
+  if key not in _SLICES:
+    raise UsageError(f"unknown --target {name!r}; known: {', '.join(NAMES)}")
+  if num_slices < 1:
+    raise UsageError(f"--slices={num_slices} must be at least 1")
+  topology, per_host = _SLICES[key]
+  family = key.split("-")[0]
+  return Target(key, CHIPS[family], topology, "megacore" if family in ("v4", "v5p")
+                else "default", per_host, num_slices)
+
+
+def devices(t: Target) -> list:
+  """The target's devices, described by libtpu (no TPU needed); an Error saying how to
+  install it when it is missing."""
+  if not libtpu_installed():
+    raise Error(f"--target {t.name} needs libtpu, the TPU compiler: pip install "
+                "'transformer_jax[tpu]'")
+  # Without these libtpu looks for the TPU VM it runs on (metadata server, worker names) and
+  # prints its failures; the topology's own arguments describe the devices either way.
+  for name, value in DESCRIBED_ELSEWHERE.items():
+    os.environ.setdefault(name, value)
+  try:
+    return list(topologies.get_topology_desc(
+        platform="tpu", topology_name=t.topology, chip_config_name=t.chip_config,
+        chips_per_host_bounds=t.chips_per_host, num_slices=t.num_slices).devices)
+  except Exception as e:  # noqa: BLE001 (libtpu's errors: one line, not a traceback)
+    raise Error(f"libtpu could not describe {t.name} ({t.topology}): "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e

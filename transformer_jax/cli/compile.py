@@ -1,0 +1,58 @@
+r"""Compiles a run's programs for an accelerator this machine does not have, and says what the
+compiler predicts: memory per chip against its HBM, FLOPs and time per step, MFU, collectives.
+
+  transformer-jax-compile --config=configs/wmt_base.py --target=v5p-8 [--config.KEY=VALUE ...]
+
+Targets: Cloud TPU slices (v4-8, v5e-8, v5p-8, v6e-8, ...; --slices=N joins N of them), whose
+devices libtpu describes on any machine: pip install 'transformer_jax[tpu]'. The programs are
+those a run executes (the train step, the validation loss step, beam search's start and loop),
+partitioned over the config's mesh. A program that does not fit its chip: exit status 1 and a
+line naming the shortfall and the levers. --json=PATH writes every figure.
+"""
+
+from absl import flags
+
+from transformer_jax import atomic, errors
+from transformer_jax.aot import check, report, targets
+from transformer_jax.cli import runner
+from transformer_jax.config.parse import from_config_dict
+
+
+def define_flags(fv: flags.FlagValues):
+  flags.DEFINE_string("target", None, f"The accelerator: {', '.join(targets.NAMES)}.",
+                      flag_values=fv, required=True)
+  flags.DEFINE_integer("slices", 1, "Slices of the target joined by the data-center network.",
+                       flag_values=fv)
+  flags.DEFINE_string("programs", ",".join(check.PROGRAMS), "Which programs to compile: "
+                      f"{', '.join(check.PROGRAMS)} (comma-separated).", flag_values=fv)
+  flags.DEFINE_string("json", "", "Write the reports as JSON to this file.", flag_values=fv)
+
+
+def run(args: runner.Args):
+  cfg = from_config_dict(args.configs["config"])
+  target = targets.target(args.target, args.slices)
+  which = check.selected(args.programs)
+  print(f"compiling for {target.name} x{target.num_slices} ({target.num_chips} chips of "
+        f"{target.chip.name}: {target.chip.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16, "
+        f"{target.chip.hbm_bytes / targets.GiB:.0f} GiB HBM; {target.chip.source})", flush=True)
+
+  def show(r):
+    print("\n".join(report.lines(r)), flush=True)
+
+  reports = check.check(cfg, target, which, on_report=show)
+  if args.json:
+    atomic.write_json(args.json, {"target": target.name, "slices": target.num_slices,
+                                  "command": " ".join(args.config_args["config"]),
+                                  "reports": [r.to_json() for r in reports]}, indent=1)
+  refusals = [line for r in reports if (line := report.refusal(r, check.levers(cfg)))]
+  if refusals:
+    raise errors.Error(refusals[0])
+
+
+def main(argv=None):
+  runner.main("compile", __doc__, define_flags, run, argv,
+              configs={"config": "Training config file (configs/*.py)"})
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,63 @@
+"""Which JAX backends a process starts. With libtpu installed (the `tpu` extra, for
+`transformer-jax-compile`), JAX tries a TPU before anything else in every process, also on a
+machine without one: libtpu prints several error lines on stderr before JAX falls back to
+the CPU. On such a machine the TPU is left out, unless the user chose the backends
+(JAX_PLATFORMS) or another accelerator plugin is installed (then JAX's own choice stands).
+The TPU compiler stays usable without the backend: `jax.experimental.topologies` loads libtpu
+by itself."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from collections.abc import MutableMapping
+from pathlib import Path
+
+GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips are PCI devices of Google's vendor id
+
+
+def libtpu_installed() -> bool:
+  return importlib.util.find_spec("libtpu") is not None
+
+
+def tpu_chips_present(pci_devices: Path = Path("/sys/bus/pci/devices")) -> bool:
+  """Whether this machine has a TPU chip (a PCI device of Google's; as JAX's own check)."""
+  try:
+    vendors = [p / "vendor" for p in pci_devices.iterdir()]
+  except OSError:
+    return False
+  for vendor in vendors:
+    try:
+      if vendor.read_text().strip() == GOOGLE_PCI_VENDOR:
+        return True
+    except OSError:
+      continue
+  return False
+
+
+def other_accelerator_plugins() -> bool:
+  """Whether a PJRT plugin other than libtpu is installed (CUDA, ROCm, ...)."""
+  return bool(importlib.metadata.entry_points(group="jax_plugins")) or (
+      importlib.util.find_spec("jax_plugins") is not None)
+
+
+def leave_out_absent_tpu(environ: MutableMapping[str, str] = os.environ, *,
+                         libtpu: bool | None = None, chips: bool | None = None,
+                         plugins: bool | None = None) -> bool:
+  """Sets JAX_PLATFORMS=cpu (in `environ`, and in JAX's config if JAX is imported) when libtpu
+  is installed on a machine without TPU chips and nothing else decides the backends; returns
+  whether it did. (`libtpu`, `chips`, `plugins`: the facts, for tests; default: looked up.)"""
+  if environ.get("JAX_PLATFORMS"):
+    return False
+  if not (libtpu_installed() if libtpu is None else libtpu):
+    return False
+  if (tpu_chips_present() if chips is None else chips):
+    return False
+  if (other_accelerator_plugins() if plugins is None else plugins):
+    return False
+  environ["JAX_PLATFORMS"] = "cpu"
+  if environ is os.environ and "jax" in sys.modules:  # (JAX read the variable at its import)
+    sys.modules["jax"].config.update("jax_platforms", "cpu")
+  return True

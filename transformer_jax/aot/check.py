@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from pathlib import Path
 
 import jax
 
@@ -43,9 +44,9 @@ def selected(which: str) -> tuple[str, ...]:
 
 
 def check(cfg: TrainConfig, target: targets.Target, which: tuple[str, ...] = PROGRAMS,
-          on_report=None) -> list[report.Report]:
+          on_report=None, hlo_dir: Path | None = None) -> list[report.Report]:
   """The reports of the programs `which` of a run of `cfg` on `target` (`on_report(r)`: as
-  each is done, e.g. to print it)."""
+  each is done, e.g. to print it; `hlo_dir`: where their optimised HLO is written)."""
   cfg = for_target(cfg)
   devices = targets.devices(target)
   mesh = make_mesh(cfg, devices)
@@ -59,7 +60,7 @@ def check(cfg: TrainConfig, target: targets.Target, which: tuple[str, ...] = PRO
   reports = []
   with without_persistent_cache():
     for program in chosen:
-      reports.append(report.compile_program(program, target, len(devices)))
+      reports.append(report.compile_program(program, target, len(devices), hlo_dir))
       if on_report is not None:
         on_report(reports[-1])
   return reports

@@ -92,7 +92,7 @@ def eval_program(cfg: TrainConfig, mesh) -> Program:
                  "step")
 
 
-def _decoding_params(cfg: TrainConfig, mesh):
+def decoding_params(cfg: TrainConfig, mesh):
   """The model in its per-layer layout and its parameters in the compute dtype, as the
   search receives them (`decoding.members.prepare`)."""
   model_cfg = dataclasses.replace(cfg.model, scan_layers=False)
@@ -109,7 +109,7 @@ def beam_programs(cfg: TrainConfig, mesh) -> list[Program]:
   """Beam search's start (encoding the batch, creating the caches) and its loop; the loop's
   twin is one beam step, its figures per decoding step (at the cache's first length)."""
   rows, S, W = _decode_rows(cfg, mesh), cfg.data.max_source_length, cfg.decode.beam_size
-  models, params = _decoding_params(cfg, mesh)
+  models, params = decoding_params(cfg, mesh)
   inputs = _sds((rows, S), jnp.int32, mesh_lib.batch_sharding(mesh))
   caps = _sds((rows,), jnp.int32, mesh_lib.batch_sharding(mesh))
   alpha, stored = cfg.decode.length_penalty, search.BEAM_PROGRAMS

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from pathlib import Path
 
 from transformer_jax.aot import hlo
 from transformer_jax.aot.programs import Program
@@ -83,7 +84,17 @@ def out_of_memory(error: Exception) -> str | None:
   return found.group(1).strip() if found else text.splitlines()[0][:300]
 
 
-def compile_program(program: Program, target: Target, num_devices: int) -> Report:
+def _keep_hlo(compiled, hlo_dir: Path | None, name: str):
+  """Writes the optimised HLO where asked (`name`.hlo.txt), for reading what it does."""
+  if hlo_dir is not None:
+    hlo_dir.mkdir(parents=True, exist_ok=True)
+    (hlo_dir / f"{name}.hlo.txt").write_text(compiled.as_text())
+
+
+def compile_program(program: Program, target: Target, num_devices: int,
+                    hlo_dir: Path | None = None) -> Report:
+  """`program` compiled for `target` and reported (its optimised HLO, and its twin's, written
+  into `hlo_dir` when given)."""
   start = time.perf_counter()
   chip = target.chip
   try:
@@ -95,13 +106,14 @@ def compile_program(program: Program, target: Target, num_devices: int) -> Repor
     return Report(program.name, target.name, num_devices, program.per, False, None, chip.hbm_bytes,
                   shortfall, 0.0, "", 0.0, 0.0, 0.0, program.model_flops, 0.0, 0.0, {}, [],
                   time.perf_counter() - start)
+  _keep_hlo(compiled, hlo_dir, program.name)
   memory = _memory(compiled)
   module = hlo.Module.parse(compiled.as_text())
   loops = module.loops()
   flops, bytes_, optimal = _cost(compiled)
   method = "compiler"
   if loops or optimal <= 0:
-    flops, bytes_, optimal, method = _from_twin(program, flops, bytes_)
+    flops, bytes_, optimal, method = _from_twin(program, flops, bytes_, hlo_dir)
   if optimal <= 0:
     optimal, method = program.model_flops / num_devices / chip.peak_bf16_flops, "analytic"
   roofline = max(flops / chip.peak_bf16_flops, bytes_ / chip.hbm_bytes_per_second)
@@ -113,12 +125,13 @@ def compile_program(program: Program, target: Target, num_devices: int) -> Repor
                 loops, time.perf_counter() - start)
 
 
-def _from_twin(program: Program, flops: float, bytes_: float):
+def _from_twin(program: Program, flops: float, bytes_: float, hlo_dir: Path | None):
   """(flops, bytes, seconds, method) per run from the loop-free twin; the program's own
   figures with seconds -1 when there is none or it has loops too."""
   if program.twin is None:
     return flops, bytes_, -1.0, ""
   twin = program.twin().compile()
+  _keep_hlo(twin, hlo_dir, f"{program.name}.twin")
   if hlo.Module.parse(twin.as_text()).loops():
     return flops, bytes_, -1.0, ""
   t_flops, t_bytes, t_seconds = _cost(twin)

@@ -90,6 +90,13 @@ def target(name: str, num_slices: int = 1) -> Target:
                 else "default", per_host, num_slices)
 
 
+def describe(t: Target) -> str:
+  chip = t.chip
+  return (f"{t.name} x{t.num_slices} ({t.num_chips} chips of {chip.name}: "
+          f"{chip.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bytes / GiB:.0f} GiB HBM, "
+          f"{chip.hbm_bytes_per_second / 1e9:.0f} GB/s; {chip.source})")
+
+
 def devices(t: Target) -> list:
   """The target's devices, described by libtpu (no TPU needed); an Error saying how to
   install it when it is missing."""

@@ -10,6 +10,8 @@ partitioned over the config's mesh. A program that does not fit its chip: exit s
 line naming the shortfall and the levers. --json=PATH writes every figure.
 """
 
+from pathlib import Path
+
 from absl import flags
 
 from transformer_jax import atomic, errors
@@ -26,23 +28,23 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_string("programs", ",".join(check.PROGRAMS), "Which programs to compile: "
                       f"{', '.join(check.PROGRAMS)} (comma-separated).", flag_values=fv)
   flags.DEFINE_string("json", "", "Write the reports as JSON to this file.", flag_values=fv)
+  flags.DEFINE_string("hlo_dir", "", "Write each program's optimised HLO into this folder.",
+                      flag_values=fv)
 
 
 def run(args: runner.Args):
   cfg = from_config_dict(args.configs["config"])
   target = targets.target(args.target, args.slices)
   which = check.selected(args.programs)
-  print(f"compiling for {target.name} x{target.num_slices} ({target.num_chips} chips of "
-        f"{target.chip.name}: {target.chip.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16, "
-        f"{target.chip.hbm_bytes / targets.GiB:.0f} GiB HBM; {target.chip.source})", flush=True)
-
-  def show(r):
-    print("\n".join(report.lines(r)), flush=True)
-
-  reports = check.check(cfg, target, which, on_report=show)
+  print(f"compiling for {targets.describe(target)}", flush=True)
+  reports = check.check(cfg, target, which,
+                        on_report=lambda r: print("\n".join(report.lines(r)), flush=True),
+                        hlo_dir=Path(args.hlo_dir) if args.hlo_dir else None)
   if args.json:
     atomic.write_json(args.json, {"target": target.name, "slices": target.num_slices,
-                                  "command": " ".join(args.config_args["config"]),
+                                  "command": " ".join(["transformer-jax-compile",
+                                                       *args.config_args["config"],
+                                                       f"--target={args.target}"]),
                                   "reports": [r.to_json() for r in reports]}, indent=1)
   refusals = [line for r in reports if (line := report.refusal(r, check.levers(cfg)))]
   if refusals:

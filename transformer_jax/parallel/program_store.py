@@ -193,6 +193,11 @@ class StoredJit:
       self._preloaded[signature] = program
     return program.out_info
 
+  @property
+  def function(self):
+    """The function it compiles (e.g. for jax.export to another platform)."""
+    return self._fun
+
   def lower(self, *args, **kwargs) -> jax.stages.Lowered:
     """The program for these arguments (jax.ShapeDtypeStructs welcome) lowered, neither
     stored nor loaded: to compile it for devices this process does not run on."""

@@ -1,0 +1,71 @@
+"""A run's programs lowered for CUDA GPUs without one (`jax.export` takes a platform the
+machine lacks): a lowering that only a GPU would reject is caught on any machine. Lowering is
+not compiling: what XLA's GPU compiler makes of the programs is not checked here.
+
+`config.model.attention_impl="auto"` is lowered as "xla" (jax.nn.dot_product_attention's XLA
+implementation): cuDNN's, what `auto` picks on a GPU, checks for the cuDNN library while it
+traces and refuses without a GPU ("cuDNN is not detected")."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import export
+
+from transformer_jax.aot import programs
+from transformer_jax.config.sections import TrainConfig
+from transformer_jax.decoding import search
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import numerics
+from transformer_jax.training.state import abstract_state
+from transformer_jax.training.step import train_step
+
+PLATFORM = "cuda"
+
+
+def for_gpu(cfg: TrainConfig, capability: str = "9.0") -> TrainConfig:
+  """`cfg` with "auto" choices made as on a GPU of that compute capability (dtype) and as
+  lowering without one allows (attention)."""
+  model = cfg.model
+  if model.dtype == "auto":
+    model = dataclasses.replace(model, dtype=numerics.accelerator_choice("gpu", capability).dtype)
+  if model.attention_impl == "auto":
+    model = dataclasses.replace(model, attention_impl="xla")
+  return dataclasses.replace(cfg, model=model)
+
+
+def _unsharded(tree):
+  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def exported(cfg: TrainConfig, mesh) -> dict[str, export.Exported]:
+  """The train step, beam search's start and its loop exported for CUDA (one device; `mesh`:
+  a one-device mesh of this machine, to describe the state)."""
+  cfg = for_gpu(cfg)
+  model = Transformer(cfg.model)
+  state = _unsharded(abstract_state(cfg, model, mesh))
+  rows, S, T = cfg.data.batch_size, cfg.data.max_source_length, cfg.data.max_target_length
+  batch = {key: jax.ShapeDtypeStruct((rows, T if key.startswith("targets") else S), jnp.int32)
+           for key in programs.TRAIN_KEYS}
+  step = jax.jit(functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
+                                   num_micro_batches=cfg.num_micro_batches))
+  out = {"train_step": export.export(step, platforms=[PLATFORM])(
+      state, batch, jax.ShapeDtypeStruct((2,), jnp.uint32))}
+
+  models, params = programs.decoding_params(cfg, mesh)
+  params = _unsharded(params)
+  inputs = jax.ShapeDtypeStruct((cfg.decode.batch_size, S), jnp.int32)
+  caps = jax.ShapeDtypeStruct((cfg.decode.batch_size,), jnp.int32)
+  stored = search.BEAM_PROGRAMS
+  start = jax.jit(functools.partial(stored["start"].function, models=models,
+                                    beam_size=cfg.decode.beam_size))
+  out["beam_start"] = export.export(start, platforms=[PLATFORM])(params, inputs, caps, None)
+  loop = jax.jit(functools.partial(stored["loop"].function, models=models,
+                                   alpha=cfg.decode.length_penalty, num_return=1, min_len=0,
+                                   stop_at=0))
+  state = jax.eval_shape(start, params, inputs, caps, None)
+  out["beam_loop"] = export.export(loop, platforms=[PLATFORM])(params, state)
+  return out

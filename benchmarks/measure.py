@@ -7,6 +7,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.aot import flops
+
 
 def matmul_peak(dtype, n=2048, reps=10) -> float:
   a = jnp.ones((n, n), dtype)
@@ -20,19 +22,9 @@ def matmul_peak(dtype, n=2048, reps=10) -> float:
 
 
 def model_flops_per_step(cfg, rows: int, src_len: int, tgt_len: int) -> float:
-  """Analytic training FLOPs of one step (3x the forward's: forward, and backward for
-  activations and weights), counting every position of the (rows, length) batch: the
-  projections, feed-forward blocks, attention scores and mixing, and the output softmax."""
-  m = cfg.model
-  D, F, V = m.d_model, m.d_ff, m.vocab_size
-  kv = 2 * D * m.kv_heads * m.head_dim  # the K and V projections (fewer heads: smaller)
-  ffn = (3 if m.ffn_activation in ("swiglu", "geglu") else 2) * D * F  # (gated: 3 matrices)
-  enc_layer = 2 * D * D + kv + ffn + 2 * src_len * D               # per source position
-  dec_layer = 4 * D * D + kv + ffn + 2 * tgt_len * D + 2 * src_len * D  # per target position
-  cross_kv = kv                                                    # per source position
-  macs = rows * (src_len * m.num_encoder_layers * (enc_layer + cross_kv)
-                 + tgt_len * (m.num_decoder_layers * dec_layer + D * V))
-  return 3 * 2 * macs
+  """Analytic training FLOPs of one step (transformer_jax.aot.flops: 3x the forward's,
+  every position of the (rows, length) batch counted)."""
+  return flops.train_step(cfg.model, rows, src_len, tgt_len)
 
 
 def peak_memory_gb() -> float:

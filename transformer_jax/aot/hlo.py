@@ -25,6 +25,17 @@ _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8\w*|c64|c128)\[(?P<dims>[\d,]*)\]"
 _TRIP = re.compile(r"compare\(.*\), direction=LT")
 _CONSTANT = re.compile(r"= s(?:32|64)\[\]\S* constant\((?P<value>\d+)\)")
 
+# Where an op's bytes are counted, by the first pattern its source location (op_name) matches.
+# (the train step's only loop outside the model is the fused loss's over tiles: jvp()/while)
+BLOCKS = (("attention", r"attention"), ("feed-forward", r"feed_forward|ffn_block"),
+          ("output layer and loss", r"shard_map|jvp\(\)/while/body|cross_entropy"),
+          ("layer norms", r"norm"), ("other model ops", r"Transformer"),
+          ("outside the model (optimizer, search)", r""))
+# (copy-start/-done: the compiler's prefetches between memory spaces; the bytes they move are
+# counted at the operations that read them)
+_NOT_TRAFFIC = ("parameter", "get-tuple-element", "tuple", "constant", "bitcast", "while",
+                "after-all", "partition-id", "replica-id", "copy-start", "copy-done")
+
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 1,
           "u4": 1}
@@ -162,7 +173,33 @@ class Module:
                if i.op == "dynamic-slice" and _first_operand(i) in reduced)
 
 
+  def traffic_by_block(self) -> dict[str, int]:
+    """HBM bytes per run of the program by model block (BLOCKS): each top-level operation's
+    operands and result (a fusion's inner values stay on chip), loop trips applied,
+    collectives apart. A reading aid for where a memory-bound step spends its time."""
+    fused = {m.group("name") for body in self.computations.values() for i in body
+             if i.op == "fusion" for m in _CALLEES.finditer(i.rest)}
+    found = dict.fromkeys([name for name, _ in BLOCKS] + ["collectives"], 0)
+    for name, times in self.runs().items():
+      if name in fused:
+        continue
+      body = self.computations.get(name, [])
+      shapes = {i.name: i.shape for i in body}
+      for i in body:
+        if i.op in _NOT_TRAFFIC or i.op.endswith("-start"):
+          continue
+        operands = re.findall(r"%([\w.\-]+)", i.rest.split("), ")[0])
+        size = times * (shape_bytes(i.shape) + sum(shape_bytes(shapes.get(o, ""))
+                                                   for o in operands))
+        if i.op.removesuffix("-done") in COLLECTIVES:
+          found["collectives"] += size
+          continue
+        where = re.search(r'op_name="([^"]*)"', i.rest)
+        where = where.group(1) if where else ""
+        found[next(b for b, pattern in BLOCKS if re.search(pattern, where))] += size
+    return found
+
+
 def _first_operand(instruction: Instruction) -> str:
   found = re.match(r"\s*%([\w.\-]+)", instruction.rest)
   return found.group(1) if found else ""
-

@@ -2,13 +2,16 @@
 the chip's HBM, FLOPs and predicted time per step, MFU, and the collectives it runs.
 
 How the step time is predicted, named on every report line (`method`):
-  "compiler"        the TPU compiler's own estimate (`cost_analysis()["optimal_seconds"]`) of
-                    the program, when it has no loop (the estimate counts a loop's body once);
-  "compiler, twin"  the same estimate of the program's loop-free twin (programs.py), times the
-                    twin's runs per step;
-  "analytic"        the model's FLOPs at the chip's peak: a bound, where neither is sound.
-Beside it, `roofline_seconds`: max(FLOPs / peak, bytes accessed / HBM bandwidth) of the same
-program, the estimate any reader can redo from the printed figures."""
+  "compiler"   the TPU compiler's own estimate of the program (`cost_analysis()`'s
+               "optimal_seconds"), where it gives one (> 0; on v5e it can be negative);
+  "roofline"   otherwise max(FLOPs / peak, bytes accessed / HBM bandwidth) of the compiler's
+               counts: what a memory- or compute-bound program cannot beat;
+  ", loop-free twin xK"  of the program's twin (programs.py), K runs of it: the compiler counts
+               a loop's body once, so a program with loops is estimated from the twin, and
+  "+ loop traffic"  the HBM bytes its loops move beyond the twin's (a tiled loss's
+               accumulator, read and written per tile; hlo.traffic_by_block) at HBM bandwidth.
+A program with loops and no twin is estimated as it is, its loops counted once (a lower bound,
+said on the line). MFU is the model's FLOPs (flops.py) over predicted time times peak."""
 
 from __future__ import annotations
 
@@ -55,6 +58,8 @@ class Report:
   tokens_per_second: float
   collectives: dict[str, hlo.Collective]
   loops: list[hlo.Loop]
+  traffic: dict[str, int]     # HBM bytes per run by model block (hlo.traffic_by_block)
+  loop_traffic: float         # bytes the loops move beyond the twin's (in `seconds`)
   compile_seconds: float
 
   def to_json(self) -> dict:
@@ -103,43 +108,59 @@ def compile_program(program: Program, target: Target, num_devices: int,
     shortfall = out_of_memory(e)
     if shortfall is None:
       raise
-    return Report(program.name, target.name, num_devices, program.per, False, None, chip.hbm_bytes,
-                  shortfall, 0.0, "", 0.0, 0.0, 0.0, program.model_flops, 0.0, 0.0, {}, [],
-                  time.perf_counter() - start)
+    return Report(program.name, target.name, num_devices, program.per, False, None,
+                  chip.hbm_bytes, shortfall, 0.0, "", 0.0, 0.0, 0.0, program.model_flops, 0.0,
+                  0.0, {}, [], {}, 0.0, time.perf_counter() - start)
   _keep_hlo(compiled, hlo_dir, program.name)
   memory = _memory(compiled)
   module = hlo.Module.parse(compiled.as_text())
-  loops = module.loops()
-  flops, bytes_, optimal = _cost(compiled)
-  method = "compiler"
-  if loops or optimal <= 0:
-    flops, bytes_, optimal, method = _from_twin(program, flops, bytes_, hlo_dir)
-  if optimal <= 0:
-    optimal, method = program.model_flops / num_devices / chip.peak_bf16_flops, "analytic"
-  roofline = max(flops / chip.peak_bf16_flops, bytes_ / chip.hbm_bytes_per_second)
-  mfu = program.model_flops / (optimal * num_devices * chip.peak_bf16_flops)
+  estimate = _estimate(program, compiled, module, chip, hlo_dir)
+  seconds = estimate.seconds
+  mfu = program.model_flops / (seconds * num_devices * chip.peak_bf16_flops)
   return Report(program.name, target.name, num_devices, program.per,
-                memory.total <= chip.hbm_bytes, memory, chip.hbm_bytes, "", optimal, method,
-                flops, bytes_, roofline,
-                program.model_flops, mfu, program.tokens / optimal, module.collectives(),
-                loops, time.perf_counter() - start)
+                memory.total <= chip.hbm_bytes, memory, chip.hbm_bytes, "", seconds,
+                estimate.method, estimate.flops, estimate.bytes, estimate.roofline,
+                program.model_flops, mfu, program.tokens / seconds, module.collectives(),
+                module.loops(), module.traffic_by_block(), estimate.loop_traffic,
+                time.perf_counter() - start)
 
 
-def _from_twin(program: Program, flops: float, bytes_: float, hlo_dir: Path | None):
-  """(flops, bytes, seconds, method) per run from the loop-free twin; the program's own
-  figures with seconds -1 when there is none or it has loops too."""
-  if program.twin is None:
-    return flops, bytes_, -1.0, ""
-  twin = program.twin().compile()
-  _keep_hlo(twin, hlo_dir, f"{program.name}.twin")
-  if hlo.Module.parse(twin.as_text()).loops():
-    return flops, bytes_, -1.0, ""
-  t_flops, t_bytes, t_seconds = _cost(twin)
-  k = program.twin_runs
-  if t_seconds <= 0:
-    return flops, bytes_, -1.0, ""
-  return k * t_flops, k * t_bytes, k * t_seconds, (
-      "compiler, twin" + (f" x{k}" if k > 1 else ""))
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  seconds: float
+  method: str
+  flops: float          # per device per run
+  bytes: float
+  roofline: float       # max(flops / peak, bytes / HBM bandwidth)
+  loop_traffic: float   # HBM bytes the program's loops move beyond its twin's (traffic count)
+
+
+def _estimate(program: Program, compiled, module: hlo.Module, chip, hlo_dir) -> Estimate:
+  """The step time (see the module docstring): from the program where it has no loop, else
+  from its loop-free twin plus the extra traffic of its loops at HBM bandwidth; the
+  compiler's estimate where it gives one (> 0), else the roofline of the compiler's counts."""
+  source, runs, extra, how = compiled, 1, 0.0, ""
+  if module.loops() and program.twin is not None:
+    twin = program.twin().compile()
+    _keep_hlo(twin, hlo_dir, f"{program.name}.twin")
+    twin_module = hlo.Module.parse(twin.as_text())
+    if not twin_module.loops():
+      source, runs = twin, program.twin_runs
+      extra = max(0.0, sum(module.traffic_by_block().values())
+                  - runs * sum(twin_module.traffic_by_block().values()))
+      how = ", loop-free twin" + (f" x{runs}" if runs > 1 else "")
+  flops, bytes_, optimal = (runs * x for x in _cost(source))
+  roofline = max(flops / chip.peak_bf16_flops, bytes_ / chip.hbm_bytes_per_second)
+  if source is compiled and module.loops():
+    how = ", loops counted once: a lower bound"
+  if optimal > 0:
+    seconds, method = optimal, "compiler" + how
+  else:
+    seconds, method = roofline, "roofline" + how
+  if extra:
+    seconds += extra / chip.hbm_bytes_per_second
+    method += " + loop traffic"
+  return Estimate(seconds, method, flops, bytes_, roofline, extra)
 
 
 def refusal(report: Report, levers: str) -> str | None:
@@ -179,6 +200,12 @@ def lines(report: Report) -> list[str]:
              f"MFU {report.mfu:.1%}; compiler FLOPs {report.device_flops:.3g} per chip (the "
              f"model's: {model_share:.2f}x), bytes {report.device_bytes:.3g}, roofline "
              f"{report.roofline_seconds * 1e3:.2f} ms")
+  total = sum(report.traffic.values()) or 1
+  blocks = sorted(report.traffic.items(), key=lambda kv: -kv[1])
+  out.append("  HBM traffic per " + report.per + ": " + ", ".join(
+      f"{name} {size / total:.0%}" for name, size in blocks if size / total >= 0.005)
+      + f" of {_size(total)}" + (f" (loops beyond the twin: {_size(report.loop_traffic)})"
+                                 if report.loop_traffic else ""))
   used = [f"{c.op} {c.count} ({_size(c.bytes)})" for c in report.collectives.values()
           if c.count]
   loops = ", ".join(f"{lp.trips if lp.trips is not None else '?'} trips" for lp in report.loops)

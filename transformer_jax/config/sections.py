@@ -88,7 +88,8 @@ class ModelConfig:
                                 # between matmuls (with bf16 matmuls only; residual stream,
                                 # LayerNorm statistics, softmax and loss stay f32)
   loss_tile_tokens: int         # tokens per tile of the fused output layer + loss, per device
-                                # (0 = all of a device's tokens in one tile)
+                                # (0 = all of a device's tokens in one tile); on GPUs and TPUs
+                                # at least 8192 (ops.losses.tile_for)
   remat: str                    # recompute activations in the backward pass: "none", "full"
                                 # (keep only layer inputs) or "dots" (keep matmul outputs)
   scan_layers: bool             # one nn.scan-ned layer per stack (fast compiles for deep

@@ -62,7 +62,8 @@ def get_config():
                                         # hardware multiplies bf16 faster, else "float32" (exact)
   config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs
   config.model.activation_dtype = "float32"  # "bfloat16": between matmuls (accelerators)
-  config.model.loss_tile_tokens = 256   # output layer + loss in tiles of tokens; 0 = one tile
+  config.model.loss_tile_tokens = 256   # output layer + loss in tiles of tokens (accelerators:
+                                        # >= 8192); 0 = one tile
   config.model.remat = "none"           # "full" / "dots": recompute activations (less memory)
   config.model.scan_layers = False      # nn.scan over layers: faster compiles for deep models
 

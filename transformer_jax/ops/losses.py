@@ -29,6 +29,17 @@ from jax.sharding import PartitionSpec as P
 from transformer_jax.ops.interleave import merge_interleaved, split_interleaved
 
 CHUNK_TOKENS = 256  # the default tile (config.model.loss_tile_tokens)
+# The smallest tile on accelerators. Each tile reads and writes the output matrix's f32
+# gradient accumulator: on a TPU v5p, wmt_base's 8192 tokens per chip in 256-token tiles moved
+# 7.7 GB more HBM traffic per step than one tile (transformer-jax-compile --hlo_dir), while
+# 8192 tokens' f32 logits (1 GiB at vocabulary 32000) fit any accelerator's memory. On CPU the
+# configured tile stays: a cache-sized one is fastest there (BENCHMARKS.md, issue 39).
+ACCELERATOR_TILE_TOKENS = 8192
+
+
+def tile_for(platform: str, tile: int) -> int:
+  """The tile that `config.model.loss_tile_tokens` = `tile` means on `platform`."""
+  return tile if platform == "cpu" or tile == 0 else max(tile, ACCELERATOR_TILE_TOKENS)
 
 
 def smoothing_constants(V: int, label_smoothing: float):
@@ -154,6 +165,8 @@ def device_output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing: fl
   """`output_loss` computed on each device for its own tokens (the leading axis split over
   `batch_axes` of `mesh`, the table replicated), the sums added over devices after. Without a
   mesh, with one device per batch, or with other mesh axes in use, it is `output_loss`."""
+  platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+  tile = tile_for(platform, tile)
   axes = tuple(a for a in batch_axes if mesh is not None and mesh.shape[a] > 1)
   if not axes or any(mesh.shape[a] > 1 for a in mesh.axis_names if a not in batch_axes):
     return output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile)

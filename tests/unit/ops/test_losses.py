@@ -71,3 +71,9 @@ def test_bfloat16_fused_loss_is_close_to_float32():
     assert g16.dtype == jnp.float32
     err = float(jnp.linalg.norm(g16 - g32) / jnp.linalg.norm(g32))
     assert err < 0.02, err
+
+
+def test_the_loss_tile_is_the_configured_one_on_cpu_and_at_least_8192_tokens_elsewhere():
+  assert [losses.tile_for("cpu", t) for t in (256, 0, 20000)] == [256, 0, 20000]
+  assert [losses.tile_for(p, 256) for p in ("tpu", "gpu", "cuda")] == [8192] * 3
+  assert (losses.tile_for("tpu", 0), losses.tile_for("tpu", 20000)) == (0, 20000)

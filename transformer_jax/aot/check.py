@@ -12,6 +12,7 @@ import jax
 from transformer_jax.aot import programs, report, targets
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.errors import UsageError
+from transformer_jax.model.attention import attention_implementation
 from transformer_jax.parallel import numerics
 from transformer_jax.training.resolution import make_mesh
 
@@ -28,11 +29,13 @@ def levers(cfg: TrainConfig) -> str:
 
 
 def for_target(cfg: TrainConfig) -> TrainConfig:
-  """`cfg` with config.model.dtype="auto" resolved as it would be on a TPU."""
-  if cfg.model.dtype != "auto":
-    return cfg
-  dtype = numerics.accelerator_choice("tpu", "").dtype
-  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
+  """`cfg` with its "auto" choices (dtype, attention) made as on a TPU (this process's own
+  backend would choose for itself: the CPU)."""
+  model = cfg.model
+  if model.dtype == "auto":
+    model = dataclasses.replace(model, dtype=numerics.accelerator_choice("tpu", "").dtype)
+  model = dataclasses.replace(model, attention_impl=attention_implementation(model, "tpu"))
+  return dataclasses.replace(cfg, model=model)
 
 
 def selected(which: str) -> tuple[str, ...]:

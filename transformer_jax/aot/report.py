@@ -72,7 +72,7 @@ def _memory(compiled) -> Memory:
                 m.temp_size_in_bytes, m.generated_code_size_in_bytes)
 
 
-def _cost(compiled) -> tuple[float, float, float]:
+def compiler_cost(compiled) -> tuple[float, float, float]:
   """(flops, bytes accessed, optimal seconds) per device, as the compiler estimates them."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
@@ -149,7 +149,7 @@ def _estimate(program: Program, compiled, module: hlo.Module, chip, hlo_dir) -> 
       extra = max(0.0, sum(module.traffic_by_block().values())
                   - runs * sum(twin_module.traffic_by_block().values()))
       how = ", loop-free twin" + (f" x{runs}" if runs > 1 else "")
-  flops, bytes_, optimal = (runs * x for x in _cost(source))
+  flops, bytes_, optimal = (runs * x for x in compiler_cost(source))
   roofline = max(flops / chip.peak_bf16_flops, bytes_ / chip.hbm_bytes_per_second)
   if source is compiled and module.loops():
     how = ", loops counted once: a lower bound"

@@ -83,7 +83,8 @@ class ModelConfig:
   attention_impl: str           # "einsum" (our products, tuned for XLA:CPU), "xla" or "cudnn"
                                 # (jax.nn.dot_product_attention), "auto": cudnn on GPUs where
                                 # its constraints hold (bf16, head_dim % 8 == 0 and <= 128),
-                                # else einsum. Attention maps and attention dropout use einsum
+                                # xla on TPUs, else einsum. Attention maps, attention dropout
+                                # and cached decoding use einsum
   activation_dtype: str         # "float32" or "bfloat16": projection and LayerNorm outputs
                                 # between matmuls (with bf16 matmuls only; residual stream,
                                 # LayerNorm statistics, softmax and loss stay f32)

@@ -60,7 +60,8 @@ def get_config():
   config.model.output_bias = False      # a learned bias on the output logits (Marian's)
   config.model.dtype = "auto"           # matmul inputs: "bfloat16" (f32 accumulation) where the
                                         # hardware multiplies bf16 faster, else "float32" (exact)
-  config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs
+  config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs,
+                                        # xla on TPUs, einsum on CPUs
   config.model.activation_dtype = "float32"  # "bfloat16": between matmuls (accelerators)
   config.model.loss_tile_tokens = 256   # output layer + loss in tiles of tokens (accelerators:
                                         # >= 8192); 0 = one tile

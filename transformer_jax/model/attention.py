@@ -39,16 +39,19 @@ def causal_mask(length: int):
   return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
-def attention_implementation(cfg: ModelConfig) -> str:
-  """config.model.attention_impl with "auto" resolved for the default backend: cuDNN's fused
-  attention on GPUs where its constraints hold (bf16 inputs, head_dim a multiple of 8 up to
-  128), our einsum products elsewhere (tuned for XLA:CPU; on TPU XLA fuses them itself)."""
+def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> str:
+  """config.model.attention_impl with "auto" resolved for `platform` (default: JAX's default
+  backend): cuDNN's fused attention on GPUs where its constraints hold (bf16 inputs, head_dim
+  a multiple of 8 up to 128); on TPUs jax.nn.dot_product_attention's XLA implementation (the
+  TPU compiler predicts wmt_base's step 6% faster with it than with the einsum products:
+  BENCHMARKS.md, issue 39); our einsum products elsewhere (tuned for XLA:CPU)."""
   if cfg.attention_impl != "auto":
     return cfg.attention_impl
-  if (jax.default_backend() == "gpu" and compute_dtype(cfg) == jnp.bfloat16
+  platform = platform or jax.default_backend()
+  if (platform == "gpu" and compute_dtype(cfg) == jnp.bfloat16
       and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128):
     return "cudnn"
-  return "einsum"
+  return "xla" if platform == "tpu" else "einsum"
 
 
 def fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation: str,

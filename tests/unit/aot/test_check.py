@@ -2,8 +2,6 @@
 each mesh strategy must show in the optimised HLO, a run too big for the chip refused in one
 line, and a user's mistakes as one line each."""
 
-import dataclasses
-
 import jax
 import pytest
 
@@ -108,9 +106,10 @@ def test_the_targets_devices_are_the_slices_chips():
   assert len({d.slice_index for d in targets.devices(two)}) == 2
 
 
-def test_auto_dtype_compiles_as_a_tpu_runs_it():
-  cfg = tiny_train_config(**{"model.dtype": "auto"})
-  assert check.for_target(cfg).model.dtype == "bfloat16"
-  assert dataclasses.replace(cfg.model, dtype="float32") == check.for_target(
-      tiny_train_config()).model
+def test_auto_choices_are_made_as_on_a_tpu():
+  cfg = check.for_target(tiny_train_config(**{"model.dtype": "auto",
+                                              "model.attention_impl": "auto"}))
+  assert (cfg.model.dtype, cfg.model.attention_impl) == ("bfloat16", "xla")
+  kept = check.for_target(tiny_train_config(**{"model.attention_impl": "einsum"}))
+  assert (kept.model.dtype, kept.model.attention_impl) == ("float32", "einsum")
   assert jax.default_backend() == "cpu"  # (describing TPU devices started no TPU backend)

@@ -148,15 +148,20 @@ class Module:
           found[op][1] += times * shape_bytes(instruction.shape)
     return {op: Collective(op, count, size) for op, (count, size) in found.items()}
 
-  def result_shapes(self, op: str) -> list[tuple[int, ...]]:
+  def result_shapes(self, op: str, where: str = "") -> list[tuple[int, ...]]:
     """The dimensions of every array that the collectives `op` produce (a tuple's elements
-    each), in every computation."""
+    each), in every computation; only those whose source location (op_name) matches the
+    regular expression `where`, when given."""
     found = []
     for body in self.computations.values():
       for instruction in body:
-        if instruction.op.removesuffix("-done") == op and not instruction.op.endswith("-start"):
-          found.extend(tuple(int(d) for d in m.group("dims").split(",") if d)
-                       for m in _ARRAY.finditer(instruction.shape))
+        if instruction.op.removesuffix("-done") != op or instruction.op.endswith("-start"):
+          continue
+        source = re.search(r'op_name="([^"]*)"', instruction.rest)
+        if where and not (source and re.search(where, source.group(1))):
+          continue
+        found.extend(tuple(int(d) for d in m.group("dims").split(",") if d)
+                     for m in _ARRAY.finditer(instruction.shape))
     return found
 
   def sliced_reductions(self) -> int:

@@ -59,11 +59,12 @@ def test_fsdp_gathers_the_parameters_and_scatters_the_summed_gradients(compiled)
 
 
 def test_tensor_parallelism_reduces_activations_inside_the_layers(compiled):
-  _, data_module = compiled["data"]
-  _, module = compiled["tensor"]
-  activations = [s for s in module.result_shapes("all-reduce") if s[:2] == (ROWS, LENGTH)]
-  assert activations and all(s[-1] == D_MODEL for s in activations)
-  assert not [s for s in data_module.result_shapes("all-reduce") if s[:2] == (ROWS, LENGTH)]
+  for block in ("attention", "feed_forward"):  # (heads and the FFN width split over `tensor`)
+    for strategy, expected in (("tensor", True), ("data", False)):
+      _, module = compiled[strategy]
+      shapes = module.result_shapes("all-reduce", where=block)
+      assert any(s[:2] == (ROWS, LENGTH) and s[-1] == D_MODEL for s in shapes) == expected, \
+          (block, strategy, shapes)
 
 
 def test_a_run_too_big_for_the_chip_is_refused_in_one_line_naming_the_levers():

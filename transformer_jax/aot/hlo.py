@@ -21,7 +21,9 @@ _INSTRUCTION = re.compile(r"^\s*(?P<root>ROOT\s+)?%(?P<name>[\w.\-]+) = (?P<shap
                           r"(?P<op>[a-z][a-z0-9\-]*)\((?P<rest>.*)$")
 _CALLEES = re.compile(r"\b(body|condition|calls|to_apply)=%(?P<name>[\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
-_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8\w*|c64|c128)\[(?P<dims>[\d,]*)\]")
+_ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8\w*|c64|c128)\[(?P<dims>[\d,]*)\]"
+                    r"(?P<layout>\{[^}]*\})?")
+_ON_CHIP = re.compile(r"S\([1-9]\d*\)")  # a layout's memory space other than HBM
 _TRIP = re.compile(r"compare\(.*\), direction=LT")
 _CONSTANT = re.compile(r"= s(?:32|64)\[\]\S* constant\((?P<value>\d+)\)")
 
@@ -31,20 +33,27 @@ BLOCKS = (("attention", r"attention"), ("feed-forward", r"feed_forward|ffn_block
           ("output layer and loss", r"shard_map|jvp\(\)/while/body|cross_entropy"),
           ("layer norms", r"norm"), ("other model ops", r"Transformer"),
           ("outside the model (optimizer, search)", r""))
-# (copy-start/-done: the compiler's prefetches between memory spaces; the bytes they move are
-# counted at the operations that read them)
+COMPILER_MOVES = "the compiler's own copies"
+# (the async copies and slices the compiler adds to stage buffers in on-chip memory, and
+# ConcatBitcast, which joins staged slices: the bytes they stage are counted at the
+# operations that read them)
 _NOT_TRAFFIC = ("parameter", "get-tuple-element", "tuple", "constant", "bitcast", "while",
-                "after-all", "partition-id", "replica-id", "copy-start", "copy-done")
+                "after-all", "partition-id", "replica-id", "copy-start", "copy-done",
+                "slice-start", "slice-done")
+_STAGING_CALLS = ("ConcatBitcast",)
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 1,
           "u4": 1}
 
 
-def shape_bytes(shape: str) -> int:
-  """Bytes of every array in an HLO shape (a tuple's elements summed)."""
+def shape_bytes(shape: str, hbm_only: bool = False) -> int:
+  """Bytes of every array in an HLO shape (a tuple's elements summed); with `hbm_only`, of
+  those in HBM (not placed in on-chip memory: `S(1)` and up in their layout)."""
   total = 0
   for m in _ARRAY.finditer(shape):
+    if hbm_only and _ON_CHIP.search(m.group("layout") or ""):
+      continue
     dims = [int(d) for d in m.group("dims").split(",") if d]
     total += math.prod(dims) * _BYTES.get(m.group(1), 1)  # (f8 types: one byte)
   return total
@@ -179,19 +188,23 @@ class Module:
 
 
   def traffic_by_block(self) -> dict[str, int]:
-    """HBM bytes per run of the program by model block (BLOCKS): each top-level operation's
-    operands and result (a fusion's inner values stay on chip), loop trips applied,
-    collectives apart. A reading aid for where a memory-bound step spends its time."""
+    """Memory traffic per run of the program by model block (BLOCKS): the bytes of each
+    top-level operation's operands and result (a fusion's inner values stay on chip; where the
+    compiler placed a buffer, HBM or on-chip memory, is not told apart), loop trips applied;
+    collectives apart, and apart the copies the compiler added itself (operations without a
+    source location, e.g. relayouts). A reading aid for where a memory-bound step spends its
+    time, not the compiler's own byte count."""
     fused = {m.group("name") for body in self.computations.values() for i in body
              if i.op == "fusion" for m in _CALLEES.finditer(i.rest)}
-    found = dict.fromkeys([name for name, _ in BLOCKS] + ["collectives"], 0)
+    found = dict.fromkeys([name for name, _ in BLOCKS] + ["collectives", COMPILER_MOVES], 0)
     for name, times in self.runs().items():
       if name in fused:
         continue
       body = self.computations.get(name, [])
       shapes = {i.name: i.shape for i in body}
       for i in body:
-        if i.op in _NOT_TRAFFIC or i.op.endswith("-start"):
+        if i.op in _NOT_TRAFFIC or i.op.endswith("-start") or (
+            i.op == "custom-call" and any(f'"{c}"' in i.rest for c in _STAGING_CALLS)):
           continue
         operands = re.findall(r"%([\w.\-]+)", i.rest.split("), ")[0])
         size = times * (shape_bytes(i.shape) + sum(shape_bytes(shapes.get(o, ""))
@@ -200,8 +213,10 @@ class Module:
           found["collectives"] += size
           continue
         where = re.search(r'op_name="([^"]*)"', i.rest)
-        where = where.group(1) if where else ""
-        found[next(b for b, pattern in BLOCKS if re.search(pattern, where))] += size
+        if where is None:
+          found[COMPILER_MOVES] += size
+          continue
+        found[next(b for b, pattern in BLOCKS if re.search(pattern, where.group(1)))] += size
     return found
 
 

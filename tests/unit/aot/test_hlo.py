@@ -83,3 +83,49 @@ def test_a_reduction_then_sliced_is_found_and_its_shapes_listed():
 def test_text_without_an_entry_is_refused():
   with pytest.raises(ValueError, match="ENTRY"):
     hlo.Module.parse("HloModule nothing\n")
+
+
+TRAFFIC = """HloModule jit_step
+
+%fused (p: f32[256]) -> f32[256] {
+  %p = f32[256] parameter(0)
+  ROOT %n = f32[256] negate(%p)
+}
+
+%body (p: (s32[], f32[256])) -> (s32[], f32[256]) {
+  %p = (s32[], f32[256]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %v = f32[256] get-tuple-element(%p), index=1
+  %f = f32[256] fusion(%v), kind=kLoop, calls=%fused, metadata={op_name="jit(train_step)/jvp()/while/body/closed_call/exp"}
+  ROOT %t = (s32[], f32[256]) tuple(%i, %f)
+}
+
+%cond (p: (s32[], f32[256])) -> pred[] {
+  %p = (s32[], f32[256]) parameter(0)
+  %c = s32[] constant(4)
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+ENTRY %main (a: f32[256]) -> f32[256] {
+  %a = f32[256]{0} parameter(0)
+  %cs = (f32[256]{0:S(1)}, f32[256]{0}, u32[]) copy-start(%a)
+  %cd = f32[256]{0:S(1)} copy-done(%cs)
+  %q = f32[256]{0} fusion(%cd), kind=kLoop, calls=%fused, metadata={op_name="jit(train_step)/Transformer/encoder_0/attention_block/self_attention/mul"}
+  %r = f32[256]{0} copy(%q)
+  %z = s32[] constant(0)
+  %init = (s32[], f32[256]) tuple(%z, %r)
+  %loop = (s32[], f32[256]) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[256]{0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_traffic_is_counted_by_block_with_loop_trips_and_without_the_compilers_staging():
+  found = hlo.Module.parse(TRAFFIC).traffic_by_block()
+  array = 256 * 4
+  assert found["attention"] == 2 * array                        # read + write, once
+  assert found["output layer and loss"] == 4 * 2 * array        # the loss loop's 4 trips
+  condition = 1 + 4 + 4                                         # (the loop's i < 4, unnamed)
+  assert found[hlo.COMPILER_MOVES] == 2 * array + condition     # the relayout copy
+  assert sum(found.values()) == 12 * array + condition          # (no prefetch counted)

@@ -19,13 +19,23 @@ from transformer_jax.training.resolution import make_mesh
 PROGRAMS = ("train", "eval", "beam")
 
 
-def levers(cfg: TrainConfig) -> str:
-  """What makes a run's step smaller per chip, in its own override syntax."""
-  k = cfg.num_micro_batches
-  return (f"try --config.num_micro_batches={2 * k} (the batch in {2 * k} pieces), "
-          "--config.model.remat=full (recompute activations), or FSDP "
-          "--config.parallelism.mesh_shape='(1,-1,1)' (parameters and optimizer state split "
-          "over the chips)")
+def levers(cfg: TrainConfig, program: str) -> str:
+  """What makes `program` smaller per chip, in the run's own override syntax (only the
+  levers not pulled yet)."""
+  if program != "train_step":
+    return (f"try a smaller --config.decode.batch_size (now {cfg.decode.batch_size}) or "
+            "FSDP --config.parallelism.mesh_shape='(1,-1,1)'")
+  found = []
+  k, rows = cfg.num_micro_batches, cfg.data.batch_size
+  more = next((m for m in range(2 * k, rows + 1) if rows % m == 0), None)
+  if more is not None:
+    found.append(f"--config.num_micro_batches={more} (the batch in {more} pieces)")
+  if cfg.model.remat != "full":
+    found.append("--config.model.remat=full (recompute activations)")
+  if tuple(cfg.parallelism.mesh_shape)[1] == 1:
+    found.append("FSDP --config.parallelism.mesh_shape='(1,-1,1)' (parameters and optimizer "
+                 "state split over the chips)")
+  return "try " + ", or ".join(found) if found else "a bigger slice"
 
 
 def for_target(cfg: TrainConfig) -> TrainConfig:

@@ -19,6 +19,7 @@ from transformer_jax.aot import programs
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.decoding import search
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.ops.platform import tracing_for
 from transformer_jax.parallel import numerics
 from transformer_jax.training.state import abstract_state
 from transformer_jax.training.step import train_step
@@ -43,8 +44,12 @@ def _unsharded(tree):
 
 def exported(cfg: TrainConfig, mesh) -> dict[str, export.Exported]:
   """The train step, beam search's start and its loop exported for CUDA (one device; `mesh`:
-  a one-device mesh of this machine, to describe the state)."""
-  cfg = for_gpu(cfg)
+  a one-device mesh of this machine, to describe the state), traced for a GPU."""
+  with tracing_for("gpu"):
+    return _exported(for_gpu(cfg), mesh)
+
+
+def _exported(cfg: TrainConfig, mesh) -> dict[str, export.Exported]:
   model = Transformer(cfg.model)
   state = _unsharded(abstract_state(cfg, model, mesh))
   rows, S, T = cfg.data.batch_size, cfg.data.max_source_length, cfg.data.max_target_length

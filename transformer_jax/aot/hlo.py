@@ -24,8 +24,6 @@ _BRANCHES = re.compile(r"branch_computations=\{(?P<names>[^}]*)\}")
 _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8\w*|c64|c128)\[(?P<dims>[\d,]*)\]"
                     r"(?P<layout>\{[^}]*\})?")
 _ON_CHIP = re.compile(r"S\([1-9]\d*\)")  # a layout's memory space other than HBM
-_TRIP = re.compile(r"compare\(.*\), direction=LT")
-_CONSTANT = re.compile(r"= s(?:32|64)\[\]\S* constant\((?P<value>\d+)\)")
 
 # Where an op's bytes are counted, by the first pattern its source location (op_name) matches.
 # (the train step's only loop outside the model is the fused loss's over tiles: jvp()/while)
@@ -206,9 +204,7 @@ class Module:
         if i.op in _NOT_TRAFFIC or i.op.endswith("-start") or (
             i.op == "custom-call" and any(f'"{c}"' in i.rest for c in _STAGING_CALLS)):
           continue
-        operands = re.findall(r"%([\w.\-]+)", i.rest.split("), ")[0])
-        size = times * (shape_bytes(i.shape) + sum(shape_bytes(shapes.get(o, ""))
-                                                   for o in operands))
+        size = times * self._moved(i, shapes)
         if i.op.removesuffix("-done") in COLLECTIVES:
           found["collectives"] += size
           continue
@@ -218,6 +214,36 @@ class Module:
           continue
         found[next(b for b, pattern in BLOCKS if re.search(pattern, where.group(1)))] += size
     return found
+
+  def _moved(self, instruction: Instruction, shapes: dict[str, str]) -> int:
+    """Bytes an operation reads and writes: its operands and result; for one that writes a
+    slice into a buffer in place (dynamic-update-slice, also as a fusion's root), the slice
+    written and the other operands; for one that reads a slice or gathers rows
+    (dynamic-slice, gather), the result read and written and the other operands."""
+    operand_bytes = [shape_bytes(shapes.get(o, "")) for o in _operands(instruction)]
+    kind, update = instruction.op, None
+    if kind == "fusion":
+      callee = _CALLEES.search(instruction.rest)
+      body = self.computations.get(callee.group("name"), []) if callee else []
+      root = next((i for i in body if i.root), None)
+      if root is not None:
+        kind = root.op
+        inner = {i.name: i.shape for i in body}
+        names = _operands(root)
+        update = inner.get(names[1], "") if len(names) > 1 else None
+    elif kind == "dynamic-update-slice":
+      names = _operands(instruction)
+      update = shapes.get(names[1], "") if len(names) > 1 else None
+    others = sum(operand_bytes) - max(operand_bytes, default=0)
+    if kind == "dynamic-update-slice" and update is not None:
+      return others + shape_bytes(update)
+    if kind in ("dynamic-slice", "gather"):
+      return others + 2 * shape_bytes(instruction.shape)
+    return sum(operand_bytes) + shape_bytes(instruction.shape)
+
+
+def _operands(instruction: Instruction) -> list[str]:
+  return re.findall(r"%([\w.\-]+)", instruction.rest.split("), ")[0])
 
 
 def _first_operand(instruction: Instruction) -> str:

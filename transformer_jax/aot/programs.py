@@ -22,6 +22,7 @@ from transformer_jax.decoding import resizing, search
 from transformer_jax.evaluation.evaluator import eval_step
 from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.ops.platform import tracing_for
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.training.state import abstract_state
 from transformer_jax.training.step import compile_step
@@ -41,6 +42,16 @@ class Program:
   per: str                  # "step" or "decoding step"
 
 
+def _for_devices(lower, mesh):
+  """`lower` traced for the platform of the mesh's devices (ops.platform), not this
+  process's."""
+  @functools.wraps(lower)
+  def traced():
+    with tracing_for(mesh.devices.flat[0].platform):
+      return lower()
+  return traced
+
+
 def _sds(shape, dtype, sharding):
   return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
@@ -55,8 +66,8 @@ def train_program(cfg: TrainConfig, mesh) -> Program:
   twin_cfg = dataclasses.replace(
       cfg, num_micro_batches=1, data=dataclasses.replace(cfg.data, batch_size=rows // k),
       model=dataclasses.replace(cfg.model, loss_tile_tokens=0, scan_layers=False))
-  return Program("train_step", functools.partial(_lower_train, cfg, mesh),
-                 functools.partial(_lower_train, twin_cfg, mesh), k,
+  return Program("train_step", _for_devices(functools.partial(_lower_train, cfg, mesh), mesh),
+                 _for_devices(functools.partial(_lower_train, twin_cfg, mesh), mesh), k,
                  flops.train_step(cfg.model, rows, S, T), rows * T, "step")
 
 
@@ -88,8 +99,8 @@ def eval_program(cfg: TrainConfig, mesh) -> Program:
                        mesh_lib.batch_sharding(mesh)) for key in ("inputs", "targets")}
     return jax.jit(functools.partial(eval_step, model=model)).lower(params, batch)
 
-  return Program("eval_step", lower, None, 1, flops.forward(cfg.model, rows, S, T), rows * T,
-                 "step")
+  return Program("eval_step", _for_devices(lower, mesh), None, 1,
+                 flops.forward(cfg.model, rows, S, T), rows * T, "step")
 
 
 def decoding_params(cfg: TrainConfig, mesh):
@@ -122,6 +133,7 @@ def beam_programs(cfg: TrainConfig, mesh) -> list[Program]:
                                                   num_return=1, min_len=0, stop_at=0)}
   m = cfg.model
   encode = rows * S * (flops.encoder_token(m, S) + flops.cross_keys_values(m))
+  lowered = {name: _for_devices(lower, mesh) for name, lower in lowered.items()}
   return [Program("beam_start", lowered["start"], None, 1, encode, 0, "batch"),
           Program("beam_loop", lowered["loop"], lowered["step"], 1,
                   flops.decoder_step(m, rows * W, S, resizing.SEGMENT), rows * W,

@@ -20,6 +20,7 @@ import re
 import time
 from pathlib import Path
 
+from transformer_jax import atomic
 from transformer_jax.aot import hlo
 from transformer_jax.aot.programs import Program
 from transformer_jax.aot.targets import GiB, Target
@@ -81,12 +82,15 @@ def compiler_cost(compiled) -> tuple[float, float, float]:
 
 
 def out_of_memory(error: Exception) -> str | None:
-  """The compiler's one-line account of a program too big for the chip, or None."""
+  """The compiler's account of a program too big for the chip, in one line, or None."""
   text = str(error)
   if "RESOURCE_EXHAUSTED" not in text and "Ran out of memory" not in text:
     return None
-  found = re.search(r"Ran out of memory in memory space \w+\. ?(Used [^.]*\.[^.]*\.)", text)
-  return found.group(1).strip() if found else text.splitlines()[0][:300]
+  found = re.search(r"Used (\S+) of (\S+) hbm\. Exceeded hbm capacity by (\S+?)\.(?:\s|$)",
+                    text)
+  if found:
+    return f"used {found[1]} of {found[2]} HBM, {found[3]} over"
+  return " ".join(text.split())[:300]
 
 
 def _keep_hlo(compiled, hlo_dir: Path | None, name: str):
@@ -140,15 +144,16 @@ def _estimate(program: Program, compiled, module: hlo.Module, chip, hlo_dir) -> 
   from its loop-free twin plus the extra traffic of its loops at HBM bandwidth; the
   compiler's estimate where it gives one (> 0), else the roofline of the compiler's counts."""
   source, runs, extra, how = compiled, 1, 0.0, ""
-  if module.loops() and program.twin is not None:
-    twin = program.twin().compile()
-    _keep_hlo(twin, hlo_dir, f"{program.name}.twin")
+  twin = _twin(program, hlo_dir) if module.loops() else None
+  if twin is not None:
     twin_module = hlo.Module.parse(twin.as_text())
     if not twin_module.loops():
       source, runs = twin, program.twin_runs
       extra = max(0.0, sum(module.traffic_by_block().values())
                   - runs * sum(twin_module.traffic_by_block().values()))
-      how = ", loop-free twin" + (f" x{runs}" if runs > 1 else "")
+      # (a step's twin is a whole step at 1/k of the batch: its update counted k times)
+      how = ", loop-free twin" + (f" x{runs}, the update counted {runs} times: an upper "
+                                  "bound" if runs > 1 else "")
   flops, bytes_, optimal = (runs * x for x in compiler_cost(source))
   roofline = max(flops / chip.peak_bf16_flops, bytes_ / chip.hbm_bytes_per_second)
   if source is compiled and module.loops():
@@ -161,6 +166,21 @@ def _estimate(program: Program, compiled, module: hlo.Module, chip, hlo_dir) -> 
     seconds += extra / chip.hbm_bytes_per_second
     method += " + loop traffic"
   return Estimate(seconds, method, flops, bytes_, roofline, extra)
+
+
+def _twin(program: Program, hlo_dir):
+  """The program's loop-free twin compiled, or None (none, or too big for the chip: the
+  one-tile loss of a twin can be where the tiled program fits)."""
+  if program.twin is None:
+    return None
+  try:
+    twin = program.twin().compile()
+  except Exception as e:  # noqa: BLE001 (only running out of memory is expected)
+    if out_of_memory(e) is None:
+      raise
+    return None
+  _keep_hlo(twin, hlo_dir, f"{program.name}.twin")
+  return twin
 
 
 def refusal(report: Report, levers: str) -> str | None:
@@ -176,6 +196,13 @@ def refusal(report: Report, levers: str) -> str | None:
             f"{m.code / GiB:.2f}) of {report.hbm_bytes / GiB:.0f} GiB: short by "
             f"{(m.total - report.hbm_bytes) / GiB:.2f} GiB")
   return f"{report.program} does not fit {report.target}: {need}; {levers}"
+
+
+def write_json(path: str, target: Target, command: list[str], reports: list[Report]):
+  """Every figure of `reports`, with the command that made them."""
+  atomic.write_json(path, {"target": target.name, "slices": target.num_slices,
+                           "command": " ".join(command),
+                           "reports": [r.to_json() for r in reports]}, indent=1)
 
 
 def _size(n: float) -> str:

@@ -15,7 +15,7 @@ import os
 from jax.experimental import topologies
 
 from transformer_jax.errors import Error, UsageError
-from transformer_jax.parallel.platforms import libtpu_installed
+from transformer_jax.parallel.platforms import libtpu_installed, tpu_chips_present
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,9 +104,11 @@ def devices(t: Target) -> list:
     raise Error(f"--target {t.name} needs libtpu, the TPU compiler: pip install "
                 "'transformer_jax[tpu]'")
   # Without these libtpu looks for the TPU VM it runs on (metadata server, worker names) and
-  # prints its failures; the topology's own arguments describe the devices either way.
-  for name, value in DESCRIBED_ELSEWHERE.items():
-    os.environ.setdefault(name, value)
+  # prints its failures; the topology's own arguments describe the devices either way. (Not
+  # on a TPU VM: its own TPU backend, if this process starts it, needs the real values.)
+  if not tpu_chips_present():
+    for name, value in DESCRIBED_ELSEWHERE.items():
+      os.environ.setdefault(name, value)
   try:
     return list(topologies.get_topology_desc(
         platform="tpu", topology_name=t.topology, chip_config_name=t.chip_config,

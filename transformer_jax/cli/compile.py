@@ -14,7 +14,7 @@ from pathlib import Path
 
 from absl import flags
 
-from transformer_jax import atomic, errors
+from transformer_jax import errors
 from transformer_jax.aot import check, report, targets
 from transformer_jax.cli import runner
 from transformer_jax.config.parse import from_config_dict
@@ -41,12 +41,11 @@ def run(args: runner.Args):
                         on_report=lambda r: print("\n".join(report.lines(r)), flush=True),
                         hlo_dir=Path(args.hlo_dir) if args.hlo_dir else None)
   if args.json:
-    atomic.write_json(args.json, {"target": target.name, "slices": target.num_slices,
-                                  "command": " ".join(["transformer-jax-compile",
-                                                       *args.config_args["config"],
-                                                       f"--target={args.target}"]),
-                                  "reports": [r.to_json() for r in reports]}, indent=1)
-  refusals = [line for r in reports if (line := report.refusal(r, check.levers(cfg)))]
+    given = [f"--{name}={getattr(args, name)}" for name in ("target", "slices", "programs")]
+    report.write_json(args.json, target, ["transformer-jax-compile",
+                                          *args.config_args["config"], *given], reports)
+  refusals = [line for r in reports
+              if (line := report.refusal(r, check.levers(cfg, r.program)))]
   if refusals:
     raise errors.Error(refusals[0])
 

@@ -81,16 +81,14 @@ class ModelConfig:
   dtype: str                    # matmul inputs: "float32" (exact), "bfloat16" (f32 accumulation)
                                 # or "auto" (what the hardware runs fastest; parallel.numerics)
   attention_impl: str           # "einsum" (our products, tuned for XLA:CPU), "xla" or "cudnn"
-                                # (jax.nn.dot_product_attention), "auto": cudnn on GPUs where
-                                # its constraints hold (bf16, head_dim % 8 == 0 and <= 128),
-                                # xla on TPUs, else einsum. Attention maps, attention dropout
-                                # and cached decoding use einsum
+                                # (jax.nn.dot_product_attention); "auto": cudnn on GPUs (bf16,
+                                # head_dim % 8 == 0 and <= 128), xla on TPUs, else einsum.
+                                # Attention maps, attention dropout and decoding use einsum
   activation_dtype: str         # "float32" or "bfloat16": projection and LayerNorm outputs
                                 # between matmuls (with bf16 matmuls only; residual stream,
                                 # LayerNorm statistics, softmax and loss stay f32)
   loss_tile_tokens: int         # tokens per tile of the fused output layer + loss, per device
-                                # (0 = all of a device's tokens in one tile); on GPUs and TPUs
-                                # at least 8192 (ops.losses.tile_for)
+                                # (0: one tile); on accelerators >= 8192 (ops.losses.tile_for)
   remat: str                    # recompute activations in the backward pass: "none", "full"
                                 # (keep only layer inputs) or "dots" (keep matmul outputs)
   scan_layers: bool             # one nn.scan-ned layer per stack (fast compiles for deep

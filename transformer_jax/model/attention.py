@@ -22,6 +22,7 @@ from transformer_jax.model.embeddings import (
 from transformer_jax.ops.dropout import Dropout
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.matmul import attention_matmul
+from transformer_jax.ops.platform import traced_for
 
 
 def padding_mask(query_BT, key_BS):
@@ -40,14 +41,15 @@ def causal_mask(length: int):
 
 
 def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> str:
-  """config.model.attention_impl with "auto" resolved for `platform` (default: JAX's default
-  backend): cuDNN's fused attention on GPUs where its constraints hold (bf16 inputs, head_dim
-  a multiple of 8 up to 128); on TPUs jax.nn.dot_product_attention's XLA implementation (the
-  TPU compiler predicts wmt_base's step 6% faster with it than with the einsum products:
-  BENCHMARKS.md, issue 39); our einsum products elsewhere (tuned for XLA:CPU)."""
+  """config.model.attention_impl with "auto" resolved for `platform` (default: the one the
+  program is traced for, ops.platform): cuDNN's fused attention on GPUs where its
+  constraints hold (bf16 inputs, head_dim a multiple of 8 up to 128); on TPUs
+  jax.nn.dot_product_attention's XLA implementation (the TPU compiler predicts wmt_base's
+  step 6% faster with it than with the einsum products: BENCHMARKS.md, issue 39); our einsum
+  products elsewhere (tuned for XLA:CPU)."""
   if cfg.attention_impl != "auto":
     return cfg.attention_impl
-  platform = platform or jax.default_backend()
+  platform = platform or traced_for()
   if (platform == "gpu" and compute_dtype(cfg) == jnp.bfloat16
       and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128):
     return "cudnn"

@@ -27,19 +27,23 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax.ops.interleave import merge_interleaved, split_interleaved
+from transformer_jax.ops.platform import traced_for
 
 CHUNK_TOKENS = 256  # the default tile (config.model.loss_tile_tokens)
-# The smallest tile on accelerators. Each tile reads and writes the output matrix's f32
-# gradient accumulator: on a TPU v5p, wmt_base's 8192 tokens per chip in 256-token tiles moved
-# 7.7 GB more HBM traffic per step than one tile (transformer-jax-compile --hlo_dir), while
-# 8192 tokens' f32 logits (1 GiB at vocabulary 32000) fit any accelerator's memory. On CPU the
-# configured tile stays: a cache-sized one is fastest there (BENCHMARKS.md, issue 39).
+# The smallest tile on accelerators, up to LOGITS_BUDGET bytes of a tile's f32 logits. Each
+# tile reads and writes the output matrix's f32 gradient accumulator: on a TPU v5p, wmt_base's
+# 8192 tokens per chip in 256-token tiles moved several GB more memory traffic per step than
+# in one tile (BENCHMARKS.md, issue 39), while 8192 tokens' logits at vocabulary 32000 take
+# 1 GiB. On CPU the configured tile stays: a cache-sized one ran faster there.
 ACCELERATOR_TILE_TOKENS = 8192
+LOGITS_BUDGET = 2**30
 
 
-def tile_for(platform: str, tile: int) -> int:
+def tile_for(platform: str, tile: int, vocab_size: int) -> int:
   """The tile that `config.model.loss_tile_tokens` = `tile` means on `platform`."""
-  return tile if platform == "cpu" or tile == 0 else max(tile, ACCELERATOR_TILE_TOKENS)
+  if platform == "cpu" or tile == 0:
+    return tile
+  return max(tile, min(ACCELERATOR_TILE_TOKENS, LOGITS_BUDGET // (4 * vocab_size)))
 
 
 def smoothing_constants(V: int, label_smoothing: float):
@@ -107,9 +111,11 @@ def _contract_tokens(d_CV, h_CD):
 
 
 def _num_chunks(n: int, tile: int) -> int:
-  """Tiles of a loop over n tokens: of `tile` tokens (the largest divisor of n up to it, at
-  least 64), or one tile of all n when tile is 0 or no such divisor exists."""
-  chunk = math.gcd(n, tile) if tile else n
+  """Tiles of a loop over n tokens: one when tile is 0 or n <= tile; else tiles of gcd(n, tile)
+  tokens, or one tile of all n when that is under 64."""
+  if not tile or n <= tile:
+    return 1
+  chunk = math.gcd(n, tile)
   return n // chunk if chunk >= 64 else 1
 
 
@@ -165,8 +171,7 @@ def device_output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing: fl
   """`output_loss` computed on each device for its own tokens (the leading axis split over
   `batch_axes` of `mesh`, the table replicated), the sums added over devices after. Without a
   mesh, with one device per batch, or with other mesh axes in use, it is `output_loss`."""
-  platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-  tile = tile_for(platform, tile)
+  tile = tile_for(traced_for(), tile, table_VD.shape[0])
   axes = tuple(a for a in batch_axes if mesh is not None and mesh.shape[a] > 1)
   if not axes or any(mesh.shape[a] > 1 for a in mesh.axis_names if a not in batch_axes):
     return output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile)

@@ -16,6 +16,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.ops.platform import traced_for
+
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3, 4))
 def _einsum(spec, a, b, dtype, b_grad_input_first=False):
@@ -39,7 +41,7 @@ def _einsum_bwd(spec, dtype, b_grad_input_first, residuals, g):
   inputs, out = spec.split("->")
   lhs, rhs = inputs.split(",")
   da = jnp.einsum(f"{out},{rhs}->{lhs}", g_c, b_c, preferred_element_type=jnp.float32)
-  on_cpu = jax.default_backend() == "cpu"  # (the orders are XLA:CPU's; elsewhere: plain)
+  on_cpu = traced_for() == "cpu"  # (the orders are XLA:CPU's; elsewhere: plain)
   if dtype == jnp.float32 and on_cpu:
     db = _weight_grad(spec, a_c, g_c)
   elif b_grad_input_first or not on_cpu:

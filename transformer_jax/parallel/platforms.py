@@ -15,7 +15,11 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
-GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips are PCI devices of Google's vendor id
+GOOGLE_PCI_VENDOR = "0x1ae0"
+# The PCI device ids of TPU chips (v3, plc, v4, v5p, v5e, v6e, 7x), as JAX's hardware_utils
+# lists them: Google's vendor id alone also covers every Compute Engine VM's gVNIC and NVMe.
+TPU_PCI_DEVICES = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f",
+                             "0x0076"})
 
 
 def libtpu_installed() -> bool:
@@ -23,14 +27,16 @@ def libtpu_installed() -> bool:
 
 
 def tpu_chips_present(pci_devices: Path = Path("/sys/bus/pci/devices")) -> bool:
-  """Whether this machine has a TPU chip (a PCI device of Google's; as JAX's own check)."""
+  """Whether this machine has a TPU chip (a PCI device of Google's vendor and a TPU's device
+  id; JAX's own check)."""
   try:
-    vendors = [p / "vendor" for p in pci_devices.iterdir()]
+    devices = list(pci_devices.iterdir())
   except OSError:
     return False
-  for vendor in vendors:
+  for device in devices:
     try:
-      if vendor.read_text().strip() == GOOGLE_PCI_VENDOR:
+      if ((device / "vendor").read_text().strip() == GOOGLE_PCI_VENDOR
+          and (device / "device").read_text().strip() in TPU_PCI_DEVICES):
         return True
     except OSError:
       continue

@@ -74,6 +74,12 @@ def test_bfloat16_fused_loss_is_close_to_float32():
 
 
 def test_the_loss_tile_is_the_configured_one_on_cpu_and_at_least_8192_tokens_elsewhere():
-  assert [losses.tile_for("cpu", t) for t in (256, 0, 20000)] == [256, 0, 20000]
-  assert [losses.tile_for(p, 256) for p in ("tpu", "gpu", "cuda")] == [8192] * 3
-  assert (losses.tile_for("tpu", 0), losses.tile_for("tpu", 20000)) == (0, 20000)
+  V = 32000
+  assert [losses.tile_for("cpu", t, V) for t in (256, 0, 20000)] == [256, 0, 20000]
+  assert [losses.tile_for(p, 256, V) for p in ("tpu", "gpu")] == [8192] * 2
+  assert (losses.tile_for("tpu", 0, V), losses.tile_for("tpu", 20000, V)) == (0, 20000)
+  assert losses.tile_for("tpu", 256, 256000) == 1048  # (1 GiB of f32 logits at most)
+  # what the loop then runs: one tile up to the tile's size, whatever n's factors
+  assert [losses._num_chunks(n, losses.tile_for("tpu", 256, V)) for n in (768, 6144, 8192,
+                                                                           16384)] == [1, 1, 1, 2]
+  assert [losses._num_chunks(n, 256) for n in (128, 512, 8192)] == [1, 2, 32]

@@ -23,15 +23,18 @@ def test_the_tpu_is_left_out_only_where_libtpu_has_no_chip_and_nothing_else_deci
   environ = dict(environ)
   changed = platforms.leave_out_absent_tpu(environ, **facts)
   assert environ.get("JAX_PLATFORMS") == decided
-  assert changed == (decided == "cpu" and "JAX_PLATFORMS" not in dict(facts))
+  assert changed == (decided == "cpu")
 
 
-def test_tpu_chips_are_google_pci_devices(tmp_path):
-  (tmp_path / "0000:00:04.0").mkdir()
-  (tmp_path / "0000:00:04.0" / "vendor").write_text("0x1af4\n")
+def test_tpu_chips_are_google_pci_devices_with_a_tpus_device_id(tmp_path):
+  def device(slot, vendor, device_id):
+    (tmp_path / slot).mkdir()
+    (tmp_path / slot / "vendor").write_text(vendor + "\n")
+    (tmp_path / slot / "device").write_text(device_id + "\n")
+  device("0000:00:04.0", "0x1af4", "0x1000")   # virtio
+  device("0000:00:05.0", "0x1ae0", "0x0042")   # Google's gVNIC: a GCP CPU VM
   assert not platforms.tpu_chips_present(tmp_path)
-  (tmp_path / "0000:00:05.0").mkdir()
-  (tmp_path / "0000:00:05.0" / "vendor").write_text("0x1ae0\n")
+  device("0000:00:06.0", "0x1ae0", "0x0063")   # a TPU v5e chip
   assert platforms.tpu_chips_present(tmp_path)
   assert not platforms.tpu_chips_present(tmp_path / "missing")
 

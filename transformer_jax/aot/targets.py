@@ -104,11 +104,13 @@ def devices(t: Target) -> list:
     raise Error(f"--target {t.name} needs libtpu, the TPU compiler: pip install "
                 "'transformer_jax[tpu]'")
   # Without these libtpu looks for the TPU VM it runs on (metadata server, worker names) and
-  # prints its failures; the topology's own arguments describe the devices either way. (Not
-  # on a TPU VM: its own TPU backend, if this process starts it, needs the real values.)
-  if not tpu_chips_present():
-    for name, value in DESCRIBED_ELSEWHERE.items():
-      os.environ.setdefault(name, value)
+  # prints its failures; the topology's own arguments describe the devices either way. Set
+  # only while libtpu starts (it reads them once): TPU_WORKER_HOSTNAMES left behind would
+  # tell jax.distributed (distributed.py) that this process is on a TPU pod; and not on a
+  # TPU VM, whose own TPU backend needs the real values.
+  quieted = {} if tpu_chips_present() else {
+      k: v for k, v in DESCRIBED_ELSEWHERE.items() if k not in os.environ}
+  os.environ.update(quieted)
   try:
     return list(topologies.get_topology_desc(
         platform="tpu", topology_name=t.topology, chip_config_name=t.chip_config,
@@ -116,3 +118,6 @@ def devices(t: Target) -> list:
   except Exception as e:  # noqa: BLE001 (libtpu's errors: one line, not a traceback)
     raise Error(f"libtpu could not describe {t.name} ({t.topology}): "
                 f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+  finally:
+    for name in quieted:
+      os.environ.pop(name, None)

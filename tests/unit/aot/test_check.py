@@ -2,6 +2,8 @@
 each mesh strategy must show in the optimised HLO, a run too big for the chip refused in one
 line, and a user's mistakes as one line each."""
 
+import os
+
 import jax
 import pytest
 
@@ -105,6 +107,9 @@ def test_the_targets_devices_are_the_slices_chips():
     assert (len(devices), devices[0].device_kind, target.num_chips) == (chips, kind, chips)
   two = targets.target("v5e-4", num_slices=2)
   assert len({d.slice_index for d in targets.devices(two)}) == 2
+  # libtpu's quiet settings are gone after: TPU_WORKER_HOSTNAMES would make the next
+  # `train` in this process start jax.distributed as on a TPU pod
+  assert "TPU_WORKER_HOSTNAMES" not in os.environ and "TPU_HOST_BOUNDS" not in os.environ
 
 
 def test_auto_choices_are_made_as_on_a_tpu():

@@ -19,6 +19,7 @@ from ml_collections import config_flags
 from transformer_jax.aot import check, programs, report, targets
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.ops.platform import tracing_for
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel import platforms
 from transformer_jax.training import step as step_lib
@@ -74,7 +75,8 @@ def main(_):
   mesh = make_mesh(cfg, devices)
   chip = target.chip
   whole = programs.train_program(cfg, mesh).lower
-  gradients, update = _parts(cfg, mesh)
+  with tracing_for(devices[0].platform):  # the TPU's loss tiles and attention, as `whole`'s
+    gradients, update = _parts(cfg, mesh)
   seconds = {}
   with check.without_persistent_cache():
     for name, lowered in [("whole step", whole()), ("gradients", gradients),

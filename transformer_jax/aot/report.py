@@ -3,7 +3,8 @@ the chip's HBM, FLOPs and predicted time per step, MFU, and the collectives it r
 
 How the step time is predicted, named on every report line (`method`):
   "compiler"   the TPU compiler's own estimate of the program (`cost_analysis()`'s
-               "optimal_seconds"), where it gives one (> 0; on v5e it can be negative);
+               "optimal_seconds"), where it gives one (> 0; for train steps on v4, v5e and
+               v6e it does not);
   "roofline"   otherwise max(FLOPs / peak, bytes accessed / HBM bandwidth) of the compiler's
                counts: what a memory- or compute-bound program cannot beat;
   ", loop-free twin xK"  of the program's twin (programs.py), K runs of it: the compiler counts

@@ -49,3 +49,20 @@ def checked_kwargs(cls, values: dict, prefix: str, skip=()) -> dict:
                       "(the shipped configs/default.py sets every key)")
   return {key: _check_type(prefix + key, value, hints[key])
           for key, value in values.items() if key not in skip}
+
+
+def check_positive(section: str, obj, names):
+  for name in names:
+    if getattr(obj, name) <= 0:
+      raise ConfigError(f"config.{section}.{name}={getattr(obj, name)} must be positive")
+
+
+def check_rate(section: str, obj, names):
+  for name in names:
+    if not 0.0 <= getattr(obj, name) < 1.0:
+      raise ConfigError(f"config.{section}.{name}={getattr(obj, name)} must be in [0, 1)")
+
+
+def check_choice(where: str, value, choices):
+  if value not in choices:
+    raise ConfigError(f"{where}={value!r}: expected one of {', '.join(map(repr, choices))}")

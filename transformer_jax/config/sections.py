@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from transformer_jax.config.checks import check_choice, check_positive, check_rate
 from transformer_jax.config.corpora import (
   CleaningConfig,
   CorpusConfig,
   SubwordSamplingConfig,
   parse_nested,
 )
+from transformer_jax.config.population import PopulationConfig
 from transformer_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")     # the device mesh's axes, in mesh_shape's order
@@ -23,23 +25,6 @@ REMAT_CHOICES = ("none", "full", "dots")   # see ModelConfig.remat
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")  # see ModelConfig.attention_impl
 POSITIONAL_ENCODINGS = ("sinusoidal", "sinusoidal_concat", "learned", "rotary", "relative")
 DTYPES = ("float32", "bfloat16")  # what a run computes in ("auto" resolves to one of them)
-
-
-def _check_positive(section: str, obj, names):
-  for name in names:
-    if getattr(obj, name) <= 0:
-      raise ConfigError(f"config.{section}.{name}={getattr(obj, name)} must be positive")
-
-
-def _check_rate(section: str, obj, names):
-  for name in names:
-    if not 0.0 <= getattr(obj, name) < 1.0:
-      raise ConfigError(f"config.{section}.{name}={getattr(obj, name)} must be in [0, 1)")
-
-
-def _check_choice(where: str, value, choices):
-  if value not in choices:
-    raise ConfigError(f"{where}={value!r}: expected one of {', '.join(map(repr, choices))}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,29 +83,29 @@ class ModelConfig:
     if self.d_model % self.num_heads:
       raise ConfigError(f"config.model.d_model={self.d_model} is not divisible by "
                         f"config.model.num_heads={self.num_heads}")
-    _check_choice("config.model.positional_encoding", self.positional_encoding,
+    check_choice("config.model.positional_encoding", self.positional_encoding,
                   POSITIONAL_ENCODINGS)
     if self.positional_encoding == "rotary" and self.head_dim % 2:
       raise ConfigError(f"config.model.positional_encoding='rotary' needs an even head "
                         f"dimension; d_model / num_heads = {self.head_dim}")
-    _check_positive("model", self, ("relative_num_buckets", "relative_max_distance"))
-    _check_choice("config.model.norm", self.norm, ("layernorm", "rmsnorm"))
-    _check_choice("config.model.ffn_activation", self.ffn_activation,
+    check_positive("model", self, ("relative_num_buckets", "relative_max_distance"))
+    check_choice("config.model.norm", self.norm, ("layernorm", "rmsnorm"))
+    check_choice("config.model.ffn_activation", self.ffn_activation,
                   ("relu", "gelu", "silu", "swiglu", "geglu"))
     if not 0 < self.norm_epsilon < 1:
       raise ConfigError(f"config.model.norm_epsilon={self.norm_epsilon} must be in (0, 1)")
     if self.num_kv_heads < 0 or (self.num_kv_heads and self.num_heads % self.num_kv_heads):
       raise ConfigError(f"config.model.num_kv_heads={self.num_kv_heads} must divide "
                         f"config.model.num_heads={self.num_heads} (0 = num_heads)")
-    _check_choice("config.model.remat", self.remat, REMAT_CHOICES)
-    _check_choice("config.model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
-    _check_choice("config.model.activation_dtype", self.activation_dtype,
+    check_choice("config.model.remat", self.remat, REMAT_CHOICES)
+    check_choice("config.model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+    check_choice("config.model.activation_dtype", self.activation_dtype,
                   ("float32", "bfloat16"))
     if self.loss_tile_tokens < 0:
       raise ConfigError(f"config.model.loss_tile_tokens={self.loss_tile_tokens} must be >= 0")
-    _check_choice("config.model.dtype", self.dtype, ("auto", *DTYPES))
-    _check_positive("model", self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"))
-    _check_rate("model", self, ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"))
+    check_choice("config.model.dtype", self.dtype, ("auto", *DTYPES))
+    check_positive("model", self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"))
+    check_rate("model", self, ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"))
 
   @property
   def head_dim(self) -> int:
@@ -199,7 +184,7 @@ class DataConfig:
                         "names an eval_split: nothing to validate on")
     if self.corpora and not self.pretokenize:
       raise ConfigError("config.data.corpora (a mixture) needs config.data.pretokenize=True")
-    _check_positive("data", self, ("max_source_length", "max_target_length", "batch_size",
+    check_positive("data", self, ("max_source_length", "max_target_length", "batch_size",
                                    "num_threads"))
     if self.num_workers < 0:
       raise ConfigError(f"config.data.num_workers={self.num_workers} must be >= 0")
@@ -226,8 +211,8 @@ class OptimizerConfig:
                                 # when that ends first (warmup-stable-decay); 0 = no cooldown
 
   def __post_init__(self):
-    _check_positive("optimizer", self, ("learning_rate",))
-    _check_choice("config.optimizer.schedule", self.schedule,
+    check_positive("optimizer", self, ("learning_rate",))
+    check_choice("config.optimizer.schedule", self.schedule,
                   ("inverse_sqrt", "cosine", "linear", "constant"))
     if not 0.0 <= self.ema_decay < 1.0:
       raise ConfigError(f"config.optimizer.ema_decay={self.ema_decay} must be in [0, 1) "
@@ -274,7 +259,7 @@ class DecodeConfig:
                         f"{self.beam_size}]")
     if self.nbest > 1 and (self.greedy or self.sampling):
       raise ConfigError("config.decode.nbest > 1 needs beam search (greedy/sampling are off)")
-    _check_choice("config.decode.mbr", self.mbr, ("", "chrf", "bleu"))
+    check_choice("config.decode.mbr", self.mbr, ("", "chrf", "bleu"))
     if self.mbr and (self.greedy or not 2 <= self.mbr_candidates <= (
         10**6 if self.sampling else self.beam_size)):
       raise ConfigError(f"config.decode.mbr={self.mbr!r} needs 2 or more mbr_candidates (got "
@@ -348,7 +333,9 @@ class TrainConfig:
   decode: DecodeConfig
   parallelism: ParallelismConfig
   init_from: InitFromConfig
-  seed: int                     # parameters, dropout and data order
+  seed: int                     # parameters, dropout and (data_seed -1) the data
+  data_seed: int                # the training batches' order and the tokenizer's sample;
+                                # -1 = seed (a population's members share the run's)
   num_train_steps: int
   log_every_steps: int          # train metrics and the progress line
   eval_every_steps: int         # validation loss + BLEU (and at the last step)
@@ -365,6 +352,12 @@ class TrainConfig:
   time_budget_minutes: float    # wall clock of the training loop (steps, validation, saves),
                                 # summed over resumed runs, after which training ends as at its
                                 # last step (saved, validated, tested); 0 = no limit
+  population: PopulationConfig  # K members trained as one program (config.population)
+
+  @property
+  def batch_seed(self) -> int:
+    """The seed of the training data's order and of the tokenizer's sample."""
+    return self.seed if self.data_seed < 0 else self.data_seed
 
   def __post_init__(self):
     for name in ("num_train_steps", "log_every_steps", "eval_every_steps",
@@ -397,4 +390,4 @@ class TrainConfig:
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optimizer": OptimizerConfig,
             "decode": DecodeConfig, "parallelism": ParallelismConfig,
-            "init_from": InitFromConfig}
+            "init_from": InitFromConfig, "population": PopulationConfig}

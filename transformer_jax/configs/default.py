@@ -17,6 +17,7 @@ import ml_collections
 def get_config():
   config = ml_collections.ConfigDict()
   config.seed = 0                       # parameters, dropout and data order
+  config.data_seed = -1                 # the batches' order and tokenizer sample; -1 = seed
   config.num_train_steps = 1200         # optimizer steps (~10 epochs of Multi30k)
   config.log_every_steps = 50           # train metrics and the progress line
   config.eval_every_steps = 400         # validation loss + BLEU (and at the last step)
@@ -147,4 +148,11 @@ def get_config():
   config.parallelism.axis_rules = (
       ("embed", "fsdp"), ("vocab", "tensor"), ("heads", "tensor"), ("mlp", "tensor"),
       ("kv", None), ("layers", None))
+  # A population: K members trained as one program on the same batches, each with its own
+  # values of these keys (a tuple of K each; () = the run's value) or seeds=N (seed + i).
+  # Each member is written as a workdir of its own, <workdir>/members/<i>/ (README).
+  config.population = ml_collections.ConfigDict(dict(
+      seeds=0, seed=(), learning_rate=(), warmup_steps=(), b1=(), b2=(), eps=(),
+      weight_decay=(), grad_clip_norm=(), ema_decay=(), label_smoothing=(), dropout_rate=(),
+      attention_dropout_rate=(), ffn_dropout_rate=()))
   return config

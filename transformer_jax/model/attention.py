@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.config.population import is_static
 from transformer_jax.config.sections import ModelConfig
 from transformer_jax.model.embeddings import (
   Projection,
@@ -157,7 +158,8 @@ class MultiHeadAttention(nn.Module):
         bias_BHTS = self._relative_bias(query_positions_BT, key_positions_BS)
 
     dropout = None
-    if cfg.attention_dropout_rate > 0 and not deterministic:
+    rate = cfg.attention_dropout_rate  # (a population's is traced: taken as not 0)
+    if not deterministic and (not is_static(rate) or rate > 0):
       dropout = functools.partial(Dropout(cfg.attention_dropout_rate), deterministic=False)
     implementation = attention_implementation(cfg)
     if implementation == "einsum" or dropout is not None or decode:

@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from transformer_jax.config.population import is_static
 from transformer_jax.ops.interleave import merge_interleaved, split_interleaved
 from transformer_jax.ops.platform import traced_for
 
@@ -46,9 +47,15 @@ def tile_for(platform: str, tile: int, vocab_size: int) -> int:
   return max(tile, min(ACCELERATOR_TILE_TOKENS, LOGITS_BUDGET // (4 * vocab_size)))
 
 
-def smoothing_constants(V: int, label_smoothing: float):
+def smoothing_constants(V: int, label_smoothing):
   """(target probability, every other token's probability, the smoothed target's entropy);
-  the label-smoothed loss has that entropy, its minimum, subtracted."""
+  the label-smoothed loss has that entropy, its minimum, subtracted. Python floats computed
+  in float64 for a number; f32 arrays for a traced value (a population member's)."""
+  if not is_static(label_smoothing):
+    confidence = 1.0 - label_smoothing
+    low = label_smoothing / (V - 1)
+    entropy = -(confidence * jnp.log(confidence) + (V - 1) * low * jnp.log(low + 1e-20))
+    return confidence, low, jnp.where(label_smoothing > 0, entropy, 0.0)
   confidence = 1.0 - label_smoothing
   low = label_smoothing / (V - 1)
   entropy = -(confidence * np.log(confidence) + (V - 1) * low * np.log(low + 1e-20)) \
@@ -72,11 +79,11 @@ def cross_entropy(logits_BTV, targets_BT, weights_BT, label_smoothing: float):
   loss_BT = smooth_BT - entropy
   w = weights_BT.astype(jnp.float32)
   return jnp.sum(loss_BT * w), jnp.sum(nll_BT * w), jnp.sum(w)
-def _chunk_forward_backward(h_CD, table_VD, targets_C, weights_C, label_smoothing, dtype):
+def _chunk_forward_backward(h_CD, table_VD, targets_C, weights_C, smoothing, dtype):
   """Per-token (smoothed loss, NLL) of a chunk, and d(sum of weighted smoothed loss)/d logits
-  pushed through the output layer: (dh_CD, dtable_VD)."""
+  pushed through the output layer: (dh_CD, dtable_VD). `smoothing`: smoothing_constants'."""
   V = table_VD.shape[0]
-  confidence, low, entropy = smoothing_constants(V, label_smoothing)
+  confidence, low, entropy = smoothing
   logits_CV = jnp.einsum("cd,vd->cv", h_CD.astype(dtype), table_VD.astype(dtype),
                          preferred_element_type=jnp.float32)
   m_C = jnp.max(logits_CV, axis=-1)
@@ -119,12 +126,12 @@ def _num_chunks(n: int, tile: int) -> int:
   return n // chunk if chunk >= 64 else 1
 
 
-def _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile):
+def _forward_backward(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile):
   k = _num_chunks(h_ND.shape[0], tile)
 
   def body(dtable, xs):
     h, t, w = xs
-    loss, nll, dh, dtab = _chunk_forward_backward(h, table_VD, t, w, label_smoothing, dtype)
+    loss, nll, dh, dtab = _chunk_forward_backward(h, table_VD, t, w, smoothing, dtype)
     return dtable + dtab, (jnp.sum(loss * w), jnp.sum(nll * w), dh)
 
   dtable, (loss_sums, nll_sums, dh) = jax.lax.scan(
@@ -135,35 +142,40 @@ def _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dty
           (merge_interleaved(dh), dtable))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing: float, dtype,
+def output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype,
                 tile: int = CHUNK_TOKENS):
   """(sum of weighted label-smoothed losses, sum of weighted NLLs, sum of weights) of the
   softmax layer `softmax(h @ table.T)` against `targets`, in tiles of `tile` tokens. Only the
   first output is differentiable (through `h` and `table`); NLL and the count are reported as
-  they are."""
-  sums, _ = _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype,
-                              tile)
+  they are. `label_smoothing` may be traced (a population member's)."""
+  return _output_loss(h_ND, table_VD, targets_N, weights_N,
+                      smoothing_constants(table_VD.shape[0], label_smoothing), dtype, tile)
+
+
+# (the smoothing constants an argument, not a static one: a population's are traced)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _output_loss(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile):
+  sums, _ = _forward_backward(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile)
   return sums
 
 
-def _output_loss_fwd(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile):
-  sums, grads = _forward_backward(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype,
-                                  tile)
+def _output_loss_fwd(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile):
+  sums, grads = _forward_backward(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile)
   # (zero-size arrays carry the input dtypes: residuals must be arrays)
-  return sums, (grads, targets_N, weights_N, jnp.zeros((0,), h_ND.dtype),
+  return sums, (grads, targets_N, weights_N, smoothing, jnp.zeros((0,), h_ND.dtype),
                 jnp.zeros((0,), table_VD.dtype))
 
 
-def _output_loss_bwd(label_smoothing, dtype, tile, residuals, cotangents):
-  (dh_ND, dtable_VD), targets_N, weights_N, h_like, table_like = residuals
+def _output_loss_bwd(dtype, tile, residuals, cotangents):
+  (dh_ND, dtable_VD), targets_N, weights_N, smoothing, h_like, table_like = residuals
   g = cotangents[0]  # the loss sum's; the NLL sum and the count are not differentiated
   zeros_like_int = np.zeros(targets_N.shape, jax.dtypes.float0)
   return ((g * dh_ND).astype(h_like.dtype), (g * dtable_VD).astype(table_like.dtype),
-          zeros_like_int, jnp.zeros_like(weights_N))
+          zeros_like_int, jnp.zeros_like(weights_N),
+          jax.tree_util.tree_map(jnp.zeros_like, smoothing))
 
 
-output_loss.defvjp(_output_loss_fwd, _output_loss_bwd)
+_output_loss.defvjp(_output_loss_fwd, _output_loss_bwd)
 
 
 def device_output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing: float, dtype,
@@ -176,13 +188,16 @@ def device_output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing: fl
   if not axes or any(mesh.shape[a] > 1 for a in mesh.axis_names if a not in batch_axes):
     return output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile)
 
-  def local(h, table, targets, weights):
-    sums = output_loss(h, table, targets, weights, label_smoothing, dtype, tile)
+  smoothing = jnp.stack([jnp.asarray(c, jnp.float32) for c in smoothing_constants(
+      table_VD.shape[0], label_smoothing)])  # (an argument: a population's are traced)
+
+  def local(h, table, targets, weights, smoothing):
+    sums = _output_loss(h, table, targets, weights, tuple(smoothing), dtype, tile)
     return tuple(jax.lax.psum(x, axes) for x in sums)
 
   # (check_vma=False: the scan's carry is the device's own table gradient; shard_map's
   # transpose still adds the replicated table's cotangents over the devices, tested)
   tokens = P(batch_axes)
-  return jax.shard_map(local, mesh=mesh, in_specs=(tokens, P(), tokens, tokens),
+  return jax.shard_map(local, mesh=mesh, in_specs=(tokens, P(), tokens, tokens, P()),
                        out_specs=(P(), P(), P()), check_vma=False)(
-                           h_ND, table_VD, targets_N, weights_N)
+                           h_ND, table_VD, targets_N, weights_N, smoothing)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer_jax.config.population import is_static
 from transformer_jax.config.sections import OptimizerConfig
 
 
@@ -17,8 +18,9 @@ def learning_rate_schedule(cfg: OptimizerConfig, num_steps: int):
   config.optimizer.schedule: "inverse_sqrt" (∝ 1/sqrt(step), Vaswani et al. 2017),
   "cosine" or "linear" decay towards 0 at `num_steps` (the last update gets 1/(num_steps -
   warmup + 1) of the way, not 0), or "constant"."""
-  warmup = max(cfg.warmup_steps, 1)
-  decay_steps = max(num_steps - warmup + 1, 1)
+  at_least_1 = max if is_static(cfg.warmup_steps) else jnp.maximum  # (a member's is traced)
+  warmup = at_least_1(cfg.warmup_steps, 1)
+  decay_steps = at_least_1(num_steps - warmup + 1, 1)
 
   def schedule(step):
     t = jnp.asarray(step, jnp.float32) + 1.0  # the update's number, from 1
@@ -37,7 +39,7 @@ def make_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransf
     return jax.tree_util.tree_map(lambda p: p.ndim > 1, params)
 
   parts = []
-  if cfg.grad_clip_norm > 0:
+  if not is_static(cfg.grad_clip_norm) or cfg.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(cfg.grad_clip_norm))
   parts.append(optax.adamw(learning_rate_schedule(cfg, num_steps), b1=cfg.b1, b2=cfg.b2,
                            eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask))

@@ -226,7 +226,8 @@ def _model_and_data(cfg: TrainConfig, workdir: Path) -> Run:
   tok = (init_from.load_tokenizer(cfg, workdir) if starting_from_source
          else load_tokenizer(cfg, workdir))
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
-  pipeline = train_pipeline(cfg.data, tok, cfg.seed, jax.process_index(), jax.process_count())
+  pipeline = train_pipeline(cfg.data, tok, cfg.batch_seed, jax.process_index(),
+                            jax.process_count())
 
   def to_devices(host_batch):  # (in the prefetch thread: the next batch while a step runs)
     host_batch, stats = pipeline.split_stats(host_batch)

@@ -44,7 +44,8 @@ def ema_decay_at(decay: float, step):
 
 
 def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoothing: float,
-               num_micro_batches: int = 1, nonfinite_at_step: int = 0, mesh=None):
+               num_micro_batches: int = 1, nonfinite_at_step: int = 0, mesh=None, tx=None,
+               ema_decay=None):
   """One optimizer step; returns the new state and metric sums with their denominators.
 
   `lr_scale` multiplies the update (for AdamW: the learning rate, weight decay included): the
@@ -60,6 +61,8 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   (config.nonfinite_updates).
   `nonfinite_at_step` injects NaN gradients at that step (preemption.Faults, for tests).
   `mesh` (the one the step is jitted over) lets the output loss run per device.
+  `tx` and `ema_decay`, when given, stand for the state's own (a population member's,
+  built from its traced values: `training.population`).
   """
   dropout_rng = jax.random.fold_in(rng, state.step)
 
@@ -80,12 +83,12 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
         lambda g: jnp.where(step == nonfinite_at_step, jnp.nan, g), grads)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
-  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  updates, opt_state = (tx or state.tx).update(grads, state.opt_state, state.params)
   updates = jax.tree_util.tree_map(lambda u: u * lr_scale, updates)
   updated = state.replace(step=step, params=optax.apply_updates(state.params, updates),
                           opt_state=opt_state)
   if getattr(state, "ema_params", None) is not None:  # (the parameters' moving average)
-    d = ema_decay_at(state.ema_decay, step)
+    d = ema_decay_at(state.ema_decay if ema_decay is None else ema_decay, step)
     updated = updated.replace(ema_params=jax.tree_util.tree_map(
         lambda e, p: d * e + (1.0 - d) * p, state.ema_params, updated.params))
   new_state = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old),

@@ -26,6 +26,7 @@ import ml_collections
 
 from transformer_jax import atomic
 from transformer_jax.config.parse import from_config_dict
+from transformer_jax.config.population import MEMBER_KEYS
 from transformer_jax.config.sections import DecodeConfig, TrainConfig
 from transformer_jax.errors import (
   CheckpointError,
@@ -99,7 +100,9 @@ ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"):
               ("decode", "mbr"): "", ("decode", "mbr_candidates"): 4,
               ("init_from", "workdir"): "", ("init_from", "checkpoint"): "best",
               ("model", "norm_epsilon"): 1e-6, ("model", "scale_embeddings"): True,
-              ("model", "output_bias"): False}
+              ("model", "output_bias"): False, ("data_seed",): -1,
+              **{("population", key): 0 if key == "seeds" else () for key in (
+                  "seeds", *MEMBER_KEYS)}}
 
 
 def read_config(workdir: str | Path) -> dict:

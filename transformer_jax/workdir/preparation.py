@@ -25,7 +25,7 @@ def load_tokenizer(cfg: TrainConfig, workdir: Path) -> tokenizer.Tokenizer:
   with layout.naming_recorded_fingerprint(workdir):
     tok = tokenizer.load_or_train(path, lambda: training_sentences(cfg.data),
                                   cfg.model.vocab_size, cfg.data.tokenizer_max_sentences,
-                                  cfg.seed, cfg.data.tokenizer_max_chars,
+                                  cfg.batch_seed, cfg.data.tokenizer_max_chars,
                                   tuple(mixture.tags(cfg.data)))
   if tok.vocab_size > cfg.model.vocab_size:
     raise ConfigError(f"tokenizer {path} has {tok.vocab_size} pieces but "

@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 
 from transformer_jax.config.sections import TrainConfig
-from transformer_jax.training.run import open_run
+from transformer_jax.training.population_run import PopulationRun
+from transformer_jax.training.run import Run, open_run
 from transformer_jax.workdir import layout, lock
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
 def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | None
                         ) -> dict[str, float]:
   """The driver: each step's update, then what `run.schedule` says follows it."""
-  with open_run(cfg, workdir, config_dict) as run:
+  run_type = PopulationRun if cfg.population.size else Run
+  with open_run(cfg, workdir, config_dict, run_type) as run:
     step, stop, actions = run.start_step, run.begin(), None
     while not stop:
       step += 1

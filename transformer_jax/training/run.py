@@ -174,6 +174,30 @@ class Run:
     self.faults.after_save(step)
     self.t_last = time.time()
 
+  def test(self):
+    self.final.update(validation.test(
+        self.cfg, self.workdir, self.model, self.state.eval_params, self.tok, self.mesh,
+        self.writer, int(jax.device_get(self.state.step))))
+
+  # What a population (training.population_run) does its own way: its state, its step, its
+  # members' workdirs.
+  @staticmethod
+  def initial_state(cfg: TrainConfig, model, mesh):
+    """(the state before training, its shardings, the dropout key)."""
+    init, state_sharding = state_init(cfg, model, mesh)  # fails fast on an uneven split
+    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
+    state = initialise(init, state_sharding, init_rng)
+    log.info("Model: %s parameters; mesh %s", f"{count_params(state.params):,}",
+             dict(mesh.shape))
+    return state, state_sharding, dropout_rng
+
+  def compile_step(self):
+    return compile_step(self.cfg, self.model, self.mesh, self.state_sharding,
+                        self.faults.nonfinite_at)
+
+  def resume_members(self, config_dict: dict | None):
+    """After the run's own resume."""
+
   def finish(self, step: int, out_of_time: bool) -> dict[str, float]:
     """After the last step: the stop reported, and the test unless preempted."""
     self.progress.close()
@@ -191,21 +215,20 @@ class Run:
                   "resume", step, self.ckpt.directory)
       self.final["preempted_at_step"] = step
     else:  # (the test sets: config.data.test_split and each corpus's; none when none is named)
-      self.final.update(validation.test(
-          self.cfg, self.workdir, self.model, self.state.eval_params, self.tok, self.mesh,
-          self.writer, int(jax.device_get(self.state.step))))
+      self.test()
     plots.plot_metrics(self.workdir)
     self.writer.close()
     return self.final
 
 
 @contextlib.contextmanager
-def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None):
-  """The run of `cfg` in `workdir`, set up and resumed from its latest checkpoint; on leaving,
-  a save in flight completes (also on an error) before the process ends."""
+def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None, run_type=Run):
+  """The run of `cfg` in `workdir` (a `run_type`), set up and resumed from its latest
+  checkpoint; on leaving, a save in flight completes (also on an error) before the process
+  ends."""
   cfg, config_dict = resolution.resolve_dtype(cfg, config_dict, workdir)
   cfg, config_dict = resolution.keep_data_order(cfg, config_dict, workdir)
-  run = _model_and_data(cfg, workdir)
+  run = _model_and_data(cfg, workdir, run_type)
   try:
     _resume(run, config_dict)
     yield run
@@ -214,18 +237,17 @@ def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None):
     run.best_ckpt.close()
 
 
-def _model_and_data(cfg: TrainConfig, workdir: Path) -> Run:
+def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> Run:
   """The model, its mesh and initial state, the tokenizer, the training batches on their way
   to the devices, and the checkpointers."""
   mesh = resolution.make_mesh(cfg)
   model = Transformer(cfg.model)
-  init, state_sharding = state_init(cfg, model, mesh)  # fails fast on an uneven split
+  state, state_sharding, dropout_rng = run_type.initial_state(cfg, model, mesh)
   # (fine-tuning's first start: the tokenizer of the run it starts from; once the run has a
   # checkpoint it resumes from its own, with its own copy, and the source may be gone)
   starting_from_source = cfg.init_from.workdir and not layout.has_checkpoints(workdir)
   tok = (init_from.load_tokenizer(cfg, workdir) if starting_from_source
          else load_tokenizer(cfg, workdir))
-  init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
   pipeline = train_pipeline(cfg.data, tok, cfg.batch_seed, jax.process_index(),
                             jax.process_count())
 
@@ -235,13 +257,10 @@ def _model_and_data(cfg: TrainConfig, workdir: Path) -> Run:
     return mesh_lib.global_batch(host_batch, mesh), real, stats
 
   train_iter = DevicePrefetch(iter(pipeline.dataset), to_devices)
-  state = initialise(init, state_sharding, init_rng)
-  log.info("Model: %s parameters; mesh %s", f"{count_params(state.params):,}",
-           dict(mesh.shape))
   if cfg.optimizer.ema_decay:
     log.info("Moving average of the parameters (decay %g): validation, the best checkpoint "
              "and the test use it", cfg.optimizer.ema_decay)
-  return Run(cfg, workdir, Schedule.of(cfg), model, mesh, tok, pipeline, train_iter, state,
+  return run_type(cfg, workdir, Schedule.of(cfg), model, mesh, tok, pipeline, train_iter, state,
              Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep),
              Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu"),
              state_sharding, dropout_rng=dropout_rng)
@@ -261,8 +280,7 @@ def _resume(run: Run, config_dict: dict | None):
     layout.save_config(config_dict, workdir)
   run.faults = Faults.from_env()
   run.preemption = Preemption(run.ckpt.manager)
-  run.step_fn = compile_step(cfg, run.model, run.mesh, run.state_sharding,
-                             run.faults.nonfinite_at)
+  run.step_fn = run.compile_step()
   run.lr_fn = learning_rate_schedule(cfg.optimizer, cfg.num_train_steps)
   run.evaluators = validation.evaluators(cfg, run.model, run.tok, run.mesh,
                                          run.between_validation_batches)
@@ -285,6 +303,7 @@ def _resume(run: Run, config_dict: dict | None):
   # (the saved best's own BLEU, not the log's: a kill may have logged a validation whose
   # best checkpoint it never wrote)
   run.best_bleu = run.best_ckpt.best_value()
+  run.resume_members(config_dict)
 
 
 def _carry_counts(pipeline, history: list[dict]):

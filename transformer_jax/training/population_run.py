@@ -1,0 +1,272 @@
+"""A population's run (`config.population`): the loop of a single run (`run.Run`) over the
+stacked state of `training.population`, with each member's own metrics, validation, best
+checkpoint, early stopping and test, each written as an ordinary workdir of its own,
+`<workdir>/members/<i>/`, that every tool takes (evaluate, translate, average, export,
+init_from). The population's own workdir holds the stacked checkpoints (what a resume
+restores) and the population's metrics: means and spreads over its members."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from transformer_jax.config.population import MEMBER_KEYS
+from transformer_jax.config.sections import TrainConfig
+from transformer_jax.errors import ConfigError, NonFiniteError
+from transformer_jax.evaluation.evaluator import ValidationCancelled
+from transformer_jax.reporting import plots
+from transformer_jax.reporting.metrics import METRICS_FILE, MetricWriter, truncate_metrics
+from transformer_jax.training import population, schedule, validation
+from transformer_jax.training.optimizer import learning_rate_schedule
+from transformer_jax.training.run import Run
+from transformer_jax.training.schedule import Outcome
+from transformer_jax.training.state import count_params
+from transformer_jax.training.train_metrics import train_metrics
+from transformer_jax.workdir import layout
+from transformer_jax.workdir.checkpoints import Checkpointer
+
+log = logging.getLogger(__name__)
+
+MEMBERS = "members"  # <workdir>/members/<i>/: member i's workdir
+
+
+def member_dir(workdir: str | Path, i: int) -> Path:
+  return Path(workdir) / MEMBERS / str(i)
+
+
+@dataclasses.dataclass
+class Member:
+  """One member's config, workdir and what it has reached."""
+  index: int
+  cfg: TrainConfig
+  workdir: Path
+  writer: MetricWriter = None
+  ckpt: Checkpointer = None
+  best_ckpt: Checkpointer = None
+  stopper: schedule.EarlyStopping = None
+  best_bleu: float = float("-inf")
+  skipped: int = 0
+  final: dict = dataclasses.field(default_factory=dict)
+
+
+class PopulationRun(Run):
+  """`Run` for a population: `state` is a `population.PopulationState`, the dropout key (K, 2)."""
+  pop: population.Population = None
+  members: list = None  # Member
+  member_lr: list = None  # each member's learning-rate schedule
+
+  @staticmethod
+  def initial_state(cfg: TrainConfig, model, mesh):
+    if cfg.init_from.workdir:
+      raise ConfigError("config.population with config.init_from: fine-tune each member's "
+                        "start as a run of its own (not supported in one population yet)")
+    pop = population.Population.of(cfg)
+    init, sharding = population.population_init(pop, mesh)
+    init_keys, dropout_keys = population.member_rngs(pop)
+    state = init(init_keys)
+    log.info("Population of %d members (%s), each %s parameters; mesh %s", pop.size,
+             ", ".join(population.varying_keys(cfg)) or "one config",
+             f"{count_params(population.member_state(state, 0).params):,}",
+             dict(mesh.shape))
+    return state, sharding, dropout_keys
+
+  def compile_step(self):
+    self.pop = population.Population.of(self.cfg)
+    self.member_lr = [learning_rate_schedule(m.optimizer, m.num_train_steps)
+                      for m in self.pop.members]
+    return population.compile_population_step(self.pop, self.mesh, self.state_sharding,
+                                              self.faults.nonfinite_at)
+
+  def resume_members(self, config_dict: dict | None):
+    """Each member's workdir set up (config, tokenizer) or resumed at the population's step:
+    its metrics after that step dropped, its checkpoint at that step written if missing."""
+    config_dict = config_dict or layout.read_config(self.workdir)
+    self.members = []
+    for i, cfg in enumerate(self.pop.members):
+      m = Member(i, cfg, member_dir(self.workdir, i))
+      m.workdir.mkdir(parents=True, exist_ok=True)
+      layout.save_config(member_config_dict(config_dict, cfg), m.workdir)
+      _give_tokenizer(self, m)
+      history = truncate_metrics(m.workdir / METRICS_FILE, self.start_step)
+      m.writer = MetricWriter(m.workdir, resumed_at=self.start_step)
+      m.ckpt = Checkpointer(m.workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep)
+      m.best_ckpt = Checkpointer(m.workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu")
+      m.stopper = schedule.EarlyStopping(cfg.early_stopping_patience,
+                                         schedule.bleu_history(history))
+      m.best_bleu = m.best_ckpt.best_value()
+      m.skipped = int(schedule.last_logged(history, "train/skipped_steps", 0.0))
+      self.members.append(m)
+    if self.start_step:
+      self._save_members()
+
+  def _active(self) -> np.ndarray:
+    return np.asarray(jax.device_get(self.state.active))
+
+  def log_train(self, step: int, actions):
+    """Each member's train metrics into its workdir; the population's means into its own."""
+    acc = jax.device_get(self.acc)
+    elapsed = time.time() - self.t_last
+    lr = float(self.lr_fn(step - 1)) * self.lr_scale
+    active = self._active()
+    losses = []
+    for m in self.members:
+      mine = {k: v[m.index] for k, v in acc.items()}
+      if not mine["steps"]:
+        continue  # (stopped before these steps)
+      if self.cfg.nonfinite_updates == "skip":
+        m.skipped += int(mine["nonfinite_steps"])
+      logged = train_metrics(mine, elapsed, self.real_tokens,
+                             float(self.member_lr[m.index](step - 1)) * self.lr_scale,
+                             m.skipped, self.pipeline)
+      m.writer.write(step, logged)
+      losses.append(logged["train/loss"])
+      if mine["nonfinite_steps"] and not active[m.index]:
+        log.warning("member %d: non-finite loss or gradient at step %d: stopped there "
+                    "(config.nonfinite_updates='stop'); the others go on", m.index,
+                    int(mine["first_nonfinite_step"]))
+    logged = train_metrics({k: np.sum(v) for k, v in acc.items()}, elapsed, self.real_tokens,
+                           lr, sum(m.skipped for m in self.members), self.pipeline)
+    logged.update({"train/loss": float(np.mean(losses)) if losses else float("nan"),
+                   "train/loss_min": float(np.min(losses)) if losses else float("nan"),
+                   "population/active_members": float(active.sum()),
+                   "perf/member_steps_per_sec": float(np.sum(acc["steps"])) / elapsed,
+                   "time/train_minutes": self.budget.minutes(step),
+                   "train/lr_scale": self.lr_scale})
+    del logged["train/grad_norm"], logged["perf/steps_per_sec"]
+    if actions.out_of_time:
+      logged["train/time_budget_stop"] = 1.0
+    self.writer.write(step, logged)
+    self.progress.update(step, logged)
+    self.acc, self.real_tokens, self.t_last = None, 0, time.time()
+    if not active.any():
+      self.ckpt.wait()
+      raise NonFiniteError(
+          f"every member of the population stopped on a non-finite loss or gradient by step "
+          f"{step}; the checkpoints in {self.ckpt.directory} and the members' are intact. "
+          "Lower the learning rates, or set config.nonfinite_updates='skip'")
+
+  def validate(self, step: int) -> Outcome:
+    """Each member still training validated, its best checkpoint and early stopping."""
+    self.clock.done(0)
+    self.validating = step
+    self.faults.before_validation(step)
+    active = self._active()
+    bleus = {}
+    try:
+      for m in self.members:
+        if not active[m.index]:
+          continue
+        params = population.member_state(self.state, m.index).eval_params
+        bleus[m.index] = bleu = validation.validate(
+            self.evaluators, params, step, m.writer, self.cfg.decode.num_samples_to_log
+            if m.index == 0 else 0, m.final)
+        plots.plot_metrics(m.workdir)
+        if bleu > m.best_bleu:
+          m.best_ckpt.save(step, population.member_state(self.state, m.index),
+                           metrics={"bleu": bleu})
+          m.best_bleu = bleu
+        if m.stopper.update(bleu):
+          log.info("member %d: early stopping at step %d (BLEU %.2f not improved on for %d "
+                   "evaluations)", m.index, step, m.stopper.best, m.stopper.patience)
+          active[m.index] = False
+    except ValidationCancelled:
+      log.warning("SIGTERM during the validation of step %d: validation stopped (the resumed "
+                  "run does it first)", step)
+      self.writer.write(step, {schedule.VALIDATION_CANCELLED: 1.0})
+      self.preempted = True
+      return Outcome.CANCELLED
+    finally:
+      self.t_last = time.time()
+    values = np.asarray(list(bleus.values()))
+    self.writer.write(step, {"eval/bleu": float(values.mean()),
+                             "eval/bleu_std": float(values.std(ddof=1)) if len(values) > 1
+                             else 0.0, "eval/bleu_max": float(values.max())})
+    plots.plot_metrics(self.workdir)
+    self.state = self.state.replace(active=jax.device_put(active, self.state.active.sharding))
+    return Outcome.GO_ON if active.any() else Outcome.STOP_EARLY
+
+  def save(self, step: int):
+    super().save(step)
+    self._save_members()
+
+  def _save_members(self):
+    """Each member's checkpoint at its own step (the population's, or where it stopped),
+    unless written already."""
+    steps = np.asarray(jax.device_get(self.state.members.step))
+    for m in self.members:
+      if m.ckpt.latest_step() != int(steps[m.index]):
+        m.ckpt.save(int(steps[m.index]), population.member_state(self.state, m.index))
+
+  def test(self):
+    """Each member's test, in its workdir; the population's: each metric's mean and spread."""
+    steps = np.asarray(jax.device_get(self.state.members.step))
+    for m in self.members:
+      m.final.update(validation.test(
+          m.cfg, m.workdir, self.model, population.member_state(self.state, m.index)
+          .eval_params, self.tok, self.mesh, m.writer, int(steps[m.index])))
+    self.final.update(spread({m.index: m.final for m in self.members}))
+    tested = {k: v for k, v in self.final.items() if k.startswith("test/")}
+    if tested:
+      self.writer.write(int(steps.max()), tested)
+
+  def finish(self, step: int, out_of_time: bool) -> dict[str, float]:
+    final = super().finish(step, out_of_time)
+    for m in self.members:
+      m.ckpt.close()
+      m.best_ckpt.close()
+      plots.plot_metrics(m.workdir)
+      m.writer.close()
+    return final
+
+
+def spread(finals: dict[int, dict]) -> dict[str, float]:
+  """For each metric every member reports: its mean over the members, `_std` (sample
+  standard deviation) and `_min`/`_max`; and each member's value as `members/<i>/<key>`."""
+  out = {}
+  keys = set.intersection(*(set(f) for f in finals.values())) if finals else set()
+  for key in sorted(keys):
+    values = np.asarray([finals[i][key] for i in sorted(finals)], np.float64)
+    out[key] = float(values.mean())
+    out[f"{key}_std"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    out[f"{key}_min"], out[f"{key}_max"] = float(values.min()), float(values.max())
+  for i, final in finals.items():
+    out.update({f"members/{i}/{k}": v for k, v in final.items()})
+  return out
+
+
+def member_config_dict(config_dict: dict, cfg: TrainConfig) -> dict:
+  """The population's config as member `cfg`'s own: its values, the population's data
+  order, no population (what `population.member_configs` made, as the config file says it)."""
+  out = copy.deepcopy(dict(config_dict))
+  for path in MEMBER_KEYS.values():
+    *sections, key = path.split(".")
+    node = out
+    for section in sections:
+      node = node[section]
+    node[key] = _get(cfg, path)
+  out["data_seed"] = cfg.data_seed
+  out["population"] = {key: 0 if key == "seeds" else [] for key in out["population"]}
+  return out
+
+
+def _get(cfg, path: str):
+  for part in path.split("."):
+    cfg = getattr(cfg, part)
+  return cfg
+
+
+def _give_tokenizer(run: PopulationRun, m: Member):
+  """The member's workdir gets the population's tokenizer (a copy where the config keeps it
+  in the workdir) and its record."""
+  if not m.cfg.data.tokenizer_path and jax.process_index() == 0:
+    target = m.workdir / layout.TOKENIZER
+    if not target.is_file():
+      shutil.copyfile(layout.tokenizer_path(run.cfg, run.workdir), target)
+  layout.record_tokenizer(m.workdir, run.tok)

@@ -6,6 +6,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.aot import flops
 
@@ -32,3 +33,19 @@ def peak_memory_gb() -> float:
   if "peak_bytes_in_use" in stats:  # accelerators
     return stats["peak_bytes_in_use"] / 2 ** 30
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # host RSS (KiB -> GiB)
+
+
+def packed_batch(rows, length, vocab, rng):
+  ids = rng.integers(3, vocab, (rows, length)).astype(np.int32)
+  seg = np.zeros((rows, length), np.int32)
+  pos = np.zeros((rows, length), np.int32)
+  fill = int(0.85 * length)
+  for r in range(rows):
+    t, s = 0, 1
+    while t < fill:
+      n = min(int(rng.integers(8, 26)), fill - t)
+      seg[r, t:t + n], pos[r, t:t + n] = s, np.arange(n)
+      t, s = t + n, s + 1
+  ids = ids * (seg > 0)
+  return {"inputs": ids, "targets": ids.copy(), "inputs_positions": pos,
+          "targets_positions": pos, "inputs_segment_ids": seg, "targets_segment_ids": seg}

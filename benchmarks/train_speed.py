@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from measure import matmul_peak, model_flops_per_step, peak_memory_gb
+from measure import matmul_peak, model_flops_per_step, packed_batch, peak_memory_gb
 from ml_collections import config_flags
 
 from transformer_jax.config.parse import from_config_dict
@@ -50,22 +50,6 @@ flags.DEFINE_integer("rounds", 1, "Alternating rounds (ours, peer) per measureme
 PEER = ROOT.parent / "shared" / "peers" / "torch_peer.py"
 SHAPES = {"small": dict(d_model=256, layers=3, heads=4, ffn=1024, vocab=8000, batch=64, len=32),
           "base": dict(d_model=512, layers=6, heads=8, ffn=2048, vocab=32000, batch=32, len=64)}
-
-
-def packed_batch(rows, length, vocab, rng):
-  ids = rng.integers(3, vocab, (rows, length)).astype(np.int32)
-  seg = np.zeros((rows, length), np.int32)
-  pos = np.zeros((rows, length), np.int32)
-  fill = int(0.85 * length)
-  for r in range(rows):
-    t, s = 0, 1
-    while t < fill:
-      n = min(int(rng.integers(8, 26)), fill - t)
-      seg[r, t:t + n], pos[r, t:t + n] = s, np.arange(n)
-      t, s = t + n, s + 1
-  ids = ids * (seg > 0)
-  return {"inputs": ids, "targets": ids.copy(), "inputs_positions": pos,
-          "targets_positions": pos, "inputs_segment_ids": seg, "targets_segment_ids": seg}
 
 
 def full_batch(rows, length, vocab, rng):

@@ -34,13 +34,6 @@ from transformer_jax.workdir.checkpoints import Checkpointer
 
 log = logging.getLogger(__name__)
 
-MEMBERS = "members"  # <workdir>/members/<i>/: member i's workdir
-
-
-def member_dir(workdir: str | Path, i: int) -> Path:
-  return Path(workdir) / MEMBERS / str(i)
-
-
 @dataclasses.dataclass
 class Member:
   """One member's config, workdir and what it has reached."""
@@ -90,7 +83,7 @@ class PopulationRun(Run):
     config_dict = config_dict or layout.read_config(self.workdir)
     self.members = []
     for i, cfg in enumerate(self.pop.members):
-      m = Member(i, cfg, member_dir(self.workdir, i))
+      m = Member(i, cfg, layout.member_dir(self.workdir, i))
       m.workdir.mkdir(parents=True, exist_ok=True)
       layout.save_config(member_config_dict(config_dict, cfg), m.workdir)
       _give_tokenizer(self, m)

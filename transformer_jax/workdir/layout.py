@@ -41,6 +41,7 @@ TOKENIZER_RECORD = "tokenizer.json"
 CHECKPOINTS = "checkpoints"
 BEST_CHECKPOINTS = "checkpoints_best"
 RESULTS = "results.json"
+MEMBERS = "members"  # a population's: members/<i>/, each member's workdir
 
 
 def check_writable(folder: str | Path):
@@ -74,6 +75,17 @@ def tokenizer_path(cfg: TrainConfig, workdir: str | Path) -> Path:
 def eval_dir(workdir: str | Path, name: str) -> Path:
   """Where the translations and results of evaluation set `name` go."""
   return Path(workdir) / "eval" / name
+
+
+def member_dir(workdir: str | Path, i: int) -> Path:
+  return Path(workdir) / MEMBERS / str(i)
+
+
+def members(workdir: str | Path) -> list[Path]:
+  """A population's member workdirs, in order; [] for a run that is not one."""
+  folder = Path(workdir) / MEMBERS
+  return sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)) \
+      if folder.is_dir() else []
 
 
 def has_checkpoints(workdir: str | Path) -> bool:

@@ -1,0 +1,81 @@
+"""The systems `compare` tests: their translations of a test set, read from a hypothesis file,
+from a run's workdir (what `evaluate` or training's test wrote in eval/<set>/), or from each
+member of a population (<workdir>/members/<i>/eval/<set>/); and the set's references."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from transformer_jax.data.eval_sets import load_eval_set
+from transformer_jax.errors import Error
+from transformer_jax.workdir import layout
+from transformer_jax.workdir.preparation import load_tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+  """A system's name and its members' translations (one list for a single run)."""
+  name: str
+  members: list[list[str]]
+  workdirs: list[Path]  # the runs the translations come from ([] for files)
+
+
+def read_lines(path: Path) -> list[str]:
+  return path.read_text(encoding="utf-8").split("\n")[:-1] if path.stat().st_size else []
+
+
+def system(spec: str, set_name: str, label: str) -> System:
+  """The system `spec` names: a hypothesis file, several joined by commas (a population by
+  hand), a run's workdir or a population's."""
+  files = [Path(p) for p in spec.split(",")]
+  if all(f.is_file() for f in files):
+    return System(spec, [read_lines(f) for f in files], [])
+  path = Path(spec)
+  if not path.is_dir():
+    raise Error(f"{spec}: neither a hypothesis file nor a workdir")
+  members = layout.members(path) or [path]
+  return System(spec, [read_lines(_hypotheses(m, set_name, label)) for m in members], members)
+
+
+def _hypotheses(workdir: Path, set_name: str, label: str) -> Path:
+  """The .hyp file of `label` (default: the last one evaluated) in the workdir's eval/<set>/
+  (default: its only set)."""
+  eval_root = workdir / "eval"
+  sets = sorted(p.name for p in eval_root.iterdir() if p.is_dir()) if eval_root.is_dir() else []
+  if not sets:
+    raise Error(f"{workdir} has no translations in eval/: run transformer-jax-evaluate "
+                f"--workdir={workdir} first")
+  if not set_name:
+    if len(sets) > 1:
+      raise Error(f"{workdir}/eval has several sets ({', '.join(sets)}): name one with --set")
+    set_name = sets[0]
+  folder = eval_root / set_name
+  if not folder.is_dir():
+    raise Error(f"{workdir}/eval has no set {set_name!r} (it has {', '.join(sets)})")
+  if not label:
+    records = layout.read_results(folder)
+    if not records:
+      raise Error(f"{folder} has no results.json: name the translations with --label")
+    label = records[-1]["label"]
+  path = folder / f"{label}.hyp"
+  if not path.is_file():
+    labels = sorted(p.stem for p in folder.glob("*.hyp"))
+    raise Error(f"{folder} has no translations {label!r} (it has {', '.join(labels)})")
+  return path
+
+
+def references(reference_file: str, systems: list[System], set_name: str) -> list[str]:
+  """The references: `reference_file`, else set `set_name` of the first run's data."""
+  if reference_file:
+    return read_lines(Path(reference_file))
+  runs = [w for s in systems for w in s.workdirs]
+  if not runs:
+    raise Error("--reference is needed to compare hypothesis files")
+  cfg = layout.load_config(runs[0])
+  name = set_name or _only_set(runs[0])
+  return load_eval_set(cfg.data, name, load_tokenizer(cfg, runs[0])).references
+
+
+def _only_set(workdir: Path) -> str:
+  return sorted(p.name for p in (workdir / "eval").iterdir() if p.is_dir())[0]

@@ -407,3 +407,27 @@ def test_a_fine_tuning_run_killed_and_rerun_ends_bitwise_equal_to_one_run_alone(
   assert not np.array_equal(functools.reduce(dict.get, kernel, _state(alone)),
                             source_kernel)  # (trained)
   assert (killed / "spm.model").read_bytes() == source_tokenizer
+
+
+def test_a_population_killed_and_rerun_ends_bit_for_bit_as_one_never_killed(train, tmp_path):
+  """Two members (seeds, learning rates, moving-average decays) in one program: the stacked
+  state, each member's checkpoint and each member's logged losses as an uninterrupted run's."""
+  population = ["--config.population.seed=(0,1)", "--config.population.learning_rate=(3e-3,1e-3)",
+                "--config.population.ema_decay=(0.9,0.8)"]
+  ref, run = tmp_path / "ref", tmp_path / "run"
+  r = train(ref, *population)
+  assert "Population of 2 members (seed, learning_rate, ema_decay)" in r.stderr
+  assert train(run, *population, fault="sigkill@6", check=False).returncode == -signal.SIGKILL
+  assert all(_steps(run / "members" / str(i)) in ([], [4]) for i in range(2))
+  train(run, *population)
+  _assert_bitwise_equal(_state(run), _state(ref))
+  for i in range(2):
+    member, member_ref = run / "members" / str(i), ref / "members" / str(i)
+    assert _steps(member) == _steps(member_ref) == [4, 8, 12]
+    _assert_bitwise_equal(_state(member), _state(member_ref))
+    losses = [(r["step"], r["train/loss"]) for r in helpers.read_metrics(member)
+              if "train/loss" in r]
+    assert losses == [(r["step"], r["train/loss"]) for r in helpers.read_metrics(member_ref)
+                      if "train/loss" in r]
+    assert [s for s, _ in losses] == [2, 4, 6, 8, 10, 12]  # (steps 5-6 logged once)
+  assert _state(ref / "members" / "1")["step"] == 12

@@ -18,7 +18,7 @@ import json
 from absl import flags
 
 from transformer_jax.cli import runner
-from transformer_jax.evaluation import significance
+from transformer_jax.evaluation import significance  # (its defaults)
 from transformer_jax.inference import compared
 
 
@@ -45,45 +45,11 @@ def compare(args: runner.Args):
   baseline = compared.system(args.baseline, args.set, args.label)
   systems = [compared.system(s, args.set, args.label) for s in args.system]
   refs = compared.references(args.reference, [baseline, *systems], args.set)
-  test = (significance.paired_bootstrap if args.test == "bs"
-          else significance.paired_randomization)
-  samples = args.samples or significance.DEFAULT_SAMPLES[args.test]
-  rows, report = [], {"test": args.test, "samples": samples, "seed": args.seed, "systems": []}
-  for i, system in enumerate(systems):
-    results = test(baseline.members, system.members, refs, samples, args.seed)
-    if i == 0:
-      rows.append(_row(f"baseline: {baseline.name}", {m: r[0] for m, r in results.items()}))
-      report["systems"].append(_record(baseline, {m: r[0] for m, r in results.items()}))
-    rows.append(_row(system.name, {m: r[1] for m, r in results.items()}))
-    report["systems"].append(_record(system, {m: r[1] for m, r in results.items()}))
-  print(f"{'paired bootstrap resampling' if args.test == 'bs' else 'approximate randomization'}"
-        f", {samples} {'resamples' if args.test == 'bs' else 'trials'}, seed {args.seed}, "
-        f"{len(refs)} sentences; * p < 0.05")
-  print("\n".join(rows))
+  lines, report = compared.tested(baseline, systems, refs, args.test, args.samples, args.seed)
+  print("\n".join(lines))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(report, f, indent=2)
-
-
-def _row(name: str, results: dict) -> str:
-  cells = []
-  for metric, r in results.items():
-    cell = f"{metric} {r.score:.2f}"
-    if r.mean is not None:
-      cell += f" ({r.mean:.2f} ± {r.ci:.2f})"
-    if len(r.members) > 1:
-      cell += f" [{len(r.members)} members: {r.member_mean:.2f} ± {r.member_std:.2f}]"
-    if r.p_value is not None:
-      cell += f" p = {r.p_value:.4f}{'*' if r.p_value < 0.05 else ''}"
-    cells.append(cell)
-  return f"{name}: " + " | ".join(cells)
-
-
-def _record(system, results: dict) -> dict:
-  return {"name": system.name, "members": len(system.members), **{
-      metric: {"score": r.score, "mean": r.mean, "ci": r.ci, "p_value": r.p_value,
-               "member_scores": list(r.members), "member_mean": r.member_mean,
-               "member_std": r.member_std} for metric, r in results.items()}}
 
 
 def main(argv=None):

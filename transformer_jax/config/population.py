@@ -49,10 +49,16 @@ class PopulationConfig:
   dropout_rate: tuple           # config.model.dropout_rate, attention_ and ffn_dropout_rate
   attention_dropout_rate: tuple
   ffn_dropout_rate: tuple
+  program: str                  # how the members' steps make one program: "vmapped" (the
+                                # member axis a batch axis), "unrolled" (K copies side by
+                                # side), "auto" (unrolled on CPU, vmapped on GPUs and TPUs)
 
   def __post_init__(self):
     for key in MEMBER_KEYS:
       object.__setattr__(self, key, tuple(getattr(self, key)))
+    if self.program not in ("auto", "vmapped", "unrolled"):
+      raise ConfigError(f"config.population.program={self.program!r}: expected 'auto', "
+                        "'vmapped' or 'unrolled'")
     if self.seeds < 0:
       raise ConfigError(f"config.population.seeds={self.seeds} must be >= 0 (0: no seeds)")
     given = {key: len(getattr(self, key)) for key in MEMBER_KEYS if getattr(self, key)}

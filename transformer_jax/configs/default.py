@@ -154,5 +154,6 @@ def get_config():
   config.population = ml_collections.ConfigDict(dict(
       seeds=0, seed=(), learning_rate=(), warmup_steps=(), b1=(), b2=(), eps=(),
       weight_decay=(), grad_clip_norm=(), ema_decay=(), label_smoothing=(), dropout_rate=(),
-      attention_dropout_rate=(), ffn_dropout_rate=()))
+      attention_dropout_rate=(), ffn_dropout_rate=(),
+      program="auto"))  # "vmapped", "unrolled": how the members make one program (README)
   return config

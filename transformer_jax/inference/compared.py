@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.errors import Error
+from transformer_jax.evaluation import significance
 from transformer_jax.workdir import layout
 from transformer_jax.workdir.preparation import load_tokenizer
 
@@ -79,3 +80,44 @@ def references(reference_file: str, systems: list[System], set_name: str) -> lis
 
 def _only_set(workdir: Path) -> str:
   return sorted(p.name for p in (workdir / "eval").iterdir() if p.is_dir())[0]
+
+
+def tested(baseline: System, systems: list[System], refs: list[str], test: str, samples: int,
+           seed: int) -> tuple[list[str], dict]:
+  """Each system tested against the baseline ("bs" or "ar"; `samples` 0: sacreBLEU's
+  number): the lines to print and the report as JSON-ready data."""
+  run = significance.paired_bootstrap if test == "bs" else significance.paired_randomization
+  samples = samples or significance.DEFAULT_SAMPLES[test]
+  lines = [f"{'paired bootstrap resampling' if test == 'bs' else 'approximate randomization'}"
+           f", {samples} {'resamples' if test == 'bs' else 'trials'}, seed {seed}, "
+           f"{len(refs)} sentences; * p < 0.05"]
+  report = {"test": test, "samples": samples, "seed": seed, "sentences": len(refs),
+            "systems": []}
+  for i, system in enumerate(systems):
+    results = run(baseline.members, system.members, refs, samples, seed)
+    for shown, which in ([(baseline, 0)] if i == 0 else []) + [(system, 1)]:
+      chosen = {metric: pair[which] for metric, pair in results.items()}
+      lines.append(_row(("baseline: " if which == 0 else "") + shown.name, chosen))
+      report["systems"].append(_record(shown, chosen))
+  return lines, report
+
+
+def _row(name: str, results: dict) -> str:
+  cells = []
+  for metric, r in results.items():
+    cell = f"{metric} {r.score:.2f}"
+    if r.mean is not None:
+      cell += f" ({r.mean:.2f} ± {r.ci:.2f})"
+    if len(r.members) > 1:
+      cell += f" [{len(r.members)} members: {r.member_mean:.2f} ± {r.member_std:.2f}]"
+    if r.p_value is not None:
+      cell += f" p = {r.p_value:.4f}{'*' if r.p_value < 0.05 else ''}"
+    cells.append(cell)
+  return f"{name}: " + " | ".join(cells)
+
+
+def _record(system: System, results: dict) -> dict:
+  return {"name": system.name, "members": len(system.members), **{
+      metric: {"score": r.score, "mean": r.mean, "ci": r.ci, "p_value": r.p_value,
+               "member_scores": list(r.members), "member_mean": r.member_mean,
+               "member_std": r.member_std} for metric, r in results.items()}}

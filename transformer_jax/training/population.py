@@ -25,10 +25,11 @@ from flax import struct
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from transformer_jax.config.population import MEMBER_KEYS, PopulationConfig
+from transformer_jax.config.population import MEMBER_KEYS
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.ops.platform import traced_for
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.training.optimizer import make_optimizer
 from transformer_jax.training.state import state_init
@@ -80,8 +81,8 @@ def member_configs(cfg: TrainConfig) -> list[TrainConfig]:
 def _replaced(cfg: TrainConfig, changes: dict) -> TrainConfig:
   """`cfg` with dotted keys set, checked, as a single run's config."""
   sections = {}
-  run_level = {"data_seed": cfg.batch_seed, "population": PopulationConfig(
-      seeds=0, **{key: () for key in MEMBER_KEYS})}
+  run_level = {"data_seed": cfg.batch_seed, "population": dataclasses.replace(
+      cfg.population, seeds=0, **{key: () for key in MEMBER_KEYS})}
   for path, value in changes.items():
     section, _, key = path.rpartition(".")
     if section:
@@ -185,8 +186,26 @@ def population_step(state: PopulationState, batch, rngs, lr_scale=1.0, *, pop: P
                for k, v in metrics.items()}
     return new, active & (finite | skip_nonfinite), metrics
 
-  members, active, metrics = jax.vmap(member)(state.members, rngs, state.active, pop.values)
+  args = (state.members, rngs, state.active, pop.values)
+  if member_program(pop.base) == "vmapped":
+    members, active, metrics = jax.vmap(member)(*args)
+  else:  # (each member's step as a run of its own compiles it, side by side in one program)
+    steps = [member(*jax.tree_util.tree_map(lambda x, k=k: x[k], args))
+             for k in range(pop.size)]
+    members, active, metrics = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *steps)
   return PopulationState(members, active), metrics
+
+
+def member_program(cfg: TrainConfig) -> str:
+  """How the members' steps make one program (config.population.program): "vmapped" (the
+  member axis a batch axis of every operation: one step's body to compile, and on GPUs and
+  TPUs batched matmuls), or "unrolled" (K copies of a single run's step side by side: each
+  member's matmuls as a run alone runs them; XLA:CPU runs batched matmuls slower per member
+  than plain ones). "auto": unrolled on CPU, vmapped elsewhere."""
+  program = cfg.population.program
+  if program == "auto":
+    return "unrolled" if traced_for() == "cpu" else "vmapped"
+  return program
 
 
 def compile_population_step(pop: Population, mesh, sharding, nonfinite_at_step: int = 0):

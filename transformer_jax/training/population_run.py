@@ -245,7 +245,7 @@ def member_config_dict(config_dict: dict, cfg: TrainConfig) -> dict:
       node = node[section]
     node[key] = _get(cfg, path)
   out["data_seed"] = cfg.data_seed
-  out["population"] = {key: 0 if key == "seeds" else [] for key in out["population"]}
+  out["population"] = {**out["population"], "seeds": 0, **{key: [] for key in MEMBER_KEYS}}
   return out
 
 

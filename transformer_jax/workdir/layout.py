@@ -114,7 +114,7 @@ ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"):
               ("model", "norm_epsilon"): 1e-6, ("model", "scale_embeddings"): True,
               ("model", "output_bias"): False, ("data_seed",): -1,
               **{("population", key): 0 if key == "seeds" else () for key in (
-                  "seeds", *MEMBER_KEYS)}}
+                  "seeds", *MEMBER_KEYS)}, ("population", "program"): "auto"}
 
 
 def read_config(workdir: str | Path) -> dict:

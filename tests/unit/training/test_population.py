@@ -28,33 +28,39 @@ def _losses(metrics):
   return m["loss_sum"] / m["num_tokens"]
 
 
-def test_each_member_follows_its_config_run_alone():
-  """STEPS f32 steps of four members as one population, and of each member's config alone
-  (the train step a run of it compiles, its keys drawn as a run draws them)."""
-  pop = pl.Population.of(tiny_train_config(**FOUR))
-  batches = [fixed_batch(seed=i) for i in range(STEPS)]
+def _population_losses(program: str):
+  """STEPS f32 steps of the four members as one population: losses (STEPS, 4)."""
+  pop = pl.Population.of(tiny_train_config(**FOUR, **{"population.program": program}))
   init, sharding = pl.population_init(pop, _mesh())
   init_keys, dropout_keys = pl.member_rngs(pop)
   state = init(init_keys)
   step = pl.compile_population_step(pop, _mesh(), sharding)
-  together = []
-  for batch in batches:
-    state, metrics = step(state, batch, dropout_keys)
-    together.append(_losses(metrics))
-  together = np.asarray(together)
+  losses = []
+  for seed in range(STEPS):
+    state, metrics = step(state, fixed_batch(seed=seed), dropout_keys)
+    losses.append(_losses(metrics))
+  return pop, np.asarray(losses)
+
+
+def test_each_member_follows_its_config_run_alone_in_either_program():
+  """The train step a run of each member's config compiles, its keys drawn as a run draws
+  them, against the members trained as one vmapped and as one unrolled program."""
+  pop, vmapped = _population_losses("vmapped")
+  _, unrolled = _population_losses("unrolled")
   for member, cfg in enumerate(pop.members):
     model = Transformer(cfg.model)
     init_key, dropout_key = jax.random.split(jax.random.PRNGKey(cfg.seed))
     state, sharding = create_state(cfg, model, _mesh(), init_key)
     step = compile_step(cfg, model, _mesh(), sharding)
     alone = []
-    for batch in batches:
-      state, metrics = step(state, batch, dropout_key)
+    for seed in range(STEPS):
+      state, metrics = step(state, fixed_batch(seed=seed), dropout_key)
       alone.append(_losses(metrics))
-    # (equal to float32 rounding: the members' matmuls run batched over the member axis)
-    np.testing.assert_allclose(together[:, member], alone, rtol=1e-4, err_msg=str(member))
-    for other in set(range(4)) - {member}:  # (and to no other member's)
-      assert not np.allclose(together[:, other], alone, rtol=1e-3)
+    # (equal to float32 rounding: the vmapped members' matmuls run batched)
+    for together in (vmapped, unrolled):
+      np.testing.assert_allclose(together[:, member], alone, rtol=1e-4, err_msg=str(member))
+      for other in set(range(4)) - {member}:  # (and to no other member's)
+        assert not np.allclose(together[:, other], alone, rtol=1e-3)
 
 
 def test_members_take_their_values_and_the_run_s_others():
@@ -93,12 +99,13 @@ def test_a_population_that_cannot_be_one_program_is_named(overrides, message):
     pl.member_configs(tiny_train_config(**overrides))
 
 
-@pytest.mark.parametrize("policy", ["stop", "skip"])
-def test_a_stopped_member_is_left_as_it_is_and_a_non_finite_update_stops_one(policy):
+@pytest.mark.parametrize("policy, program", [("stop", "vmapped"), ("skip", "unrolled")])
+def test_a_stopped_member_is_left_as_it_is_and_a_non_finite_update_stops_one(policy, program):
   """Member 1 stopped before the first step: not trained, its step counter included. Step 2
   is non-finite for all: under "stop" every member stops there, under "skip" none."""
   pop = pl.Population.of(tiny_train_config(**{**ONE_LAYER, "population.seeds": 3,
-                                              "nonfinite_updates": policy}))
+                                              "nonfinite_updates": policy,
+                                              "population.program": program}))
   init, sharding = pl.population_init(pop, _mesh())
   init_keys, dropout_keys = pl.member_rngs(pop)
   state = init(init_keys).replace(active=np.array([True, False, True]))

@@ -24,6 +24,7 @@ from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.platform import tracing_for
 from transformer_jax.parallel import mesh as mesh_lib
+from transformer_jax.training import population
 from transformer_jax.training.state import abstract_state
 from transformer_jax.training.step import compile_step
 
@@ -66,23 +67,36 @@ def train_program(cfg: TrainConfig, mesh) -> Program:
   twin_cfg = dataclasses.replace(
       cfg, num_micro_batches=1, data=dataclasses.replace(cfg.data, batch_size=rows // k),
       model=dataclasses.replace(cfg.model, loss_tile_tokens=0, scan_layers=False))
+  members = max(cfg.population.size, 1)  # (a population: K members' steps in one program)
   return Program("train_step", _for_devices(functools.partial(_lower_train, cfg, mesh), mesh),
                  _for_devices(functools.partial(_lower_train, twin_cfg, mesh), mesh), k,
-                 flops.train_step(cfg.model, rows, S, T), rows * T, "step")
+                 members * flops.train_step(cfg.model, rows, S, T), members * rows * T, "step")
 
 
 def _lower_train(cfg: TrainConfig, mesh) -> jax.stages.Lowered:
-  model = Transformer(cfg.model)
-  state = abstract_state(cfg, model, mesh)
-  step = compile_step(cfg, model, mesh, _shardings(state))
+  if cfg.population.size:
+    state, step, rng_shape = _population_step(cfg, mesh)
+  else:
+    model = Transformer(cfg.model)
+    state = abstract_state(cfg, model, mesh)
+    step, rng_shape = compile_step(cfg, model, mesh, _shardings(state)), (2,)
   rows = cfg.data.batch_size
   batch = {key: _sds((rows, cfg.data.max_target_length if key.startswith("targets")
                       else cfg.data.max_source_length), jnp.int32,
                      mesh_lib.batch_sharding(mesh)) for key in TRAIN_KEYS}
-  scalars = (_sds((2,), jnp.uint32, mesh_lib.replicated(mesh)),)
+  scalars = (_sds(rng_shape, jnp.uint32, mesh_lib.replicated(mesh)),)
   if cfg.optimizer.cooldown_fraction > 0:
     scalars += (_sds((), jnp.float32, mesh_lib.replicated(mesh)),)
   return step.lower(state, batch, *scalars)
+
+
+def _population_step(cfg: TrainConfig, mesh):
+  """(the population's abstract state, its step, the shape of its dropout keys)."""
+  pop = population.Population.of(cfg)
+  init, sharding = population.population_init(pop, mesh)
+  shapes = jax.eval_shape(init, jax.ShapeDtypeStruct((pop.size, 2), jnp.uint32))
+  state = jax.tree_util.tree_map(lambda x, s: _sds(x.shape, x.dtype, s), shapes, sharding)
+  return state, population.compile_population_step(pop, mesh, sharding), (pop.size, 2)
 
 
 def _decode_rows(cfg: TrainConfig, mesh) -> int:

@@ -135,11 +135,17 @@ def read_config(workdir: str | Path) -> dict:
 
 def load_config(workdir: str | Path) -> TrainConfig:
   """The config a run was trained with (`read_config`), checked as any config is; an error
-  in it names the file."""
+  in it names the file. A population's workdir is an error naming its members' (the tools
+  take those)."""
   try:
-    return from_config_dict(ml_collections.ConfigDict(read_config(workdir)))
+    cfg = from_config_dict(ml_collections.ConfigDict(read_config(workdir)))
   except ConfigError as e:
     raise ConfigError(f"{Path(workdir) / CONFIG}: {e}") from None
+  if cfg.population.size:  # (its checkpoints hold every member at once)
+    raise CheckpointError(
+        f"{workdir} is a population of {cfg.population.size} members: give one member's "
+        f"workdir, {Path(workdir) / MEMBERS}/<i> (0 to {cfg.population.size - 1})")
+  return cfg
 
 
 def record_tokenizer(workdir: str | Path, tok):

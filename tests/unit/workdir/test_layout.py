@@ -4,7 +4,8 @@ import errno
 
 import pytest
 
-from transformer_jax.errors import FilesystemError
+from tests import helpers
+from transformer_jax.errors import CheckpointError, FilesystemError
 from transformer_jax.workdir import layout
 
 
@@ -18,3 +19,16 @@ def test_a_read_only_workdir_stops_before_the_work(tmp_path, monkeypatch):
   monkeypatch.setattr("builtins.open", read_only)
   with pytest.raises(FilesystemError, match=rf"cannot write {tmp_path}: Read-only file system"):
     layout.check_writable(tmp_path)
+
+
+def test_a_population_s_workdir_is_refused_by_the_tools_naming_its_members(tmp_path):
+  config = helpers.tiny_config(**{"population.seeds": 3})
+  layout.save_config(config.to_dict(), tmp_path)
+  with pytest.raises(CheckpointError, match=rf"^{tmp_path} is a population of 3 members: give "
+                                            rf"one member's workdir, {tmp_path}/members/<i> "
+                                            r"\(0 to 2\)$"):
+    layout.load_config(tmp_path)
+  member = layout.member_dir(tmp_path, 1)
+  layout.save_config(helpers.tiny_config().to_dict(), member)
+  assert layout.load_config(member).population.size == 0
+  assert layout.members(tmp_path) == [member]

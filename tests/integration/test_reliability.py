@@ -413,7 +413,8 @@ def test_a_population_killed_and_rerun_ends_bit_for_bit_as_one_never_killed(trai
   """Two members (seeds, learning rates, moving-average decays) in one program: the stacked
   state, each member's checkpoint and each member's logged losses as an uninterrupted run's."""
   population = ["--config.population.seed=(0,1)", "--config.population.learning_rate=(3e-3,1e-3)",
-                "--config.population.ema_decay=(0.9,0.8)"]
+                "--config.population.ema_decay=(0.9,0.8)",
+                "--config.population.program=vmapped"]  # (one body to compile)
   ref, run = tmp_path / "ref", tmp_path / "run"
   r = train(ref, *population)
   assert "Population of 2 members (seed, learning_rate, ema_decay)" in r.stderr

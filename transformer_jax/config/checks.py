@@ -20,7 +20,7 @@ def did_you_mean(key: str, known) -> str:
   return f"; known keys: {', '.join(sorted(known))}"
 
 
-def _check_type(where: str, value, expected):
+def check_type(where: str, value, expected):
   origin = typing.get_origin(expected) or expected
   if expected is float and isinstance(value, int) and not isinstance(value, bool):
     return float(value)
@@ -47,7 +47,7 @@ def checked_kwargs(cls, values: dict, prefix: str, skip=()) -> dict:
   if missing:
     raise ConfigError(f"missing key(s) {', '.join(prefix + k for k in missing)} "
                       "(the shipped configs/default.py sets every key)")
-  return {key: _check_type(prefix + key, value, hints[key])
+  return {key: check_type(prefix + key, value, hints[key])
           for key, value in values.items() if key not in skip}
 
 

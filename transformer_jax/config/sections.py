@@ -84,14 +84,14 @@ class ModelConfig:
       raise ConfigError(f"config.model.d_model={self.d_model} is not divisible by "
                         f"config.model.num_heads={self.num_heads}")
     check_choice("config.model.positional_encoding", self.positional_encoding,
-                  POSITIONAL_ENCODINGS)
+                 POSITIONAL_ENCODINGS)
     if self.positional_encoding == "rotary" and self.head_dim % 2:
       raise ConfigError(f"config.model.positional_encoding='rotary' needs an even head "
                         f"dimension; d_model / num_heads = {self.head_dim}")
     check_positive("model", self, ("relative_num_buckets", "relative_max_distance"))
     check_choice("config.model.norm", self.norm, ("layernorm", "rmsnorm"))
     check_choice("config.model.ffn_activation", self.ffn_activation,
-                  ("relu", "gelu", "silu", "swiglu", "geglu"))
+                 ("relu", "gelu", "silu", "swiglu", "geglu"))
     if not 0 < self.norm_epsilon < 1:
       raise ConfigError(f"config.model.norm_epsilon={self.norm_epsilon} must be in (0, 1)")
     if self.num_kv_heads < 0 or (self.num_kv_heads and self.num_heads % self.num_kv_heads):
@@ -100,7 +100,7 @@ class ModelConfig:
     check_choice("config.model.remat", self.remat, REMAT_CHOICES)
     check_choice("config.model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
     check_choice("config.model.activation_dtype", self.activation_dtype,
-                  ("float32", "bfloat16"))
+                 ("float32", "bfloat16"))
     if self.loss_tile_tokens < 0:
       raise ConfigError(f"config.model.loss_tile_tokens={self.loss_tile_tokens} must be >= 0")
     check_choice("config.model.dtype", self.dtype, ("auto", *DTYPES))
@@ -185,7 +185,7 @@ class DataConfig:
     if self.corpora and not self.pretokenize:
       raise ConfigError("config.data.corpora (a mixture) needs config.data.pretokenize=True")
     check_positive("data", self, ("max_source_length", "max_target_length", "batch_size",
-                                   "num_threads"))
+                                  "num_threads"))
     if self.num_workers < 0:
       raise ConfigError(f"config.data.num_workers={self.num_workers} must be >= 0")
 
@@ -213,7 +213,7 @@ class OptimizerConfig:
   def __post_init__(self):
     check_positive("optimizer", self, ("learning_rate",))
     check_choice("config.optimizer.schedule", self.schedule,
-                  ("inverse_sqrt", "cosine", "linear", "constant"))
+                 ("inverse_sqrt", "cosine", "linear", "constant"))
     if not 0.0 <= self.ema_decay < 1.0:
       raise ConfigError(f"config.optimizer.ema_decay={self.ema_decay} must be in [0, 1) "
                         "(0: no moving average)")

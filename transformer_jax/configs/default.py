@@ -16,7 +16,7 @@ import ml_collections
 
 def get_config():
   config = ml_collections.ConfigDict()
-  config.seed = 0                       # parameters, dropout and data order
+  config.seed = 0                       # parameters, dropout (and data_seed -1: data order)
   config.data_seed = -1                 # the batches' order and tokenizer sample; -1 = seed
   config.num_train_steps = 1200         # optimizer steps (~10 epochs of Multi30k)
   config.log_every_steps = 50           # train metrics and the progress line

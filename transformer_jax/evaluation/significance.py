@@ -6,8 +6,11 @@ for populations of runs (seeds).
 A system is one or more sets of translations of the same sources (a population's members).
 Its score in the tests is the corpus score of all its translations pooled: each sentence's
 sufficient statistics (BLEU's n-gram matches and lengths, chrF's character and word n-grams)
-summed over the members, so that a resample or a swap of sentence j takes every member's
-translation of j. For one member this is sacreBLEU's statistic, and with the same seed the
+summed over the members, the corpus of all K x n translations, so that a resample or a swap
+of sentence j takes every member's translation of j. (Approximate randomization between
+systems of K_a and K_b members swaps their sums scaled to lcm(K_a, K_b) members each: counts
+stay integers, as sacreBLEU's length statistics must, and a sentence weighs the same on
+either side.) For one member this is sacreBLEU's statistic, and with the same seed the
 same p-value and interval (tested against the `sacrebleu` command). The members' own scores,
 their mean and standard deviation, are reported beside it: the seed noise the test does not
 see (the test resamples sentences; the seeds are what they are).
@@ -16,9 +19,12 @@ see (the test resamples sentences; the seeds are what they are).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import sacrebleu
+
+from transformer_jax.errors import DataError
 
 DEFAULT_SEED = 12345  # sacreBLEU's (SACREBLEU_SEED)
 DEFAULT_SAMPLES = {"bs": 1000, "ar": 10000}  # sacreBLEU's
@@ -51,8 +57,8 @@ def metrics() -> dict:
 
 
 def _statistics(metric, system: list[list[str]], references: list[str]):
-  """(pooled per-sentence statistics (n, S) (counts, exact in float64), the corpus score of
-  the pool, each member's corpus score)."""
+  """(pooled per-sentence statistics (n, S): the members' sums, exact in float64; the corpus
+  score of the pool, each member's corpus score)."""
   per_member = [np.asarray(metric._extract_corpus_statistics(hyps, [references]), np.float64)
                 for hyps in system]
   pooled = np.sum(per_member, axis=0)
@@ -73,10 +79,11 @@ def _resampled(metric, stats, indices) -> np.ndarray:
 
 def _p_value(samples: np.ndarray, observed: float) -> float:
   """(samples at least as large as the observed difference + 1) / (n + 1), multeval's rule.
-  sacreBLEU counts the samples strictly larger: the same p-value unless a sample ties with
-  the observed difference, which for two different systems has a chance of about 2^-n, but
-  which for a system compared with a copy of itself is every sample (an observed difference
-  of 0): sacreBLEU then reports p = 1/(n + 1), "significant"; here p = 1."""
+  sacreBLEU counts the samples strictly larger. The two differ only where samples tie with
+  the observed difference: a bootstrap's centred differences hardly ever do, unless the
+  systems are the same (all 0: sacreBLEU's p = 1/1001, "significant"; here 1); approximate
+  randomization's do whenever a trial swaps none or all of the m sentences whose statistics
+  differ, a chance of 2^(1 - m) per trial: here those trials count as at least as large."""
   return (np.sum(samples >= observed).item() + 1) / (len(samples) + 1)
 
 
@@ -91,7 +98,7 @@ def _check(baseline, system, references):
   for name, sets in (("baseline", baseline), ("system", system)):
     for i, hyps in enumerate(sets):
       if len(hyps) != len(references):
-        raise ValueError(f"the {name}'s translations{f' (member {i})' if len(sets) > 1 else ''}"
+        raise DataError(f"the {name}'s translations{f' (member {i})' if len(sets) > 1 else ''}"
                          f" are {len(hyps)} lines for {len(references)} references")
 
 
@@ -140,11 +147,15 @@ def paired_randomization(baseline: list[list[str]], system: list[list[str]],
   for name, metric in metrics().items():
     base_stats, base_score, base_members = _statistics(metric, baseline, references)
     sys_stats, sys_score, sys_members = _statistics(metric, system, references)
-    shuffled_a = keep @ base_stats + ~keep @ sys_stats
-    shuffled_b = ~keep @ base_stats + keep @ sys_stats
+    common = math.lcm(len(baseline), len(system))
+    base_weighed = base_stats * (common // len(baseline))
+    sys_weighed = sys_stats * (common // len(system))
+    shuffled_a = keep @ base_weighed + ~keep @ sys_weighed
+    shuffled_b = ~keep @ base_weighed + keep @ sys_weighed
     differences = np.abs(np.array([_score(metric, a) for a in shuffled_a])
                          - np.array([_score(metric, b) for b in shuffled_b]))
-    p = _p_value(differences, abs(base_score - sys_score))
+    observed = abs(_score(metric, base_weighed.sum(0)) - _score(metric, sys_weighed.sum(0)))
+    p = _p_value(differences, observed)
     base_ci = sys_ci = (None, None)
     if indices is not None:
       base_ci = _interval(_resampled(metric, base_stats, base_indices))

@@ -19,11 +19,14 @@ class System:
   """A system's name and its members' translations (one list for a single run)."""
   name: str
   members: list[list[str]]
-  workdirs: list[Path]  # the runs the translations come from ([] for files)
+  files: list[Path]     # each member's translations
+  workdirs: list[Path]  # the runs they come from ([] for files)
 
 
 def read_lines(path: Path) -> list[str]:
-  return path.read_text(encoding="utf-8").split("\n")[:-1] if path.stat().st_size else []
+  """The file's lines, the last one with or without its newline (as sacreBLEU reads them)."""
+  lines = path.read_text(encoding="utf-8").split("\n")
+  return lines[:-1] if lines[-1] == "" else lines
 
 
 def system(spec: str, set_name: str, label: str) -> System:
@@ -31,16 +34,18 @@ def system(spec: str, set_name: str, label: str) -> System:
   hand), a run's workdir or a population's."""
   files = [Path(p) for p in spec.split(",")]
   if all(f.is_file() for f in files):
-    return System(spec, [read_lines(f) for f in files], [])
+    return System(spec, [read_lines(f) for f in files], files, [])
   path = Path(spec)
   if not path.is_dir():
     raise Error(f"{spec}: neither a hypothesis file nor a workdir")
   members = layout.members(path) or [path]
-  return System(spec, [read_lines(_hypotheses(m, set_name, label)) for m in members], members)
+  files = [_hypotheses(m, set_name, label) for m in members]
+  return System(spec, [read_lines(f) for f in files], files, members)
 
 
 def _hypotheses(workdir: Path, set_name: str, label: str) -> Path:
-  """The .hyp file of `label` (default: the last one evaluated) in the workdir's eval/<set>/
+  """The .hyp file of `label` (default: the last one evaluated, which for a population's
+  members may be of different steps: `tested` names the files) in the workdir's eval/<set>/
   (default: its only set)."""
   eval_root = workdir / "eval"
   sets = sorted(p.name for p in eval_root.iterdir() if p.is_dir()) if eval_root.is_dir() else []
@@ -91,6 +96,9 @@ def tested(baseline: System, systems: list[System], refs: list[str], test: str, 
   lines = [f"{'paired bootstrap resampling' if test == 'bs' else 'approximate randomization'}"
            f", {samples} {'resamples' if test == 'bs' else 'trials'}, seed {seed}, "
            f"{len(refs)} sentences; * p < 0.05"]
+  for system in [baseline, *systems]:
+    if system.workdirs:
+      lines.append(f"{system.name}: " + ", ".join(str(f) for f in system.files))
   report = {"test": test, "samples": samples, "seed": seed, "sentences": len(refs),
             "systems": []}
   for i, system in enumerate(systems):
@@ -117,7 +125,8 @@ def _row(name: str, results: dict) -> str:
 
 
 def _record(system: System, results: dict) -> dict:
-  return {"name": system.name, "members": len(system.members), **{
+  return {"name": system.name, "members": len(system.members),
+          "files": [str(f) for f in system.files], **{
       metric: {"score": r.score, "mean": r.mean, "ci": r.ci, "p_value": r.p_value,
                "member_scores": list(r.members), "member_mean": r.member_mean,
                "member_std": r.member_std} for metric, r in results.items()}}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import typing
 
 import flax.linen as nn
 import jax
@@ -25,8 +26,9 @@ from flax import struct
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from transformer_jax.config.checks import check_type
 from transformer_jax.config.population import MEMBER_KEYS
-from transformer_jax.config.sections import TrainConfig
+from transformer_jax.config.sections import SECTIONS, TrainConfig
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.platform import traced_for
@@ -64,8 +66,11 @@ def member_configs(cfg: TrainConfig) -> list[TrainConfig]:
   pop = cfg.population
   members = []
   for i in range(pop.size):
-    changes = {MEMBER_KEYS[key]: (cfg.seed + i if key == "seed" and pop.seeds
-                                  else getattr(pop, key)[i]) for key in varying_keys(cfg)}
+    changes = {}
+    for key in varying_keys(cfg):
+      path = MEMBER_KEYS[key]
+      value = cfg.seed + i if key == "seed" and pop.seeds else getattr(pop, key)[i]
+      changes[path] = check_type(f"config.population.{key}[{i}]", value, _field_type(path))
     try:
       members.append(_replaced(cfg, changes))
     except ConfigError as e:
@@ -76,6 +81,15 @@ def member_configs(cfg: TrainConfig) -> list[TrainConfig]:
       raise ConfigError(f"config.population.{key}={getattr(pop, key)}: 0 turns {what} off, "
                         "another program; give all members values > 0, or all 0")
   return members
+
+
+def _field_type(path: str):
+  """The type of dotted config key `path`'s field."""
+  *sections, name = path.split(".")
+  cls = TrainConfig
+  for section in sections:
+    cls = SECTIONS[section]
+  return typing.get_type_hints(cls)[name]
 
 
 def _replaced(cfg: TrainConfig, changes: dict) -> TrainConfig:
@@ -104,7 +118,7 @@ class Population:
   @classmethod
   def of(cls, cfg: TrainConfig) -> Population:
     members = tuple(member_configs(cfg))
-    return cls(members, {key: np.asarray([_get(m, MEMBER_KEYS[key]) for m in members],
+    return cls(members, {key: np.asarray([config_value(m, MEMBER_KEYS[key]) for m in members],
                                          np.float32)
                          for key in varying_keys(cfg) if key != "seed"})
 
@@ -118,7 +132,8 @@ class Population:
     return self.members[0]
 
 
-def _get(cfg, path: str):
+def config_value(cfg, path: str):
+  """The value of dotted config key `path` ("optimizer.learning_rate")."""
   for part in path.split("."):
     cfg = getattr(cfg, part)
   return cfg

@@ -19,7 +19,7 @@ import numpy as np
 
 from transformer_jax.config.population import MEMBER_KEYS
 from transformer_jax.config.sections import TrainConfig
-from transformer_jax.errors import ConfigError, NonFiniteError
+from transformer_jax.errors import ConfigError
 from transformer_jax.evaluation.evaluator import ValidationCancelled
 from transformer_jax.reporting import plots
 from transformer_jax.reporting.metrics import METRICS_FILE, MetricWriter, truncate_metrics
@@ -33,6 +33,7 @@ from transformer_jax.workdir import layout
 from transformer_jax.workdir.checkpoints import Checkpointer
 
 log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class Member:
@@ -49,6 +50,7 @@ class Member:
   final: dict = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass
 class PopulationRun(Run):
   """`Run` for a population: `state` is a `population.PopulationState`, the dropout key (K, 2)."""
   pop: population.Population = None
@@ -80,7 +82,9 @@ class PopulationRun(Run):
   def resume_members(self, config_dict: dict | None):
     """Each member's workdir set up (config, tokenizer) or resumed at the population's step:
     its metrics after that step dropped, its checkpoint at that step written if missing."""
-    config_dict = config_dict or layout.read_config(self.workdir)
+    config_dict = config_dict or (layout.read_config(self.workdir)
+                                  if (self.workdir / layout.CONFIG).is_file()
+                                  else dataclasses.asdict(self.cfg))
     self.members = []
     for i, cfg in enumerate(self.pop.members):
       m = Member(i, cfg, layout.member_dir(self.workdir, i))
@@ -100,7 +104,24 @@ class PopulationRun(Run):
       self._save_members()
 
   def _active(self) -> np.ndarray:
-    return np.asarray(jax.device_get(self.state.active))
+    """Which members still train (a copy of the state's mask, to change)."""
+    return np.array(jax.device_get(self.state.active))
+
+  def begin(self) -> bool:
+    stop = super().begin()
+    if not self._active().any():  # (a rerun of a population whose members all stopped)
+      log.info("Every member of the population has stopped: no more training")
+      return True
+    return stop
+
+  def train(self, step: int):
+    """As a run's; at a logging step (where the metrics are read anyway), a population whose
+    members have all stopped saves and ends there."""
+    actions = super().train(step)
+    if actions.log and not self._active().any():
+      log.info("Every member of the population has stopped by step %d: training ends", step)
+      actions = dataclasses.replace(actions, save=True, last=True)
+    return actions
 
   def log_train(self, step: int, actions):
     """Each member's train metrics into its workdir; the population's means into its own."""
@@ -138,12 +159,6 @@ class PopulationRun(Run):
     self.writer.write(step, logged)
     self.progress.update(step, logged)
     self.acc, self.real_tokens, self.t_last = None, 0, time.time()
-    if not active.any():
-      self.ckpt.wait()
-      raise NonFiniteError(
-          f"every member of the population stopped on a non-finite loss or gradient by step "
-          f"{step}; the checkpoints in {self.ckpt.directory} and the members' are intact. "
-          "Lower the learning rates, or set config.nonfinite_updates='skip'")
 
   def validate(self, step: int) -> Outcome:
     """Each member still training validated, its best checkpoint and early stopping."""
@@ -151,16 +166,19 @@ class PopulationRun(Run):
     self.validating = step
     self.faults.before_validation(step)
     active = self._active()
-    bleus = {}
+    bleus, records = {}, {}
     try:
       for m in self.members:
         if not active[m.index]:
           continue
         params = population.member_state(self.state, m.index).eval_params
+        # (each member's records are written once all are validated: a validation that
+        # SIGTERM cuts short leaves none, and the resumed run's early stopping counts each
+        # member's BLEU of this step once)
+        records[m.index] = _Records()
         bleus[m.index] = bleu = validation.validate(
-            self.evaluators, params, step, m.writer, self.cfg.decode.num_samples_to_log
-            if m.index == 0 else 0, m.final)
-        plots.plot_metrics(m.workdir)
+            self.evaluators, params, step, records[m.index],
+            self.cfg.decode.num_samples_to_log if not bleus else 0, m.final)
         if bleu > m.best_bleu:
           m.best_ckpt.save(step, population.member_state(self.state, m.index),
                            metrics={"bleu": bleu})
@@ -177,11 +195,15 @@ class PopulationRun(Run):
       return Outcome.CANCELLED
     finally:
       self.t_last = time.time()
-    values = np.asarray(list(bleus.values()))
-    self.writer.write(step, {"eval/bleu": float(values.mean()),
-                             "eval/bleu_std": float(values.std(ddof=1)) if len(values) > 1
-                             else 0.0, "eval/bleu_max": float(values.max())})
-    plots.plot_metrics(self.workdir)
+    for i, written in records.items():
+      written.write_to(self.members[i].writer)
+      plots.plot_metrics(self.members[i].workdir)
+    if bleus:
+      values = np.asarray(list(bleus.values()))
+      self.writer.write(step, {"eval/bleu": float(values.mean()),
+                               "eval/bleu_std": float(values.std(ddof=1)) if len(values) > 1
+                               else 0.0, "eval/bleu_max": float(values.max())})
+      plots.plot_metrics(self.workdir)
     self.state = self.state.replace(active=jax.device_put(active, self.state.active.sharding))
     return Outcome.GO_ON if active.any() else Outcome.STOP_EARLY
 
@@ -219,6 +241,23 @@ class PopulationRun(Run):
     return final
 
 
+class _Records:
+  """A MetricWriter's calls, kept to be written later."""
+
+  def __init__(self):
+    self.calls = []
+
+  def write(self, step: int, metrics: dict):
+    self.calls.append(("write", step, metrics))
+
+  def write_text(self, step: int, tag: str, text: str):
+    self.calls.append(("write_text", step, tag, text))
+
+  def write_to(self, writer: MetricWriter):
+    for name, *args in self.calls:
+      getattr(writer, name)(*args)
+
+
 def spread(finals: dict[int, dict]) -> dict[str, float]:
   """For each metric every member reports: its mean over the members, `_std` (sample
   standard deviation) and `_min`/`_max`; and each member's value as `members/<i>/<key>`."""
@@ -243,16 +282,10 @@ def member_config_dict(config_dict: dict, cfg: TrainConfig) -> dict:
     node = out
     for section in sections:
       node = node[section]
-    node[key] = _get(cfg, path)
+    node[key] = population.config_value(cfg, path)
   out["data_seed"] = cfg.data_seed
   out["population"] = {**out["population"], "seeds": 0, **{key: [] for key in MEMBER_KEYS}}
   return out
-
-
-def _get(cfg, path: str):
-  for part in path.split("."):
-    cfg = getattr(cfg, part)
-  return cfg
 
 
 def _give_tokenizer(run: PopulationRun, m: Member):

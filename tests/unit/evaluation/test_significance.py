@@ -14,6 +14,7 @@ import sacrebleu
 
 from tests.helpers import run_tool
 from transformer_jax.cli import compare
+from transformer_jax.errors import DataError
 from transformer_jax.evaluation import significance
 
 CORPUS = Path(__file__).resolve().parents[3] / "transformer_jax" / "corpora" / "multi30k"
@@ -86,7 +87,7 @@ def test_a_population_is_scored_on_its_members_pooled(files):
   members = [sacrebleu.BLEU().corpus_score(h, [refs]).score for h in (a, b)]
   assert baseline.members == pytest.approx(members)
   assert baseline.member_std == pytest.approx(np.std(members, ddof=1))
-  with pytest.raises(ValueError, match=r"the system's translations are 299 lines for 300"):
+  with pytest.raises(DataError, match=r"the system's translations are 299 lines for 300"):
     significance.paired_bootstrap([a], [b[:-1]], refs)
 
 

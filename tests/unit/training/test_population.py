@@ -5,7 +5,16 @@ import jax
 import numpy as np
 import pytest
 
-from tests.helpers import ONE_LAYER, _mesh, fixed_batch, tiny_config, tiny_train_config
+from tests.helpers import (
+  ONE_LAYER,
+  _mesh,
+  checkpoint_steps,
+  fixed_batch,
+  read_metrics,
+  tiny_config,
+  tiny_train_config,
+  train_in_process,
+)
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.transformer import Transformer
@@ -141,3 +150,25 @@ def test_traced_values_are_the_members_values_in_float32():
   assert set(pop.values) == {"learning_rate", "dropout_rate", "label_smoothing"}
   traced = pl.traced_config(pop.base, {"dropout_rate": 0.5})
   assert traced.model.dropout_rate == 0.5 and pop.base.model.dropout_rate == 0.1
+
+
+def test_members_stopping_early_end_the_population_which_reruns_to_no_step(
+    tfds_cache, tiny_tokenizer, tmp_path):
+  """Patience 1: a validation that does not beat a member's best stops it; once none trains,
+  the population ends (saved, each member's test run) and a rerun trains nothing."""
+  overrides = {**ONE_LAYER, "population.seeds": 2, "population.program": "vmapped",
+               "num_train_steps": 12, "eval_every_steps": 2, "log_every_steps": 2,
+               "checkpoint_every_steps": 12, "early_stopping_patience": 1,
+               "eval_max_sentences": 4, "optimizer.learning_rate": 1e-9}  # (BLEU stays put)
+  final = train_in_process(tmp_path, tfds_cache, tiny_tokenizer, **overrides)
+  for i in range(2):
+    member = tmp_path / "members" / str(i)
+    bleu_steps = [r["step"] for r in read_metrics(member) if "eval/bleu" in r]
+    assert bleu_steps == [2, 4]  # (step 4 did not beat step 2: stopped there)
+    assert checkpoint_steps(member) == [4]
+    assert f"members/{i}/eval/bleu" in final
+  assert checkpoint_steps(tmp_path) == [4]
+  assert [r["population/active_members"] for r in read_metrics(tmp_path)
+          if "population/active_members" in r] == [2.0, 2.0]
+  train_in_process(tmp_path, tfds_cache, tiny_tokenizer, **overrides)  # (trains no step)
+  assert checkpoint_steps(tmp_path) == [4]

@@ -188,11 +188,7 @@ class PopulationRun(Run):
                    "evaluations)", m.index, step, m.stopper.best, m.stopper.patience)
           active[m.index] = False
     except ValidationCancelled:
-      log.warning("SIGTERM during the validation of step %d: validation stopped (the resumed "
-                  "run does it first)", step)
-      self.writer.write(step, {schedule.VALIDATION_CANCELLED: 1.0})
-      self.preempted = True
-      return Outcome.CANCELLED
+      return self.cancelled(step)
     finally:
       self.t_last = time.time()
     for i, written in records.items():

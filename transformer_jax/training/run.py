@@ -150,11 +150,7 @@ class Run:
       bleu = validation.validate(self.evaluators, self.state.eval_params, step, self.writer,
                                  self.cfg.decode.num_samples_to_log, self.final)
     except ValidationCancelled:
-      log.warning("SIGTERM during the validation of step %d: validation stopped (the resumed "
-                  "run does it first)", step)
-      self.writer.write(step, {schedule.VALIDATION_CANCELLED: 1.0})
-      self.preempted = True
-      return Outcome.CANCELLED
+      return self.cancelled(step)
     finally:
       self.t_last = time.time()  # evaluation time does not count against training speed
     plots.plot_metrics(self.workdir)
@@ -166,6 +162,14 @@ class Run:
                "evaluations", step, self.stopper.best, self.stopper.patience)
       return Outcome.STOP_EARLY
     return Outcome.GO_ON
+
+  def cancelled(self, step: int) -> Outcome:
+    """The validation of `step`, cut short by SIGTERM: recorded, to be done first on resume."""
+    log.warning("SIGTERM during the validation of step %d: validation stopped (the resumed "
+                "run does it first)", step)
+    self.writer.write(step, {schedule.VALIDATION_CANCELLED: 1.0})
+    self.preempted = True
+    return Outcome.CANCELLED
 
   def save(self, step: int):
     self.faults.before_save(step, self.ckpt.directory)

@@ -227,3 +227,56 @@ def test_claiming_a_waiting_trial_is_atomic_across_processes(tmp_path):
     p.join()
   every = sorted(n for c in claimed for n in c)
   assert every == list(range(150))  # each trial claimed once, none lost
+
+
+POPULATION_SPEC = sweeps.SPEC.replace(
+    's.sampler = "grid"', 's.sampler = "grid"\n  s.population = 4').replace(
+    '"num_train_steps": 6', '"num_train_steps": 4').replace(
+    '"optimizer": {{"warmup_steps": 1}}',
+    '"optimizer": {{"warmup_steps": 1}}, "population": {{"program": "vmapped"}}')
+
+
+def test_a_population_sweep_killed_and_resumed_runs_each_trial_once(tmp_path, cache_dir):
+  """8 trials as two populations of 4. The second's member with learning rate 1e-6 is pruned
+  (told so at once, masked by its population at its next validation); the worker is then
+  SIGKILLed during step 4 (its population, signalled, saves step 4). The rerun reruns the
+  second population's three unfinished trials together, resuming its run with all four
+  members (the pruned one stays stopped): each grid point finished exactly once."""
+  lrs = [1e-2, 3e-3, 5e-3, 2e-3, 1e-6, 7e-3, 4e-3, 6e-3]
+  cmd = _sweep_cmd(tmp_path, cache_dir, lrs, template=POPULATION_SPEC)
+  workdir = tmp_path / "sweep"
+  second = workdir / "populations" / "0004"
+  worker = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  _wait_for(lambda: (second / "members" / "0" / "stop_request").is_file()
+            and any(m["step"] >= 3 and "train/loss" in m
+                    for m in read_metrics(second / "members" / "1" / "metrics.jsonl")),
+            what="trial 4 pruned and the second population past step 2")
+  worker.send_signal(signal.SIGKILL)
+  worker.wait()
+  _wait_for(lambda: not _trial_processes(str(second)), timeout_s=60,
+            what="the orphaned population to exit")
+  assert [t.state.name for t in _trials(workdir)] == ["COMPLETE"] * 4 + ["PRUNED"] + [
+      "RUNNING"] * 3
+
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  trials = _trials(workdir)
+  assert [t.state.name for t in trials] == (["COMPLETE"] * 4 + ["PRUNED"] + ["FAIL"] * 3
+                                            + ["COMPLETE"] * 3)
+  finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+  assert sorted(t.params["optimizer.learning_rate"] for t in finished) == sorted(lrs)
+  for rerun, original in zip(trials[8:], trials[5:8]):
+    assert rerun.user_attrs["retry_of"] == original.number
+    assert rerun.user_attrs["population"] == str(second)
+    assert rerun.user_attrs["member"] == original.user_attrs["member"]
+    assert rerun.user_attrs["workdir"] == str(second / "members" / str(rerun.user_attrs["member"]))
+    assert len([m for m in read_metrics(Path(rerun.user_attrs["workdir"]) / "metrics.jsonl")
+                if "eval/loss" in m]) == 2  # (steps 2 and 4, each once)
+  assert sorted(p.name for p in (workdir / "populations").iterdir()) == ["0000", "0004"]
+  assert (workdir / "populations" / "0000" / "train.log").read_text().count("Population of") == 1
+  log = (second / "train.log").read_text()  # (the orphaned run got SIGTERM and saved)
+  assert "Resuming from step 4" in log and "member 0: stopped at step 4" in log
+  assert os.readlink(workdir / "trials" / "0006") == "../populations/0004/members/2"
+  # A member's best command trains it alone, in the population's batch order.
+  summary = json.loads((workdir / "results.json").read_text())
+  assert "--config.data_seed=0" in summary["best"]["command"]

@@ -23,6 +23,7 @@ import ml_collections
 
 from transformer_jax.config.files import find_field
 from transformer_jax.config.parse import checked_kwargs, from_config_dict
+from transformer_jax.config.population import MEMBER_KEYS
 from transformer_jax.errors import ConfigError
 
 Scalar = Union[None, bool, int, float, str]  # what Optuna stores as a categorical value
@@ -128,6 +129,9 @@ class SweepSpec:
   pruner_startup_trials: int = 2  # finished trials before any pruning
   pruner_warmup_steps: int = 0    # training steps before a trial can be pruned
   max_retries: int = 2           # reruns of a trial interrupted by a killed worker
+  population: int = 1            # K > 1: a worker trains K trials at once as one population
+                                 # (config.population); swept keys a member cannot vary
+                                 # (`shared_paths`) are drawn once per population
 
   @property
   def intermediate_metric(self) -> str:
@@ -148,6 +152,21 @@ class SweepSpec:
       return all(dist.grid() is not None for dist in self.search_space.values())
     except SweepError:
       return False
+
+  @property
+  def member_paths(self) -> tuple[str, ...]:
+    """The swept keys each member of a population takes its own value of (MEMBER_KEYS,
+    except a switch, grad_clip_norm or ema_decay, whose range holds 0: off is another
+    program)."""
+    return tuple(path for path, dist in self.search_space.items()
+                 if path in _MEMBER_PATHS
+                 and not (path in _SWITCH_PATHS and dist.contains(0)))
+
+  @property
+  def shared_paths(self) -> tuple[str, ...]:
+    """The swept keys the members of one population share (they change a shape or the
+    program): the first member's draw, or a grid's points grouped by them."""
+    return tuple(path for path in self.search_space if path not in self.member_paths)
 
   def queued_points(self) -> list[dict[str, Any]]:
     """The trials queued when the study is created, in order, each the values it fixes (the
@@ -173,7 +192,12 @@ class SweepSpec:
                              for k, v in self.search_space.items()},
             "fixed": self.fixed, "objective": self.objective, "direction": self.direction,
             "reduce": self.reduce, "sampler": self.sampler, "num_trials": self.num_trials,
-            "seed": self.seed, "start_points": [dict(p) for p in self.start_points]}
+            "seed": self.seed, "start_points": [dict(p) for p in self.start_points],
+            **({"population": self.population} if self.population > 1 else {})}
+
+
+_MEMBER_PATHS = {path: key for key, path in MEMBER_KEYS.items()}
+_SWITCH_PATHS = ("optimizer.grad_clip_norm", "optimizer.ema_decay")
 
 
 def new_spec() -> ml_collections.ConfigDict:
@@ -251,6 +275,7 @@ def load_spec(spec: ml_collections.ConfigDict, base: ml_collections.ConfigDict) 
                             skip=("search_space", "fixed", "start_points"))
   except ConfigError as e:
     raise SweepError(str(e)) from None
+  _check_population_keys(values.get("population", 1), search, fixed)
   if not search:
     raise SweepError("sweep.search_space is empty: name at least one config field to sweep, "
                      "e.g. sweep.search_space = {'optimizer': {'learning_rate': "
@@ -369,6 +394,33 @@ def _check_settings(spec: SweepSpec, base: ml_collections.ConfigDict):
   for key in ("pruner_startup_trials", "pruner_warmup_steps", "max_retries"):
     if getattr(spec, key) < 0:
       raise SweepError(f"sweep.{key}={getattr(spec, key)} must be >= 0")
+  if spec.population < 1:
+    raise SweepError(f"sweep.population={spec.population} must be >= 1 (1: a run per trial)")
+  if spec.population > 1:
+    _check_population(spec, base)
+
+
+def _check_population(spec: SweepSpec, base: ml_collections.ConfigDict):
+  """A population sweep makes the populations: the base config is none."""
+  pop = base.get("population") or {}
+  if any(pop.get(key) for key in (*MEMBER_KEYS, "seeds")):
+    raise SweepError(f"sweep.population={spec.population}, but the training config is a "
+                     "population already (config.population); the sweep makes the "
+                     "populations: leave config.population empty")
+
+
+def _check_population_keys(population: int, search: dict, fixed: dict):
+  """A population sweep gives the members their values: the spec may set the population's
+  program only."""
+  if population <= 1:
+    return
+  for where, paths in (("sweep.search_space", search), ("sweep.fixed", fixed)):
+    taken = sorted(p for p in paths if p.startswith("population.")
+                   and p != "population.program")
+    if taken:
+      raise SweepError(f"{where}.{taken[0]}: with sweep.population the sweep gives each "
+                       "member its values; sweep the config key itself (e.g. "
+                       "optimizer.learning_rate)")
 
 
 # Config fields the trained tokenizer depends on.

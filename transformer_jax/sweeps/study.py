@@ -197,15 +197,80 @@ def claim_next_trial(study, storage, study_id: int, spec: sweep_spec.SweepSpec):
   """Atomically moves one waiting trial to RUNNING; returns (trial, trial_id), or None when
   no trial is waiting."""
   for frozen in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,)):
-    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
-    try:
-      if not storage.set_trial_state_values(trial_id, state=TrialState.RUNNING):
-        continue  # another worker took it first
-    except optuna.exceptions.UpdateFinishedTrialError:
-      continue
-    storage.record_heartbeat(trial_id)
-    # Seeded per trial: workers sampling at the same moment do not draw the same values.
-    study.sampler = _make_sampler(spec, spec.seed + frozen.number)
-    return optuna.trial.Trial(study, trial_id), trial_id
+    trial_id = _claim(storage, study_id, frozen)
+    if trial_id is not None:
+      return _sampling_trial(study, spec, frozen, trial_id), trial_id
   return None
 
+
+def claim_population(study, storage, study_id: int, spec: sweep_spec.SweepSpec
+                     ) -> list[tuple[optuna.Trial, int, dict]]:
+  """Claims up to `spec.population` waiting trials to train as one population and draws
+  their values; returns [(trial, trial_id, params)], [] when none is waiting.
+
+  A killed population's reruns come first, all of them together (they resume its run);
+  they are recognised by the population their original trials recorded. New trials share
+  the values of `spec.shared_paths`: the first trial's, drawn or queued; a queued point
+  with other shared values waits for another population."""
+  waiting = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.WAITING,))
+  reruns = [t for t in waiting if t.user_attrs.get("population")]
+  if reruns:
+    group = [t for t in reruns if t.user_attrs["population"] == reruns[0].user_attrs["population"]]
+    claimed = [(t, trial_id) for t in group
+               if (trial_id := _claim(storage, study_id, t)) is not None]
+    if claimed:
+      return [(_sampling_trial(study, spec, t, trial_id), trial_id, t.params)
+              for t, trial_id in claimed]
+  claimed, shared = [], None
+  for frozen in waiting:
+    if frozen.user_attrs.get("population"):
+      continue
+    known = {**frozen.params, **frozen.system_attrs.get("fixed_params", {})}
+    if shared is not None and any(known.get(k, v) != v for k, v in shared.items()):
+      continue
+    trial_id = _claim(storage, study_id, frozen)
+    if trial_id is None:
+      continue
+    if shared:
+      storage.set_trial_system_attr(trial_id, "fixed_params", {
+          **frozen.system_attrs.get("fixed_params", {}), **shared})
+    trial = _sampling_trial(study, spec, frozen, trial_id)
+    params = sample(trial, spec)
+    if shared is None:
+      shared = {path: params[path] for path in spec.shared_paths}
+    claimed.append((trial, trial_id, params))
+    if len(claimed) == spec.population:
+      break
+  return claimed
+
+
+def _claim(storage, study_id: int, frozen) -> int | None:
+  """Trial `frozen` moved from WAITING to RUNNING (its heartbeat started); its id, or None
+  if another worker took it first."""
+  trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
+  try:
+    if not storage.set_trial_state_values(trial_id, state=TrialState.RUNNING):
+      return None
+  except optuna.exceptions.UpdateFinishedTrialError:
+    return None
+  storage.record_heartbeat(trial_id)
+  return trial_id
+
+
+def _sampling_trial(study, spec: sweep_spec.SweepSpec, frozen, trial_id: int) -> optuna.Trial:
+  # Seeded per trial: workers sampling at the same moment do not draw the same values.
+  study.sampler = _make_sampler(spec, spec.seed + frozen.number)
+  return optuna.trial.Trial(study, trial_id)
+
+
+def sample(trial: optuna.Trial, spec: sweep_spec.SweepSpec) -> dict:
+  """The trial's value of every swept key: queued, drawn before (a rerun), or drawn now."""
+  return {name: _suggest(trial, name, dist) for name, dist in spec.search_space.items()}
+
+
+def _suggest(trial, name: str, dist: sweep_spec.Distribution):
+  if isinstance(dist, sweep_spec.Choice):
+    return trial.suggest_categorical(name, dist.values)
+  if isinstance(dist, sweep_spec.Uniform):
+    return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
+  return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import shlex
@@ -16,11 +17,15 @@ import sys
 import time
 from pathlib import Path
 
+import ml_collections
 import optuna
 from optuna.trial import TrialState
 
 from transformer_jax.config import search_space as sweep_spec
+from transformer_jax.config.population import MEMBER_KEYS
 from transformer_jax.reporting.metrics import METRICS_FILE, read_metrics
+from transformer_jax.sweeps import study as study_lib
+from transformer_jax.workdir import layout
 
 log = logging.getLogger(__name__)
 
@@ -33,26 +38,65 @@ def _die_with_parent():
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+_MEMBER_KEY = {path: key for key, path in MEMBER_KEYS.items()}  # config key -> population's
+
 RETRY_WAIT_S = 3600  # the longest a trial waits for an orphaned run in its workdir
 
 
+@dataclasses.dataclass
+class Claim:
+  """A trial this worker runs: its values and where its run writes its metrics (its own
+  workdir, or its member's in a population's)."""
+  trial: optuna.Trial
+  trial_id: int
+  params: dict
+  workdir: Path
+  member: int | None = None  # its index in a population
+  reported: set = dataclasses.field(default_factory=set)
+
+
 class TrialRunner:
-  """Runs trials as training subprocesses, reporting validation metrics for pruning (read
-  every `poll_s` seconds: a pruned trial is stopped within that time of its report)."""
+  """Runs trials as training subprocesses, one trial a run or `spec.population` trials as
+  one population, reporting validation metrics for pruning (read every `poll_s` seconds: a
+  pruned trial is stopped within that time of its report, a pruned member at its
+  population's next validation)."""
 
   def __init__(self, study, storage, spec: sweep_spec.SweepSpec, base_args: list[str],
-               override_of, workdir: Path, devices: str, heartbeat_interval: float,
-               poll_s: float = 0.25):
+               base: ml_collections.ConfigDict, workdir: Path, devices: str,
+               heartbeat_interval: float, poll_s: float = 0.25):
     self.study, self.storage, self.spec = study, storage, spec
-    self.base_args, self.override_of = base_args, override_of
+    self.base_args, self.base = base_args, base
     self.workdir, self.devices = workdir, devices
     self.heartbeat_interval, self.poll_s = heartbeat_interval, poll_s
 
+  def _override(self, path: str, value) -> str:
+    return sweep_spec.format_override(self.base, path, value)
+
   def command(self, params: dict, trial_dir: Path | str) -> list[str]:
     """The trial's full command line: the base config, its overrides, the spec's fixed
-    values, the trial's values, and the trial's workdir."""
-    args = [self.override_of(k, v) for k, v in {**self.spec.fixed, **params}.items()]
+    values, the trial's values, and the trial's workdir. A population member's trains it
+    alone as its population trained it (the population's batch order)."""
+    values = {**self.spec.fixed, **params}
+    if self.spec.population > 1:
+      values["data_seed"] = self._batch_seed(params)
+    args = [self._override(k, v) for k, v in values.items()]
     return [*TRAIN, *self.base_args, *args, f"--workdir={trial_dir}"]
+
+  def _batch_seed(self, params: dict) -> int:
+    """The data order of a population with these shared values (the members' own seeds
+    are not the population's)."""
+    shared = {k: v for k, v in params.items() if k not in self.spec.member_paths}
+    cfg = sweep_spec.with_overrides(self.base, {**self.spec.fixed, **shared})
+    return cfg.seed if cfg.data_seed < 0 else cfg.data_seed
+
+  def population_command(self, members: list[dict], population_dir: Path) -> list[str]:
+    """The command training `members` (each one's swept values) as one population."""
+    args = [self._override(k, v) for k, v in {**self.spec.fixed, **members[0]}.items()
+            if k not in self.spec.member_paths]
+    for path in self.spec.member_paths:
+      values = ",".join(str(m[path]) for m in members)
+      args.append(f"--config.population.{_MEMBER_KEY[path]}=({values},)")
+    return [*TRAIN, *self.base_args, *args, f"--workdir={population_dir}"]
 
   def env(self) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -63,70 +107,131 @@ class TrialRunner:
 
   def run(self, trial, trial_id: int) -> None:
     """Runs one claimed trial to the end and tells Optuna how it went."""
-    history = optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(
-        trial.study.get_trials(deepcopy=False)[trial.number])
+    history = _retry_history(trial)
     trial_dir = self._trial_dir(trial, history[0] if history else None)
-    params = {name: _suggest(trial, name, dist) for name, dist in self.spec.search_space.items()}
-    cmd = self.command(params, trial_dir)
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    for key, value in (("workdir", str(trial_dir)), ("command", shlex.join(cmd)),
-                       ("host", socket.gethostname()), ("pid", os.getpid()),
-                       ("devices", self.devices), ("retry_of", history[-1] if history else None)):
-      trial.set_user_attr(key, value)
-    what = ", ".join(f"{k}={v}" for k, v in params.items())
-    log.info("trial %d%s: %s -> %s", trial.number,
-             f" (rerun of {history[-1]}, resuming its workdir)" if history else "", what,
-             trial_dir)
+    claim = Claim(trial, trial_id, study_lib.sample(trial, self.spec), trial_dir)
+    cmd = self.command(claim.params, trial_dir)
+    self._record(claim, cmd, history)
+    self._supervise([claim], cmd, trial_dir)
 
+  def run_population(self, claimed: list[tuple]) -> None:
+    """Runs claimed trials (`study.claim_population`) as one population's members to the
+    end: new trials as a new population in `populations/NNNN` (NNNN its first trial's
+    number; `trials/MMMM` links to each member's workdir), the reruns of a killed
+    population resuming its run with every member it had."""
+    first = claimed[0][0]
+    if "population" in first.user_attrs:  # (reruns: the original trials' records)
+      numbers = first.user_attrs["members"]
+      trials = self.study.get_trials(deepcopy=False)
+      members = [trials[n].params for n in numbers]
+      population_dir = Path(first.user_attrs["population"])
+      if not population_dir.is_dir():
+        log.warning("population %s is not on this machine; its members start over",
+                    population_dir)
+        population_dir = self.workdir / "populations" / f"{first.number:04d}"
+      indices = [t.user_attrs["member"] for t, _, _ in claimed]
+    else:
+      numbers = [t.number for t, _, _ in claimed]
+      members = [params for _, _, params in claimed]
+      population_dir = self.workdir / "populations" / f"{numbers[0]:04d}"
+      indices = range(len(claimed))
+    claims = [Claim(t, trial_id, params, layout.member_dir(population_dir, i), i)
+              for (t, trial_id, params), i in zip(claimed, indices)]
+    cmd = self.population_command(members, population_dir)
+    log.info("population %s: trials %s as members %s", population_dir.name,
+             ", ".join(str(c.trial.number) for c in claims),
+             ", ".join(str(c.member) for c in claims))
+    for c in claims:
+      history = _retry_history(c.trial)
+      self._record(c, self.command(c.params, c.workdir), history,
+                   population=str(population_dir), members=numbers, member=c.member)
+      link = self.workdir / "trials" / f"{c.trial.number:04d}"
+      if not history and not link.is_symlink():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(c.workdir, link.parent))
+    self._supervise(claims, cmd, population_dir)
+
+  def _record(self, claim: Claim, cmd: list[str], history: list[int], **more):
+    """The trial's user attributes: where it runs, its command, the worker's host."""
+    attrs = {"workdir": str(claim.workdir), "command": shlex.join(cmd),
+             "host": socket.gethostname(), "pid": os.getpid(), "devices": self.devices,
+             "retry_of": history[-1] if history else None, **more}
+    for key, value in attrs.items():
+      claim.trial.set_user_attr(key, value)
+    what = ", ".join(f"{k}={v}" for k, v in claim.params.items())
+    log.info("trial %d%s: %s -> %s", claim.trial.number,
+             f" (rerun of {history[-1]}, resuming its workdir)" if history else "", what,
+             claim.workdir)
+
+  def _supervise(self, claims: list[Claim], cmd: list[str], run_dir: Path) -> None:
+    """Runs `cmd` (logging to run_dir/train.log), beating each trial's heartbeat and
+    reporting its validation results, until the run ends or every trial is pruned; then
+    tells Optuna each trial's outcome."""
     start = time.time()
-    reported: set[int] = set()
-    pruned_at = None
-    with (trial_dir / "train.log").open("a") as out:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / "train.log").open("a") as out:
       # (a retried trial waits for its workdir while a dead worker's orphaned run finishes:
       # never two writers in one trial workdir)
       proc = subprocess.Popen([*cmd, f"--wait_for_workdir={RETRY_WAIT_S}"], stdout=out,
                               stderr=subprocess.STDOUT, env=self.env(),
                               preexec_fn=_die_with_parent)
+    live = list(claims)
     try:
       last_beat = time.time()
       while proc.poll() is None:
         time.sleep(self.poll_s)
         if time.time() - last_beat >= self.heartbeat_interval:
-          self.storage.record_heartbeat(trial_id)
+          for c in live:
+            self.storage.record_heartbeat(c.trial_id)
           last_beat = time.time()
-        pruned_at = self._report(trial, trial_dir, reported)
-        if pruned_at is not None:
+        live = [c for c in live if not self._pruned(c, start)]
+        if not live:
           _stop(proc)
-          break
-      if pruned_at is None:
-        pruned_at = self._report(trial, trial_dir, reported)
+      live = [c for c in live if not self._pruned(c, start)]
     except KeyboardInterrupt:
       with _no_more_signals():  # (a second SIGTERM/Ctrl-C must not skip the bookkeeping)
         _stop(proc)
-        self._interrupted(trial, time.time() - start)
+        for c in live:
+          self._interrupted(c.trial, time.time() - start)
       raise
+    for c in live:
+      self._finish(c, proc.returncode, time.time() - start, run_dir / "train.log")
 
-    seconds = time.time() - start
-    records = read_metrics(trial_dir / METRICS_FILE)
-    steps = max((r["step"] for r in records), default=0)
-    trial.set_user_attr("wall_time_s", round(seconds, 1))
-    trial.set_user_attr("steps", steps)
-    if pruned_at is not None:
-      self.study.tell(trial, state=TrialState.PRUNED)
-      log.info("trial %d pruned at step %d (%.0fs)", trial.number, pruned_at, seconds)
-      return
+  def _pruned(self, claim: Claim, start: float) -> bool:
+    """Reports the trial's new validation results; if the pruner stops it: told so (a
+    member asked to stop), True."""
+    step = self._report(claim.trial, claim.workdir, claim.reported)
+    if step is None:
+      return False
+    if claim.member is not None:
+      layout.request_stop(claim.workdir, f"pruned by the sweep at step {step}, trial "
+                                         f"{claim.trial.number}")
+    self._set_outcome_attrs(claim, time.time() - start)
+    self.study.tell(claim.trial, state=TrialState.PRUNED)
+    log.info("trial %d pruned at step %d (%.0fs)", claim.trial.number, step,
+             time.time() - start)
+    return True
+
+  def _set_outcome_attrs(self, claim: Claim, seconds: float) -> list[dict]:
+    records = read_metrics(claim.workdir / METRICS_FILE)
+    claim.trial.set_user_attr("wall_time_s", round(seconds, 1))
+    claim.trial.set_user_attr("steps", max((r["step"] for r in records), default=0))
+    return records
+
+  def _finish(self, claim: Claim, returncode: int, seconds: float, log_path: Path):
+    trial = claim.trial
+    records = self._set_outcome_attrs(claim, seconds)
     value = objective_value(records, self.spec)
-    if proc.returncode != 0 or value is None:
-      reason = (f"training exited with status {proc.returncode}" if proc.returncode
+    if returncode != 0 or value is None:
+      reason = (f"training exited with status {returncode}" if returncode
                 else f"the run logged no {self.spec.objective}")
-      trial.set_user_attr("error", f"{reason}: {_tail(trial_dir / 'train.log')}")
+      trial.set_user_attr("error", f"{reason}: {_tail(log_path)}")
       self.study.tell(trial, state=TrialState.FAIL)
-      log.warning("trial %d failed (%s); see %s", trial.number, reason,
-                  trial_dir / "train.log")
+      log.warning("trial %d failed (%s); see %s", trial.number, reason, log_path)
       return
     self.study.tell(trial, value)
     log.info("trial %d: %s=%.4f after %d steps (%.0fs)", trial.number, self.spec.objective,
-             value, steps, seconds)
+             value, trial.user_attrs["steps"], seconds)
 
   def _trial_dir(self, trial, original: int | None) -> Path:
     """The trial's workdir. A rerun's is the original trial's, so it resumes from its
@@ -166,12 +271,10 @@ class TrialRunner:
     log.warning("trial %d interrupted: marked failed and queued to rerun", trial.number)
 
 
-def _suggest(trial, name: str, dist: sweep_spec.Distribution):
-  if isinstance(dist, sweep_spec.Choice):
-    return trial.suggest_categorical(name, dist.values)
-  if isinstance(dist, sweep_spec.Uniform):
-    return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
-  return trial.suggest_int(name, dist.low, dist.high, step=dist.step, log=dist.log)
+def _retry_history(trial) -> list[int]:
+  """The numbers of the trials this one reruns, the first the original."""
+  return optuna.storages.RetryHeartbeatStaleTrialCallback.retry_history(
+      trial.study.get_trials(deepcopy=False)[trial.number])
 
 
 def objective_value(records: list[dict], spec: sweep_spec.SweepSpec) -> float | None:

@@ -1,7 +1,9 @@
 """A sweep worker: opens (or joins) the study, then claims and runs trials until none is left,
 rewriting the report after each. Any number of workers, on one machine or many, share a study.
 
-Each trial: `<workdir>/trials/NNNN/` (the training workdir, with `train.log`). The sweep:
+Each trial: `<workdir>/trials/NNNN/` (the training workdir, with `train.log`); with
+`sweep.population = K`, K trials train as one population in `<workdir>/populations/NNNN/`,
+each a member's workdir (`trials/NNNN` links to it). The sweep:
 `results.csv`, `results.json`, `objective_vs_params.png`, `objective_by_trial.png` and
 `best_command.sh`, rewritten after every trial (`report_only` rewrites them from storage).
 A trial whose worker died (its heartbeat stopped) is marked failed and rerun in its own
@@ -78,9 +80,8 @@ def run_sweep(spec_config: ml_collections.ConfigDict, spec_path: str,
                                    spec.max_retries)
   study = study_lib.open_study(storage, options.study_name or Path(spec_path).stem, spec,
                                identity)
-  runner = TrialRunner(study, storage, spec, base_args,
-                       lambda k, v: sweep_spec.format_override(config, k, v),
-                       workdir, options.devices, options.heartbeat_interval)
+  runner = TrialRunner(study, storage, spec, base_args, config, workdir, options.devices,
+                       options.heartbeat_interval)
   if not options.report_only:
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -100,10 +101,17 @@ def run_worker(study, storage, runner: TrialRunner, workdir: Path, wait_s: float
   ran, waiting_for = 0, None
   while True:
     optuna.storages.fail_stale_trials(study)
-    claimed = study_lib.claim_next_trial(study, storage, study_id, runner.spec)
-    if claimed is not None:
-      runner.run(*claimed)
-      ran += 1
+    if runner.spec.population > 1:
+      claimed = study_lib.claim_population(study, storage, study_id, runner.spec)
+      if claimed:
+        runner.run_population(claimed)
+        ran += len(claimed)
+    else:
+      claimed = study_lib.claim_next_trial(study, storage, study_id, runner.spec)
+      if claimed is not None:
+        runner.run(*claimed)
+        ran += 1
+    if claimed:
       report.write(study, runner.spec, workdir, runner.command)
       continue
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))

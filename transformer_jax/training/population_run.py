@@ -102,6 +102,20 @@ class PopulationRun(Run):
       self.members.append(m)
     if self.start_step:
       self._save_members()
+    active = self._active()
+    if self._stop_requested(active, self.start_step):
+      self.state = self.state.replace(active=jax.device_put(active, self.state.active.sharding))
+
+  def _stop_requested(self, active: np.ndarray, step: int) -> bool:
+    """Members still training whose stop was requested (`layout.request_stop`: a sweep's
+    pruner) marked inactive in `active`; whether there were any."""
+    stopped = False
+    for m in self.members:
+      reason = layout.stop_request(m.workdir) if active[m.index] else None
+      if reason:
+        log.info("member %d: stopped at step %d (%s)", m.index, step, reason)
+        active[m.index], stopped = False, True
+    return stopped
 
   def _active(self) -> np.ndarray:
     """Which members still train (a copy of the state's mask, to change)."""
@@ -166,6 +180,7 @@ class PopulationRun(Run):
     self.validating = step
     self.faults.before_validation(step)
     active = self._active()
+    self._stop_requested(active, step)
     bleus, records = {}, {}
     try:
       for m in self.members:

@@ -42,6 +42,7 @@ CHECKPOINTS = "checkpoints"
 BEST_CHECKPOINTS = "checkpoints_best"
 RESULTS = "results.json"
 MEMBERS = "members"  # a population's: members/<i>/, each member's workdir
+STOP_REQUEST = "stop_request"  # in a member's workdir: the member is to stop (a sweep pruned it)
 
 
 def check_writable(folder: str | Path):
@@ -86,6 +87,18 @@ def members(workdir: str | Path) -> list[Path]:
   folder = Path(workdir) / MEMBERS
   return sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)) \
       if folder.is_dir() else []
+
+
+def request_stop(member_workdir: str | Path, reason: str):
+  """Asks a running population to stop this member (at its next validation, or when it
+  is resumed); the member's trained state so far is kept."""
+  Path(member_workdir, STOP_REQUEST).write_text(reason + "\n")
+
+
+def stop_request(member_workdir: str | Path) -> str | None:
+  """Why the member is to stop, or None."""
+  path = Path(member_workdir, STOP_REQUEST)
+  return path.read_text().strip() or "stop requested" if path.is_file() else None
 
 
 def has_checkpoints(workdir: str | Path) -> bool:

@@ -173,3 +173,62 @@ def test_a_random_sweep_of_a_finite_space_runs_no_point_twice(tmp_path):
   queued = partial.queued_points()
   assert queued[0]["optimizer.learning_rate"] == 3e-3 and len(queued[0]) == 2
   assert sorted(map(str, queued)) == sorted(map(str, spec.grid_points))
+
+
+def test_a_population_sweep_shares_what_members_cannot_vary():
+  spec = sweep_spec.load_spec(_spec(population=4, search_space={
+      "optimizer": {"learning_rate": loguniform(1e-4, 1e-2), "grad_clip_norm": choice(0.0, 1.0),
+                    "ema_decay": uniform(0.9, 0.999)},
+      "model": {"dropout_rate": uniform(0.0, 0.3), "pre_layer_norm": choice(True, False)}}),
+      tiny.get_config())
+  assert set(spec.member_paths) == {"optimizer.learning_rate", "optimizer.ema_decay",
+                                    "model.dropout_rate"}
+  # (clipping off (0) is another program; pre_layer_norm another model)
+  assert set(spec.shared_paths) == {"optimizer.grad_clip_norm", "model.pre_layer_norm"}
+  assert spec.to_json()["population"] == 4
+  assert "population" not in sweep_spec.load_spec(_spec(), tiny.get_config()).to_json()
+
+
+@pytest.mark.parametrize("fields, base_population, message", [
+    ({"population": 0}, {}, r"sweep.population=0 must be >= 1"),
+    ({"population": 2}, {"seeds": 3}, r"the training config is a population already"),
+    ({"population": 2, "fixed": {"population": {"dropout_rate": (0.1, 0.2)}}}, {},
+     r"sweep.fixed.population.dropout_rate: with sweep.population the sweep gives each member"),
+])
+def test_bad_population_sweeps_are_one_line(fields, base_population, message):
+  base = tiny.get_config()
+  base.population.update(base_population)
+  with pytest.raises(SweepError, match=message):
+    sweep_spec.load_spec(_spec(**fields), base)
+
+
+def test_population_claims_group_trials_by_their_shared_values(tmp_path):
+  """A grid of 2 pre_layer_norm x 3 learning rates in populations of 4: each population
+  holds one pre_layer_norm value (3 trials each), and every point is claimed once."""
+  spec = sweep_spec.load_spec(_spec(population=4, sampler="grid", num_trials=0, search_space={
+      "optimizer": {"learning_rate": choice(1e-3, 3e-3, 1e-2)},
+      "model": {"pre_layer_norm": choice(True, False)}}), tiny.get_config())
+  storage = study.open_storage(f"sqlite:///{tmp_path / 'study.db'}", 60, 120, 2)
+  opened = study.open_study(storage, "s", spec, spec.to_json())
+  groups = []
+  while claimed := study.claim_population(opened, storage, opened._study_id, spec):
+    groups.append([params for _, _, params in claimed])
+  assert [len(g) for g in groups] == [3, 3]
+  for group in groups:
+    assert len({p["model.pre_layer_norm"] for p in group}) == 1
+  assert sorted(map(str, (p for g in groups for p in g))) == sorted(map(str, spec.grid_points))
+
+
+def test_population_claims_draw_shared_values_once(tmp_path):
+  """TPE over a shared and a member key: each population's members take its first draw of
+  the shared key and draw their own learning rates."""
+  spec = sweep_spec.load_spec(_spec(population=3, num_trials=6, search_space={
+      "optimizer": {"learning_rate": loguniform(1e-4, 1e-2)},
+      "model": {"ffn_activation": choice("relu", "gelu")}}), tiny.get_config())
+  storage = study.open_storage(f"sqlite:///{tmp_path / 'study.db'}", 60, 120, 2)
+  opened = study.open_study(storage, "s", spec, spec.to_json())
+  for _ in range(2):
+    params = [p for _, _, p in study.claim_population(opened, storage, opened._study_id, spec)]
+    assert len(params) == 3 and len({p["model.ffn_activation"] for p in params}) == 1
+    assert len({p["optimizer.learning_rate"] for p in params}) == 3
+  assert study.claim_population(opened, storage, opened._study_id, spec) == []

@@ -4,6 +4,11 @@ a single run compiles; compile time and peak memory apart.
 
   python benchmarks/population_speed.py --config=configs/tiny.py --sizes=1,2,4,8
   python benchmarks/population_speed.py --config=configs/default.py --sizes=1,2,4
+  python benchmarks/population_speed.py --config=configs/tiny.py --sizes=4 --stopped=2
+
+`--stopped=N`: the last N members of each population stopped (masked, as early stopping or a
+sweep's pruner stops one) before timing: what a stopped member still costs. Member-steps
+count the members still training.
 
 The batch is synthetic and packed like the config's (measure.packed_batch). `--rounds`
 alternates the single run and each population that many times; figures are medians of the
@@ -34,6 +39,7 @@ config_flags.DEFINE_config_file("config", "configs/default.py", "Config to measu
 flags.DEFINE_list("sizes", ["1", "2", "4", "8"], "Population sizes K.")
 flags.DEFINE_integer("steps", 10, "Timed steps per round (after 2 warm-up steps).")
 flags.DEFINE_integer("rounds", 2, "Alternating rounds over the single run and the sizes.")
+flags.DEFINE_integer("stopped", 0, "Members of each population stopped before timing.")
 
 
 def _with_seeds(cfg, k: int):
@@ -54,7 +60,10 @@ def _population(cfg, mesh):
   pop = pl.Population.of(cfg)
   init, sharding = pl.population_init(pop, mesh)
   init_keys, dropout_keys = pl.member_rngs(pop)
-  return (init(init_keys), pl.compile_population_step(pop, mesh, sharding), dropout_keys,
+  state = init(init_keys)
+  state = state.replace(active=jax.device_put(np.arange(pop.size) < pop.size - FLAGS.stopped,
+                                              state.active.sharding))
+  return (state, pl.compile_population_step(pop, mesh, sharding), dropout_keys,
           _cooldown_factor(cfg))
 
 
@@ -95,7 +104,7 @@ def main(_):
   runs = {"single run": (lambda: _single(single_cfg, mesh), 1)}
   for k in sizes:
     cfg = _with_seeds(base, k)
-    runs[f"K={k}"] = (lambda cfg=cfg: _population(cfg, mesh), k)
+    runs[f"K={k}"] = (lambda cfg=cfg: _population(cfg, mesh), k - FLAGS.stopped)
   stores = {name: {} for name in runs}
   memory = {}
   for _ in range(FLAGS.rounds):
@@ -105,7 +114,8 @@ def main(_):
   one = statistics.median(stores["single run"]["times"])
   print(f"config {base.model.dtype} -> {single_cfg.model.dtype}, batch "
         f"{base.data.batch_size} rows x {base.data.max_target_length}, {FLAGS.rounds} rounds "
-        f"x {FLAGS.steps} steps")
+        f"x {FLAGS.steps} steps; program {pl.member_program(_with_seeds(base, 2))}, "
+        f"{FLAGS.stopped} member(s) of each population stopped")
   print("| run | step (ms) | member-steps/s | vs a single run | compile (s) | peak memory "
         "(GiB) |")
   print("|---|---|---|---|---|---|")

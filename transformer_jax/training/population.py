@@ -204,8 +204,14 @@ def population_step(state: PopulationState, batch, rngs, lr_scale=1.0, *, pop: P
   args = (state.members, rngs, state.active, pop.values)
   if member_program(pop.base) == "vmapped":
     members, active, metrics = jax.vmap(member)(*args)
-  else:  # (each member's step as a run of its own compiles it, side by side in one program)
-    steps = [member(*jax.tree_util.tree_map(lambda x, k=k: x[k], args))
+  else:  # (each member's step as a run of its own compiles it, side by side in one program;
+    # a conditional skips a stopped member's: on a CPU it costs nothing)
+    def stopped(state, rng, active, vals):
+      shapes = jax.eval_shape(member, state, rng, active, vals)[2]
+      return state, active, {k: jnp.full(v.shape, jnp.inf if k == "first_nonfinite_step"
+                                         else 0, v.dtype) for k, v in shapes.items()}
+    steps = [jax.lax.cond(args[2][k], member, stopped,
+                          *jax.tree_util.tree_map(lambda x, k=k: x[k], args))
              for k in range(pop.size)]
     members, active, metrics = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *steps)
   return PopulationState(members, active), metrics

@@ -108,13 +108,14 @@ def test_a_population_that_cannot_be_one_program_is_named(overrides, message):
     pl.member_configs(tiny_train_config(**overrides))
 
 
-@pytest.mark.parametrize("policy", ["stop", "skip"])
-def test_a_stopped_member_is_left_as_it_is_and_a_non_finite_update_stops_one(policy):
-  """Member 1 stopped before the first step: not trained, its step counter included. Step 2
-  is non-finite for all: under "stop" every member stops there, under "skip" none."""
+@pytest.mark.parametrize("policy, program", [("stop", "unrolled"), ("skip", "vmapped")])
+def test_a_stopped_member_is_left_as_it_is_and_a_non_finite_update_stops_one(policy, program):
+  """Member 1 stopped before the first step: not trained, its step counter included (the
+  vmapped program masks its update, the unrolled one skips its step). Step 2 is non-finite
+  for all: under "stop" every member stops there, under "skip" none."""
   pop = pl.Population.of(tiny_train_config(**{**ONE_LAYER, "population.seeds": 3,
                                               "nonfinite_updates": policy,
-                                              "population.program": "vmapped"}))
+                                              "population.program": program}))
   init, sharding = pl.population_init(pop, _mesh())
   init_keys, dropout_keys = pl.member_rngs(pop)
   state = init(init_keys).replace(active=np.array([True, False, True]))

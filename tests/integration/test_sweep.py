@@ -54,7 +54,8 @@ def test_sweep_prunes_reports_and_best_command_reproduces(tmp_path, cache_dir):
 
   # The table: CSV and JSON rows match the study.
   rows = (workdir / "results.csv").read_text().splitlines()
-  assert rows[0].startswith("trial,state,objective,steps,wall_time_s,optimizer.learning_rate")
+  assert rows[0].startswith("trial,state,objective,p_vs_best,steps,wall_time_s,"
+                          "optimizer.learning_rate")
   assert len(rows) == 4
   summary = json.loads((workdir / "results.json").read_text())
   best = min(trials[:2], key=lambda t: t.value)

@@ -12,7 +12,10 @@ import shlex
 from pathlib import Path
 
 from transformer_jax.config import search_space as sweep_spec
+from transformer_jax.evaluation import significance
+from transformer_jax.inference.compared import read_lines
 from transformer_jax.reporting import plots
+from transformer_jax.workdir import layout
 
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running",
           "WAITING": "waiting"}
@@ -62,25 +65,90 @@ def best(table: list[dict], spec: sweep_spec.SweepSpec) -> dict | None:
   return done[0] if done else None
 
 
+# The metric of a translation objective, as significance.metrics() names it.
+TESTED = {"bleu": "BLEU", "chrf": "chrF2"}
+
+
+def p_vs_best(table: list[dict], spec: sweep_spec.SweepSpec) -> dict[int, float]:
+  """For each complete trial but the best, the paired bootstrap p-value (sacreBLEU's, its
+  seed) of its objective's difference from the best trial's, on the translations that scored
+  them: the main validation set's (the last or the best validation's, as the objective is
+  reduced) or the test set's. {} for a loss objective, or where the translations are gone or
+  differ in their references."""
+  metric = spec.objective.split("/", 1)[1]
+  top = best(table, spec)
+  if metric not in TESTED or top is None:
+    return {}
+  found = {row["trial"]: _translations(row, spec) for row in table
+           if row["state"] == "complete"}
+  base = found.get(top["trial"])
+  if base is None:
+    return {}
+  out = {}
+  for trial, scored in found.items():
+    if scored is not None and trial != top["trial"] and scored[1] == base[1]:
+      results = significance.paired_bootstrap([base[0]], [scored[0]], base[1])
+      out[trial] = results[TESTED[metric]][1].p_value
+  return out
+
+
+def _translations(row: dict, spec: sweep_spec.SweepSpec):
+  """(hypotheses, references) whose score is the trial's objective, or None."""
+  if not row["workdir"]:
+    return None
+  split, metric = spec.objective.split("/", 1)
+  workdir = Path(row["workdir"])
+  if split == "eval":
+    folder = workdir / layout.VALIDATION
+    name = "last" if spec.reduce == "last" else "best"
+    candidates = [(folder, name, folder / f"{name}.json")]
+  else:
+    candidates = [(folder, None, folder / "results.json")
+                  for folder in sorted((workdir / "eval").glob("*")) if folder.is_dir()]
+  for folder, name, record_file in candidates:
+    try:
+      record = json.loads(record_file.read_text())
+      if name is None:  # (results.json: the last evaluation's record)
+        record = record[-1]
+        name = record["label"]
+      if math.isclose(record[metric], row["objective"], rel_tol=1e-9, abs_tol=1e-9):
+        return (read_lines(folder / f"{name}.hyp"), read_lines(folder / "references.txt"))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+      continue
+  return None
+
+
 def format_table(table: list[dict], spec: sweep_spec.SweepSpec) -> str:
   names = list(spec.search_space)
-  header = ["trial", "state", spec.objective, "steps", "time"] + names
+  tested = any(row.get("p_vs_best") is not None for row in table)
+  top = best(table, spec)
+  header = ["trial", "state", spec.objective, "steps", "time"] + ["p vs best"] * tested + names
   lines = []
   for row in ranked(table, spec):
-    value = row["objective"]
+    value, p = row["objective"], row.get("p_vs_best")
+    mark = ("best" if row is top else "" if p is None
+            else f"{p:.3f}" + (" ~" if p >= 0.05 else ""))
     lines.append([str(row["trial"]), row["state"],
                   "" if value is None else f"{value:.4f}",
                   "" if row["steps"] is None else str(row["steps"]),
                   "" if row["wall_time_s"] is None else f"{row['wall_time_s']:.0f}s"]
-                 + [_short(row[n]) for n in names])
+                 + [mark] * tested + [_short(row[n]) for n in names])
   widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
             for i, h in enumerate(header)]
   fmt = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
   counts = {s: sum(r["state"] == s for r in table) for s in ("complete", "pruned", "failed",
                                                              "running")}
   summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+  note = []
+  if tested:
+    same = [str(r["trial"]) for r in ranked(table, spec)
+            if r.get("p_vs_best") is not None and r["p_vs_best"] >= 0.05]
+    note = [f"p vs best: paired bootstrap of {spec.objective} against trial {top['trial']}'s "
+            "on the same sentences (sacreBLEU's, 1000 resamples); ~ p >= 0.05, not "
+            "significantly different from the best: "
+            + (", ".join(same) if same else "none")]
   return "\n".join([f"{len(table)} trials ({summary}); {spec.objective}: {spec.direction}",
-                    fmt(header)] + [fmt(line) for line in lines])
+                    fmt(header)] + [fmt(line) for line in lines] + note)
 
 
 def _short(value) -> str:
@@ -93,12 +161,15 @@ def write(study, spec: sweep_spec.SweepSpec, workdir: Path, command_of) -> str:
   """Writes results.csv/.json, the plots and best_command.sh; returns the printed table."""
   workdir = Path(workdir)
   table = rows(study, spec)
+  tested = p_vs_best(table, spec)
+  for row in table:
+    row["p_vs_best"] = tested.get(row["trial"])
   names = list(spec.search_space)
   top = best(table, spec)
 
   buf = io.StringIO()
-  fields = ["trial", "state", "objective", "steps", "wall_time_s", *names, "retry_of", "host",
-            "workdir", "error"]
+  fields = ["trial", "state", "objective", "p_vs_best", "steps", "wall_time_s", *names,
+            "retry_of", "host", "workdir", "error"]
   writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
   writer.writeheader()
   writer.writerows(table)

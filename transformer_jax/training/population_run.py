@@ -193,10 +193,11 @@ class PopulationRun(Run):
         records[m.index] = _Records()
         bleus[m.index] = bleu = validation.validate(
             self.evaluators, params, step, records[m.index],
-            self.cfg.decode.num_samples_to_log if not bleus else 0, m.final)
+            self.cfg.decode.num_samples_to_log if not bleus else 0, m.final, m.workdir)
         if bleu > m.best_bleu:
           m.best_ckpt.save(step, population.member_state(self.state, m.index),
                            metrics={"bleu": bleu})
+          layout.keep_best_validation(m.workdir)
           m.best_bleu = bleu
         if m.stopper.update(bleu):
           log.info("member %d: early stopping at step %d (BLEU %.2f not improved on for %d "

@@ -148,7 +148,7 @@ class Run:
     self.faults.before_validation(step)
     try:
       bleu = validation.validate(self.evaluators, self.state.eval_params, step, self.writer,
-                                 self.cfg.decode.num_samples_to_log, self.final)
+                                 self.cfg.decode.num_samples_to_log, self.final, self.workdir)
     except ValidationCancelled:
       return self.cancelled(step)
     finally:
@@ -156,6 +156,7 @@ class Run:
     plots.plot_metrics(self.workdir)
     if bleu > self.best_bleu:  # (only a better model is written: it replaces the best)
       self.best_ckpt.save(step, self.state, metrics={"bleu": bleu})
+      layout.keep_best_validation(self.workdir)
       self.best_bleu = bleu
     if self.stopper.update(bleu):
       log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "

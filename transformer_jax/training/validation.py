@@ -32,10 +32,11 @@ def evaluators(cfg, model, tok, mesh, cancelled) -> dict[str, Evaluator]:
 
 
 def validate(evaluators_: dict[str, Evaluator], params, step: int, writer: MetricWriter,
-             samples: int, final: dict) -> float:
-  """Validation BLEU, chrF and loss on each set, logged and written; returns what the best
-  checkpoint and early stopping follow: the main set's BLEU, or without one (a multilingual
-  run whose config.data.eval_split is "") the mean over the corpora's sets."""
+             samples: int, final: dict, workdir=None) -> float:
+  """Validation BLEU, chrF and loss on each set, logged and written (the main set's
+  translations into `workdir`'s validation/, when given); returns what the best checkpoint
+  and early stopping follow: the main set's BLEU, or without one (a multilingual run whose
+  config.data.eval_split is "") the mean over the corpora's sets."""
   bleus = {}
   for name, evaluator in evaluators_.items():
     t_eval = time.time()
@@ -43,6 +44,8 @@ def validate(evaluators_: dict[str, Evaluator], params, step: int, writer: Metri
     log.info("step %d: validating on %d sentences%s", step, len(evaluator.eval_set),
              f" of {name}" if name else "")
     score, hyps = evaluator.bleu(params)
+    if workdir is not None and not name:
+      layout.save_validation(workdir, step, hyps, evaluator.eval_set.references, score)
     eval_metrics = {f"{prefix}loss": evaluator.loss(params), f"{prefix}bleu": score.bleu,
                     f"{prefix}chrf": score.chrf}
     writer.write(step, eval_metrics)
@@ -69,6 +72,7 @@ def test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, floa
     label = f"step_{step}" + ("_ema" if cfg.optimizer.ema_decay else "")  # (as evaluate does)
     out_dir = layout.eval_dir(workdir, name)
     layout.write_lines(out_dir / f"{label}.hyp", hyps)
+    layout.write_lines(out_dir / "references.txt", eval_set.references)
     layout.write_results(out_dir, [layout.result_record(
         label, [step], name, score, len(hyps), seconds, cfg.decode, prepared)])
     prefix = "test/" if name == cfg.data.test_split else f"test/{name}/"

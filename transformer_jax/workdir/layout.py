@@ -42,6 +42,7 @@ CHECKPOINTS = "checkpoints"
 BEST_CHECKPOINTS = "checkpoints_best"
 RESULTS = "results.json"
 MEMBERS = "members"  # a population's: members/<i>/, each member's workdir
+VALIDATION = "validation"  # the main validation set's translations: last.*, best.*, references
 STOP_REQUEST = "stop_request"  # in a member's workdir: the member is to stop (a sweep pruned it)
 
 
@@ -202,6 +203,29 @@ def write_lines(path: Path, lines: list[str]):
   """One line per entry, UTF-8 (translations, in input order)."""
   if jax.process_index() == 0:
     atomic.write_text(path, "".join(line + "\n" for line in lines))
+
+
+def save_validation(workdir: str | Path, step: int, hyps: list[str], references: list[str],
+                    score):
+  """The main validation set's translations at `step` (`validation/last.hyp`, its scores in
+  `last.json`) and, once, its references: what a sweep's report tests trials on."""
+  folder = Path(workdir) / VALIDATION
+  if jax.process_index() == 0:
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "references.txt").is_file():
+      write_lines(folder / "references.txt", references)
+    write_lines(folder / "last.hyp", hyps)
+    atomic.write_text(folder / "last.json", json.dumps(
+        {"step": step, "bleu": score.bleu, "chrf": score.chrf}))
+
+
+def keep_best_validation(workdir: str | Path):
+  """The last validation's translations kept as the best's (`validation/best.*`: those of
+  the best checkpoint)."""
+  folder = Path(workdir) / VALIDATION
+  if jax.process_index() == 0 and (folder / "last.json").is_file():
+    for suffix in (".hyp", ".json"):
+      atomic.write_text(folder / f"best{suffix}", (folder / f"last{suffix}").read_text())
 
 
 def result_record(label: str, steps: list[int], data: str, score, sentences: int,

@@ -23,24 +23,18 @@ class System:
   workdirs: list[Path]  # the runs they come from ([] for files)
 
 
-def read_lines(path: Path) -> list[str]:
-  """The file's lines, the last one with or without its newline (as sacreBLEU reads them)."""
-  lines = path.read_text(encoding="utf-8").split("\n")
-  return lines[:-1] if lines[-1] == "" else lines
-
-
 def system(spec: str, set_name: str, label: str) -> System:
   """The system `spec` names: a hypothesis file, several joined by commas (a population by
   hand), a run's workdir or a population's."""
   files = [Path(p) for p in spec.split(",")]
   if all(f.is_file() for f in files):
-    return System(spec, [read_lines(f) for f in files], files, [])
+    return System(spec, [layout.read_lines(f) for f in files], files, [])
   path = Path(spec)
   if not path.is_dir():
     raise Error(f"{spec}: neither a hypothesis file nor a workdir")
   members = layout.members(path) or [path]
   files = [_hypotheses(m, set_name, label) for m in members]
-  return System(spec, [read_lines(f) for f in files], files, members)
+  return System(spec, [layout.read_lines(f) for f in files], files, members)
 
 
 def _hypotheses(workdir: Path, set_name: str, label: str) -> Path:
@@ -74,7 +68,7 @@ def _hypotheses(workdir: Path, set_name: str, label: str) -> Path:
 def references(reference_file: str, systems: list[System], set_name: str) -> list[str]:
   """The references: `reference_file`, else set `set_name` of the first run's data."""
   if reference_file:
-    return read_lines(Path(reference_file))
+    return layout.read_lines(Path(reference_file))
   runs = [w for s in systems for w in s.workdirs]
   if not runs:
     raise Error("--reference is needed to compare hypothesis files")

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from transformer_jax.config import search_space as sweep_spec
 from transformer_jax.evaluation import significance
-from transformer_jax.inference.compared import read_lines
 from transformer_jax.reporting import plots
 from transformer_jax.workdir import layout
 
@@ -112,7 +111,8 @@ def _translations(row: dict, spec: sweep_spec.SweepSpec):
         record = record[-1]
         name = record["label"]
       if math.isclose(record[metric], row["objective"], rel_tol=1e-9, abs_tol=1e-9):
-        return (read_lines(folder / f"{name}.hyp"), read_lines(folder / "references.txt"))
+        return (layout.read_lines(folder / f"{name}.hyp"),
+                layout.read_lines(folder / "references.txt"))
     except (OSError, ValueError, KeyError, IndexError, TypeError):
       continue
   return None

@@ -205,6 +205,12 @@ def write_lines(path: Path, lines: list[str]):
     atomic.write_text(path, "".join(line + "\n" for line in lines))
 
 
+def read_lines(path: Path) -> list[str]:
+  """A file's lines, the last one with or without its newline (as sacreBLEU reads them)."""
+  lines = Path(path).read_text(encoding="utf-8").split("\n")
+  return lines[:-1] if lines[-1] == "" else lines
+
+
 def save_validation(workdir: str | Path, step: int, hyps: list[str], references: list[str],
                     score):
   """The main validation set's translations at `step` (`validation/last.hyp`, its scores in

@@ -333,7 +333,13 @@ def _check_settings(spec: SweepSpec, base: ml_collections.ConfigDict):
 
 
 def _check_population(spec: SweepSpec, base: ml_collections.ConfigDict):
-  """A population sweep makes the populations: the base config is none."""
+  """A population sweep makes the populations (the base config is none) of members that
+  differ in a swept key."""
+  if not spec.member_paths:
+    raise SweepError(f"sweep.population={spec.population}, but no swept key can differ "
+                     f"between members (the shared ones: {', '.join(spec.shared_paths)}): "
+                     "sweep one of learning rate, warmup, Adam's constants, weight decay, "
+                     "dropout, label smoothing or seed, or set sweep.population=1")
   pop = base.get("population") or {}
   if any(pop.get(key) for key in (*MEMBER_KEYS, "seeds")):
     raise SweepError(f"sweep.population={spec.population}, but the training config is a "

@@ -103,18 +103,21 @@ def _check(baseline, system, references):
 
 
 def paired_bootstrap(baseline: list[list[str]], system: list[list[str]], references: list[str],
-                     samples: int = DEFAULT_SAMPLES["bs"], seed: int | None = DEFAULT_SEED
-                     ) -> dict[str, tuple[Result, Result]]:
+                     samples: int = DEFAULT_SAMPLES["bs"], seed: int | None = DEFAULT_SEED,
+                     only: str = "") -> dict[str, tuple[Result, Result]]:
   """Per metric, (baseline, system) with the system's p-value: the chance that a difference at
   least as large as the observed one arises from resampling the test set's sentences, under
   the hypothesis that the systems are equal (the resampled differences, centred on their
-  mean). Both get the bootstrap's mean and 95% interval."""
+  mean). Both get the bootstrap's mean and 95% interval. `only`: that metric alone ("BLEU",
+  "chrF2")."""
   _check(baseline, system, references)
   # (as sacreBLEU draws them: one generator per system, the same seed, the same draws)
   n = len(references)
   indices = np.random.default_rng(seed).choice(n, size=(samples, n), replace=True)
   out = {}
   for name, metric in metrics().items():
+    if only and name != only:
+      continue
     base_stats, base_score, base_members = _statistics(metric, baseline, references)
     sys_stats, sys_score, sys_members = _statistics(metric, system, references)
     base_samples = _resampled(metric, base_stats, indices)

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 from transformer_jax.config import search_space as sweep_spec
+from transformer_jax.errors import Error
 from transformer_jax.evaluation import significance
 from transformer_jax.reporting import plots
 from transformer_jax.workdir import layout
@@ -71,9 +72,11 @@ TESTED = {"bleu": "BLEU", "chrf": "chrF2"}
 def p_vs_best(table: list[dict], spec: sweep_spec.SweepSpec) -> dict[int, float]:
   """For each complete trial but the best, the paired bootstrap p-value (sacreBLEU's, its
   seed) of its objective's difference from the best trial's, on the translations that scored
-  them: the main validation set's (the last or the best validation's, as the objective is
-  reduced) or the test set's. {} for a loss objective, or where the translations are gone or
-  differ in their references."""
+  them: the main validation set's (the last validation's; for `reduce="best"`, the best
+  BLEU's, so a chrF objective reduced by its best is tested where that is the same
+  validation) or the test set's. Trials whose translations are gone, or whose references
+  differ from the best's, have none; {} for a loss objective. Each pair is computed once
+  per process (kept while neither file changes)."""
   metric = spec.objective.split("/", 1)[1]
   top = best(table, spec)
   if metric not in TESTED or top is None:
@@ -84,15 +87,40 @@ def p_vs_best(table: list[dict], spec: sweep_spec.SweepSpec) -> dict[int, float]
   if base is None:
     return {}
   out = {}
-  for trial, scored in found.items():
-    if scored is not None and trial != top["trial"] and scored[1] == base[1]:
-      results = significance.paired_bootstrap([base[0]], [scored[0]], base[1])
-      out[trial] = results[TESTED[metric]][1].p_value
+  for trial, files in found.items():
+    if files is None or trial == top["trial"]:
+      continue
+    try:
+      key = (metric, *base, *files, *(p.stat().st_mtime_ns for p in (*base, *files)))
+    except OSError:
+      continue
+    if key not in _TESTED_PAIRS:
+      _TESTED_PAIRS[key] = _p_value(base, files, TESTED[metric])
+    if _TESTED_PAIRS[key] is not None:
+      out[trial] = _TESTED_PAIRS[key]
   return out
 
 
-def _translations(row: dict, spec: sweep_spec.SweepSpec):
-  """(hypotheses, references) whose score is the trial's objective, or None."""
+_TESTED_PAIRS: dict[tuple, float | None] = {}
+
+
+def _p_value(base: tuple[Path, Path], files: tuple[Path, Path], metric: str) -> float | None:
+  """The system's p-value against the baseline, each (hypotheses, references) files; None
+  when their references differ or a file cannot be read or does not fit."""
+  try:
+    references = layout.read_lines(base[1])
+    if layout.read_lines(files[1]) != references:
+      return None
+    results = significance.paired_bootstrap([layout.read_lines(base[0])],
+                                            [layout.read_lines(files[0])], references,
+                                            only=metric)
+  except (OSError, UnicodeError, Error):  # (a file gone or cut short)
+    return None
+  return results[metric][1].p_value
+
+
+def _translations(row: dict, spec: sweep_spec.SweepSpec) -> tuple[Path, Path] | None:
+  """(hypotheses file, references file) whose score is the trial's objective, or None."""
   if not row["workdir"]:
     return None
   split, metric = spec.objective.split("/", 1)
@@ -110,9 +138,10 @@ def _translations(row: dict, spec: sweep_spec.SweepSpec):
       if name is None:  # (results.json: the last evaluation's record)
         record = record[-1]
         name = record["label"]
-      if math.isclose(record[metric], row["objective"], rel_tol=1e-9, abs_tol=1e-9):
-        return (layout.read_lines(folder / f"{name}.hyp"),
-                layout.read_lines(folder / "references.txt"))
+      files = (folder / f"{name}.hyp", folder / "references.txt")
+      if (math.isclose(record[metric], row["objective"], rel_tol=1e-9, abs_tol=1e-9)
+          and all(f.is_file() for f in files)):
+        return files
     except (OSError, ValueError, KeyError, IndexError, TypeError):
       continue
   return None

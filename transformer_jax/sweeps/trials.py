@@ -53,6 +53,7 @@ class Claim:
   workdir: Path
   member: int | None = None  # its index in a population
   reported: set = dataclasses.field(default_factory=set)
+  told: bool = False  # its outcome told to Optuna
 
 
 class TrialRunner:
@@ -130,6 +131,8 @@ class TrialRunner:
                     population_dir)
         population_dir = self.workdir / "populations" / f"{first.number:04d}"
       indices = [t.user_attrs["member"] for t, _, _ in claimed]
+      self._stop_finished_members(first.user_attrs["population"], population_dir, numbers,
+                                  set(indices))
     else:
       numbers = [t.number for t, _, _ in claimed]
       members = [params for _, _, params in claimed]
@@ -143,13 +146,27 @@ class TrialRunner:
              ", ".join(str(c.member) for c in claims))
     for c in claims:
       history = _retry_history(c.trial)
-      self._record(c, self.command(c.params, c.workdir), history,
-                   population=str(population_dir), members=numbers, member=c.member)
+      # ("population" last: a rerun is recognised by it, and then has the others)
+      self._record(c, self.command(c.params, c.workdir), history, members=numbers,
+                   member=c.member, population=str(population_dir))
       link = self.workdir / "trials" / f"{c.trial.number:04d}"
       if not history and not link.is_symlink():
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(c.workdir, link.parent))
     self._supervise(claims, cmd, population_dir)
+
+  def _stop_finished_members(self, recorded_dir: str, population_dir: Path,
+                             numbers: list[int], claimed: set[int]):
+    """Members of a rerun population whose trials are over (pruned, complete, or failed
+    with no rerun left) asked to stop: nobody reports them any more. Those whose reruns
+    wait or run elsewhere go on (that worker waits for this run's workdir lock)."""
+    pending = {t.user_attrs.get("member") for t in self.study.get_trials(
+        deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+        if t.user_attrs.get("population") == recorded_dir}
+    for i, number in enumerate(numbers):
+      if i not in claimed and i not in pending:
+        layout.request_stop(layout.member_dir(population_dir, i),
+                            f"trial {number}'s run is over")
 
   def _record(self, claim: Claim, cmd: list[str], history: list[int], **more):
     """The trial's user attributes: where it runs, its command, the worker's host."""
@@ -192,7 +209,8 @@ class TrialRunner:
       with _no_more_signals():  # (a second SIGTERM/Ctrl-C must not skip the bookkeeping)
         _stop(proc)
         for c in live:
-          self._interrupted(c.trial, time.time() - start)
+          if not c.told:
+            self._interrupted(c.trial, time.time() - start)
       raise
     for c in live:
       self._finish(c, proc.returncode, time.time() - start, run_dir / "train.log")
@@ -203,11 +221,12 @@ class TrialRunner:
     step = self._report(claim.trial, claim.workdir, claim.reported)
     if step is None:
       return False
-    if claim.member is not None:
+    self._set_outcome_attrs(claim, time.time() - start)
+    claim.told = True
+    self.study.tell(claim.trial, state=TrialState.PRUNED)
+    if claim.member is not None:  # (after the tell: a pruned trial is never rerun)
       layout.request_stop(claim.workdir, f"pruned by the sweep at step {step}, trial "
                                          f"{claim.trial.number}")
-    self._set_outcome_attrs(claim, time.time() - start)
-    self.study.tell(claim.trial, state=TrialState.PRUNED)
     log.info("trial %d pruned at step %d (%.0fs)", claim.trial.number, step,
              time.time() - start)
     return True

@@ -93,6 +93,7 @@ def members(workdir: str | Path) -> list[Path]:
 def request_stop(member_workdir: str | Path, reason: str):
   """Asks a running population to stop this member (at its next validation, or when it
   is resumed); the member's trained state so far is kept."""
+  Path(member_workdir).mkdir(parents=True, exist_ok=True)
   Path(member_workdir, STOP_REQUEST).write_text(reason + "\n")
 
 

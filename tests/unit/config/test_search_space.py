@@ -194,6 +194,9 @@ def test_a_population_sweep_shares_what_members_cannot_vary():
     ({"population": 2}, {"seeds": 3}, r"the training config is a population already"),
     ({"population": 2, "fixed": {"population": {"dropout_rate": (0.1, 0.2)}}}, {},
      r"sweep.fixed.population.dropout_rate: with sweep.population the sweep gives each member"),
+    ({"population": 2, "search_space": {"model": {"pre_layer_norm": choice(True, False)}}}, {},
+     r"sweep.population=2, but no swept key can differ between members \(the shared ones: "
+     r"model.pre_layer_norm\)"),
 ])
 def test_bad_population_sweeps_are_one_line(fields, base_population, message):
   base = tiny.get_config()

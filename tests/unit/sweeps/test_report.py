@@ -65,29 +65,32 @@ def test_the_plots_show_choices_as_labelled_slots_and_trials_as_whole_numbers(
 
 
 def test_the_report_tests_each_trial_against_the_best_on_its_translations(tmp_path):
-  """Three trials' validation translations: one a word away from the best's (not
-  significantly different), one far worse (significant), and a fourth whose files are gone."""
+  """Trials' validation translations: one a word away from the best's (not significantly
+  different), one far worse (significant); one trial's files are gone, another's cut short."""
   refs = [f"a man in a {c} shirt is walking his dog number {i} in the park"
           for i, c in enumerate(["red", "blue", "green", "white"] * 50)]
   systems = {0: refs, 1: [r.replace("park", "garden") if i < 3 else r for i, r in enumerate(refs)],
-             2: [r.split(" in ")[0] for r in refs], 3: refs}
+             2: [r.split(" in ")[0] for r in refs], 3: refs, 4: refs[:-1] + ["a dog"]}
   study = optuna.create_study(direction="maximize")
-  dist = {"optimizer.learning_rate": CategoricalDistribution((1e-3, 3e-3, 1e-2, 3e-2))}
+  rates = (1e-3, 3e-3, 1e-2, 3e-2, 0.1)
+  dist = {"optimizer.learning_rate": CategoricalDistribution(rates)}
   for trial, hyps in systems.items():
     workdir = tmp_path / str(trial)
     bleu = sacrebleu.corpus_bleu(hyps, [refs])
     if trial != 3:
       layout.save_validation(workdir, 10, hyps, refs, type("Score", (), {
           "bleu": bleu.score, "chrf": 0.0})())
-    rate = (1e-3, 3e-3, 1e-2, 3e-2)[trial]
+    if trial == 4:  # (its translations cut short after they were scored)
+      (workdir / "validation" / "last.hyp").write_text("a dog\n")
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=bleu.score - (trial == 3),
-                                 distributions=dist, params={"optimizer.learning_rate": rate},
+                                 distributions=dist,
+                                 params={"optimizer.learning_rate": rates[trial]},
                                  user_attrs={"workdir": str(workdir)}))
   spec = sweep_spec.load_spec(helpers.with_overrides(sweep_spec.new_spec(), {
-      "search_space": {"optimizer": {"learning_rate": choice(1e-3, 3e-3, 1e-2, 3e-2)}},
-      "num_trials": 4}), tiny.get_config())
+      "search_space": {"optimizer": {"learning_rate": choice(*rates)}},
+      "num_trials": 5}), tiny.get_config())
   p = report.p_vs_best(report.rows(study, spec), spec)
-  assert set(p) == {1, 2}  # (0 is the best; 3's translations are gone)
+  assert set(p) == {1, 2}  # (0 is the best; 3's translations are gone, 4's cut short)
   assert p[1] > 0.05 and p[2] < 0.01
   text = report.write(study, spec, tmp_path, lambda params, workdir: ["train.py"])
   assert "not significantly different from the best: 1" in text

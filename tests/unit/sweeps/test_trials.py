@@ -1,10 +1,15 @@
 """A population's command: members' values as config.population tuples, shared values once;
-a member's own command trains it alone in its population's batch order."""
+a member's own command trains it alone in its population's batch order; a rerun population's
+members whose trials are over are asked to stop."""
+
+import optuna
+from optuna.trial import TrialState, create_trial
 
 from transformer_jax.config import search_space as sweep_spec
 from transformer_jax.config.search_space import choice, loguniform
 from transformer_jax.configs import tiny
 from transformer_jax.sweeps.trials import TRAIN, TrialRunner
+from transformer_jax.workdir import layout
 
 
 def test_a_population_command_and_its_members_commands(tmp_path):
@@ -29,3 +34,19 @@ def test_a_population_command_and_its_members_commands(tmp_path):
   alone = runner.command(members[1], tmp_path / "alone")
   assert "--config.seed=3" in alone and alone[-2:] == ["--config.data_seed=7",
                                                         f"--workdir={tmp_path / 'alone'}"]
+
+
+def test_a_rerun_population_stops_the_members_nobody_reports(tmp_path):
+  """Members 0 (complete) and 1 (pruned) are over; 2 is this worker's rerun; 3's rerun waits
+  for another worker: only 0 and 1 get a stop request."""
+  recorded = str(tmp_path / "populations" / "0000")
+  study = optuna.create_study()
+  for i, state in enumerate([TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING,
+                             TrialState.WAITING]):
+    study.add_trial(create_trial(state=state, value=1.0 if i == 0 else None,
+                                 user_attrs={"population": recorded, "members": [0, 1, 2, 3],
+                                             "member": i}))
+  runner = TrialRunner(study, None, None, [], tiny.get_config(), tmp_path, "", 10)
+  runner._stop_finished_members(recorded, tmp_path / "new", [0, 1, 2, 3], claimed={2})
+  assert [layout.stop_request(layout.member_dir(tmp_path / "new", i)) for i in range(4)] == [
+      "trial 0's run is over", "trial 1's run is over", None, None]

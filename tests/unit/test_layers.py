@@ -16,7 +16,7 @@ PACKAGE = ROOT / "transformer_jax"
 # (the sweep specs' search-space vocabulary), never the code that runs them.
 LAYERS = ["errors", "atomic", "config", "configs", "ops", "model", "data", "parallel", "reporting",
           "workdir", "decoding", "evaluation", "training", "aot", "inference", "export",
-          "importing", "sweeps", "cli"]
+          "importing", "serving", "sweeps", "cli"]
 
 
 def _modules():

@@ -69,11 +69,12 @@ class Translator:
     return out
 
   def translate(self, sentences: list[str], progress: bool = False,
-                prefixes: list[str] | None = None, seed: int | None = None
+                prefixes: list[str] | None = None, seed: int | None = None, decode=None
                 ) -> list[list[Hypothesis]]:
     """N-best lists (text, score, ids), in input order; empty sentences give []. With
     `prefixes` (line-aligned; "" = none) each translation starts with its prefix; `seed`:
-    sampling's, instead of the decoding settings'."""
+    sampling's, instead of the decoding settings'; `decode`: settings instead of the
+    translator's (a server's request)."""
     results: list[list[Hypothesis]] = [[] for _ in sentences]
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     if not todo:
@@ -93,7 +94,8 @@ class Translator:
     bar = None
     if progress:
       bar = tqdm(total=len(todo), unit="sent", file=sys.stderr)
-    decode = self.decode if seed is None else dataclasses.replace(self.decode, seed=seed)
+    decode = decode or self.decode
+    decode = decode if seed is None else dataclasses.replace(decode, seed=seed)
     nbest = translate_nbest(self.members, None, eval_set, self.run.tokenizer,
                             decode, self.run.mesh,
                             on_batch=bar.update if bar is not None else None)

@@ -1,0 +1,103 @@
+"""The endpoints on a stand-in engine (each translation names its source): LibreTranslate's
+fields and answers, ours with options and ids, and every bad request a one-line JSON error
+after which the server goes on serving."""
+
+import json
+
+import pytest
+from starlette.testclient import TestClient
+
+from transformer_jax.errors import ConfigError
+from transformer_jax.serving.api import Limits, make_app
+from transformer_jax.serving.batcher import Batcher
+from transformer_jax.serving.metrics import Metrics
+
+
+class Echo:
+  """Translates "x" into "<x>" (n-best: "<x> #k"), score -k; records its batches."""
+  name, source_lang, target_lang, beam_size = "echo", "de", "en", 4
+
+  def __init__(self):
+    self.batches = []
+
+  def decode_config(self, options):
+    values = dict(options.decode)
+    if values.get("beam_size", 4) < values.get("nbest", 1):
+      raise ConfigError(f"config.decode.nbest={values['nbest']} must be in [1, beam_size="
+                        f"{values.get('beam_size', 4)}]")
+
+  def translate(self, sentences, prefixes, options):
+    self.batches.append(list(sentences))
+    nbest = dict(options.decode).get("nbest", 1)
+    return [[{"translation": f"{p}<{s}>" + (f" #{k}" if k else ""), "score": -float(k)}
+             for k in range(nbest)] if s.strip() else [] for s, p in zip(sentences, prefixes)]
+
+
+@pytest.fixture()
+def client():
+  engine, metrics = Echo(), Metrics()
+  batcher = Batcher(engine, metrics, max_sentences=8, max_wait_s=0.001, max_queue=64)
+  with TestClient(make_app(engine, batcher, metrics, Limits(max_body_bytes=4096,
+                                                            max_sentences=16))) as c:
+    c.engine = engine
+    yield c
+  batcher.close()
+
+
+def test_libretranslate_fields_as_its_clients_send_them(client):
+  form = client.post("/translate", data={"q": "Hallo", "source": "de", "target": "en"})
+  assert form.json() == {"translatedText": "<Hallo>"}
+  listed = client.post("/translate", json={"q": ["a", "b"], "source": "auto", "target": "en",
+                                           "alternatives": 2, "format": "text"})
+  assert listed.json() == {"translatedText": ["<a>", "<b>"],
+                           "alternatives": [["<a> #1", "<a> #2"], ["<b> #1", "<b> #2"]]}
+  assert client.get("/languages").json() == [{"code": "de", "name": "de", "targets": ["en"]}]
+
+
+def test_our_endpoint_takes_options_prefixes_and_an_id(client):
+  r = client.post("/v1/translate", json={"text": ["a", "b"], "id": "req-9",
+                                         "options": {"nbest": 2, "prefix": ["x", ""]}})
+  assert r.json() == {"id": "req-9", "translations": [
+      [{"translation": "x<a>", "score": 0.0}, {"translation": "x<a> #1", "score": -1.0}],
+      [{"translation": "<b>", "score": 0.0}, {"translation": "<b> #1", "score": -1.0}]]}
+
+
+@pytest.mark.parametrize("request_kw, status, error", [
+    ({"json": {"q": "", "source": "de", "target": "en"}}, 400, "q is empty"),
+    ({"content": b"q=\xff\xfe&target=en"}, 400, "request body is not UTF-8 (byte 2)"),
+    ({"content": b'{"q": "a",', "headers": {"Content-Type": "application/json"}}, 400,
+     "malformed JSON: Expecting property name enclosed in double quotes at line 1 column 11"),
+    ({"content": b"q=" + b"a" * 10_000}, 413, "request body of 10002 bytes; at most 4096"),
+    ({"json": {"q": "a", "source": "de", "target": "xx"}}, 400,
+     "target language 'xx' is not served (this model: de -> en)"),
+    ({"json": {"q": ["a"] * 10_000, "target": "en"}}, 413, "request body of"),
+    ({"json": {"q": ["a"] * 17, "target": "en"}}, 413,
+     "17 sentences in one request; at most 16"),
+    ({"json": {"q": "a", "target": "en", "format": "html"}}, 400, "format 'html'"),
+])
+def test_bad_requests_are_one_line_json_errors_and_the_server_goes_on(client, request_kw,
+                                                                      status, error):
+  r = client.post("/translate", **request_kw)
+  assert r.status_code == status and r.json()["error"].startswith(error), r.text
+  assert "\n" not in r.json()["error"]
+  assert client.post("/translate", json={"q": "ok", "target": "en"}).json() == {
+      "translatedText": "<ok>"}
+
+
+def test_bad_options_name_themselves(client):
+  r = client.post("/v1/translate", json={"text": "a", "options": {"beem_size": 2}})
+  assert r.status_code == 400 and r.json()["error"].startswith("unknown option 'beem_size'")
+  r = client.post("/v1/translate", json={"text": "a", "options": {"beam_size": 2, "nbest": 3}})
+  assert r.status_code == 400 and r.json()["error"] == (
+      "config.decode.nbest=3 must be in [1, beam_size=2]")
+
+
+def test_metrics_count_requests_errors_and_batches(client):
+  client.post("/translate", json={"q": ["a", "b", "c"], "target": "en"})
+  client.post("/translate", json={"q": "a", "target": "zz"})
+  text = client.get("/metrics").text
+  assert 'transformer_jax_requests_total{endpoint="translate",status="200"} 1' in text
+  assert "transformer_jax_request_errors_total 1" in text
+  assert "transformer_jax_sentences_total 3" in text
+  assert 'transformer_jax_batch_sentences_bucket{le="4"} 1' in text
+  json.dumps(text)  # (plain text)

@@ -1,0 +1,77 @@
+"""Micro-batching: concurrent requests share engine calls up to the batch size, never across
+decoding options; each gets its own answers; a full queue refuses; closing answers all."""
+
+import asyncio
+import threading
+
+import pytest
+
+from transformer_jax.serving.batcher import Batcher, Closed, QueueFull
+from transformer_jax.serving.engine import Options
+from transformer_jax.serving.metrics import Metrics
+
+
+class Slow:
+  """Answers each sentence with itself and the options; the first call waits for `gate`."""
+
+  def __init__(self, gate=None):
+    self.calls, self.gate = [], gate
+
+  def translate(self, sentences, prefixes, options):
+    if self.gate is not None and not self.calls:
+      self.gate.wait(5)
+    self.calls.append((list(sentences), options))
+    return [[{"translation": s, "options": options}] for s in sentences]
+
+
+def test_concurrent_requests_are_batched_by_options_and_answered_their_own():
+  gate = threading.Event()
+  engine = Slow(gate)
+  batcher = Batcher(engine, Metrics(), max_sentences=4, max_wait_s=0.05)
+  beam = Options((("beam_size", 2),))
+
+  async def main():
+    first = asyncio.create_task(batcher.translate(["warm"], [""], Options()))
+    await asyncio.sleep(0.1)  # (the engine is busy with it: the rest queue up)
+    tasks = [asyncio.create_task(batcher.translate([f"s{i}", f"t{i}"], ["", ""],
+                                                   beam if i % 2 else Options()))
+             for i in range(6)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    return await first, await asyncio.gather(*tasks)
+
+  first, answers = asyncio.run(main())
+  batcher.close()
+  assert first == [[{"translation": "warm", "options": Options()}]]
+  for i, answer in enumerate(answers):
+    assert [a[0]["translation"] for a in answer] == [f"s{i}", f"t{i}"]
+    assert all(a[0]["options"] == (beam if i % 2 else Options()) for a in answer)
+  # Two requests of 2 per call of 4, the first waiting request's options first; a call's
+  # sentences all from requests with its options.
+  assert [sentences for sentences, _ in engine.calls[1:]] == [
+      ["s0", "t0", "s2", "t2"], ["s1", "t1", "s3", "t3"], ["s4", "t4"], ["s5", "t5"]]
+  for sentences, options in engine.calls[1:]:
+    assert {int(s[1:]) % 2 for s in sentences} == {int(options == beam)}
+
+
+def test_a_full_queue_refuses_and_a_closed_batcher_answers_what_it_took():
+  gate = threading.Event()
+  batcher = Batcher(Slow(gate), Metrics(), max_sentences=2, max_wait_s=0.0, max_queue=3)
+
+  async def main():
+    busy = asyncio.create_task(batcher.translate(["a"], [""], Options()))
+    await asyncio.sleep(0.1)
+    waiting = asyncio.create_task(batcher.translate(["b", "c", "d"], ["", "", ""], Options()))
+    await asyncio.sleep(0.05)
+    with pytest.raises(QueueFull):
+      await batcher.translate(["e"], [""], Options())
+    closing = asyncio.get_running_loop().run_in_executor(None, batcher.close)
+    await asyncio.sleep(0.05)
+    with pytest.raises(Closed):
+      await batcher.translate(["f"], [""], Options())
+    gate.set()
+    await closing
+    return await busy, await waiting
+
+  busy, waiting = asyncio.run(main())
+  assert [a[0]["translation"] for a in busy + waiting] == ["a", "b", "c", "d"]

@@ -1,0 +1,46 @@
+r"""Serves a trained run over HTTP: LibreTranslate's API, ours with decoding options, metrics.
+
+  transformer-jax-serve --workdir=runs/default [--checkpoint=best] [--port=5000]
+  curl -s localhost:5000/translate -H 'Content-Type: application/json' \
+      -d '{"q": "Ein Hund läuft im Schnee.", "source": "de", "target": "en"}'
+
+Concurrent requests are batched (up to --max_batch_sentences, or what came within
+--max_wait_ms of the first); the programs are warmed up before the port opens; SIGTERM stops
+accepting, answers what was accepted and exits 0. Endpoints: transformer_jax/serving/api.py.
+"""
+
+from absl import flags
+
+from transformer_jax.cli import runner
+
+
+def define_flags(fv: flags.FlagValues):
+  flags.DEFINE_multi_string("workdir", None, "A training workdir; several: an ensemble.",
+                            flag_values=fv, required=True)
+  flags.DEFINE_string("checkpoint", "latest", "As translate's.", flag_values=fv)
+  runner.define_decoding_flags(fv)
+  flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.", flag_values=fv)
+  flags.DEFINE_integer("port", 5000, "Port (0: any free one, printed).", flag_values=fv)
+  flags.DEFINE_integer("max_batch_sentences", 32, "Most sentences per engine call.",
+                       flag_values=fv)
+  flags.DEFINE_float("max_wait_ms", 10.0, "Longest a batch waits for more requests.",
+                     flag_values=fv)
+  flags.DEFINE_integer("max_queue", 1024, "Most sentences waiting (then 503).", flag_values=fv)
+  flags.DEFINE_integer("max_request_sentences", 256, "Most sentences per request (413).",
+                       flag_values=fv)
+  flags.DEFINE_integer("max_body_bytes", 1 << 20, "Largest request body (413).", flag_values=fv)
+  flags.DEFINE_float("timeout_s", 60.0, "A request's deadline, queueing included (504).",
+                     flag_values=fv)
+
+
+def serve(args: runner.Args):
+  from transformer_jax.serving import server
+  server.serve(args)
+
+
+def main(argv=None):
+  runner.main("serve", __doc__, define_flags, serve, argv)
+
+
+if __name__ == "__main__":
+  main()

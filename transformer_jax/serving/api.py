@@ -1,0 +1,188 @@
+"""The HTTP endpoints (Starlette, served by uvicorn):
+
+  POST /translate     LibreTranslate's API (`q` a string or a list, `source`, `target`,
+                      `format=text`, `alternatives`; JSON or a form), so its clients work as is
+  GET  /languages     LibreTranslate's: the run's direction
+  POST /v1/translate  ours: per-request decoding options, n-best with scores and alignments
+  GET  /health, GET /metrics (Prometheus text)
+
+Every refusal is a 4xx or 5xx with a one-line JSON `{"error": ...}`: a body over the limit
+(413), too many sentences (413), malformed JSON or form, text that is not UTF-8, empty text,
+an unknown language or option (400), a full queue (503 with Retry-After), a request past its
+timeout (504). A client that leaves mid-request is dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from urllib.parse import parse_qs
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from transformer_jax.errors import ConfigError
+from transformer_jax.serving.batcher import Batcher, Closed, QueueFull
+from transformer_jax.serving.engine import REQUEST_OPTIONS, Options
+from transformer_jax.serving.metrics import Metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  max_body_bytes: int = 1 << 20
+  max_sentences: int = 256      # per request
+  max_chars: int = 2000         # per sentence
+  timeout_s: float = 60.0       # per request, queueing included
+
+
+class Refused(Exception):
+  def __init__(self, status: int, message: str):
+    super().__init__(message)
+    self.status = status
+
+
+def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits()) -> Starlette:
+  async def body(request: Request) -> dict:
+    """The request's fields from JSON or a form, UTF-8, within the size limit."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
+      raise Refused(413, f"request body of {declared} bytes; at most {limits.max_body_bytes}")
+    raw = bytearray()
+    async for chunk in request.stream():
+      raw += chunk
+      if len(raw) > limits.max_body_bytes:
+        raise Refused(413, f"request body over {limits.max_body_bytes} bytes")
+    try:
+      text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise Refused(400, f"request body is not UTF-8 (byte {e.start})") from None
+    if "application/json" in request.headers.get("content-type", ""):
+      try:
+        fields = json.loads(text or "{}")
+      except json.JSONDecodeError as e:
+        raise Refused(400, f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}"
+                      ) from None
+      if not isinstance(fields, dict):
+        raise Refused(400, "the JSON body must be an object")
+      return fields
+    form = parse_qs(text, keep_blank_values=True)
+    return {k: v if len(v) > 1 or k == "q[]" else v[0] for k, v in form.items()}
+
+  def sentences_of(value, name: str) -> list[str]:
+    sentences = [value] if isinstance(value, str) else value
+    if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
+      raise Refused(400, f"{name} must be a string or a list of strings")
+    if not sentences or not any(s.strip() for s in sentences):
+      raise Refused(400, f"{name} is empty")
+    if len(sentences) > limits.max_sentences:
+      raise Refused(413, f"{len(sentences)} sentences in one request; at most "
+                    f"{limits.max_sentences}")
+    longest = max(len(s) for s in sentences)
+    if longest > limits.max_chars:
+      raise Refused(413, f"a sentence of {longest} characters; at most {limits.max_chars}")
+    return sentences
+
+  async def translated(sentences, prefixes, options: Options):
+    try:
+      engine.decode_config(options)
+    except ConfigError as e:
+      raise Refused(400, str(e)) from None
+    try:
+      return await asyncio.wait_for(batcher.translate(sentences, prefixes, options),
+                                    limits.timeout_s)
+    except QueueFull:
+      raise Refused(503, "the server is busy: its queue is full; retry shortly") from None
+    except Closed:
+      raise Refused(503, "the server is shutting down") from None
+    except asyncio.TimeoutError:
+      raise Refused(504, f"not translated within {limits.timeout_s:g} s") from None
+
+  async def libretranslate(request: Request):
+    fields = await body(request)
+    sentences = sentences_of(fields.get("q", fields.get("q[]")), "q")
+    source, target = fields.get("source", "auto"), fields.get("target")
+    if source not in ("auto", engine.source_lang):
+      raise Refused(400, f"source language {source!r} is not served (this model: "
+                    f"{engine.source_lang} -> {engine.target_lang})")
+    if target != engine.target_lang:
+      raise Refused(400, f"target language {target!r} is not served (this model: "
+                    f"{engine.source_lang} -> {engine.target_lang})")
+    if fields.get("format", "text") != "text":
+      raise Refused(400, f"format {fields.get('format')!r}: only 'text' is served")
+    try:
+      alternatives = int(fields.get("alternatives", 0))
+    except (TypeError, ValueError):
+      raise Refused(400, f"alternatives={fields.get('alternatives')!r} is not a number"
+                    ) from None
+    decode = {}
+    if alternatives > 0:
+      beam = max(alternatives + 1, engine.beam_size)
+      decode = {"nbest": alternatives + 1, "beam_size": beam}
+    results = await translated(sentences, [""] * len(sentences),
+                               Options(tuple(sorted(decode.items()))))
+    texts = [r[0]["translation"] if r else "" for r in results]
+    alts = [[h["translation"] for h in r[1:]] for r in results]
+    one = isinstance(fields.get("q"), str)
+    out = {"translatedText": texts[0] if one else texts}
+    if alternatives > 0:
+      out["alternatives"] = alts[0] if one else alts
+    return out
+
+  async def native(request: Request):
+    fields = await body(request)
+    sentences = sentences_of(fields.get("text"), "text")
+    given = fields.get("options", {})
+    if not isinstance(given, dict):
+      raise Refused(400, "options must be an object")
+    unknown = sorted(set(given) - {*REQUEST_OPTIONS, "seed", "prefix", "alignments"})
+    if unknown:
+      raise Refused(400, f"unknown option {unknown[0]!r}; options: "
+                    f"{', '.join((*REQUEST_OPTIONS, 'seed', 'prefix', 'alignments'))}")
+    prefix = given.get("prefix", "")
+    prefixes = [prefix] * len(sentences) if isinstance(prefix, str) else prefix
+    if not isinstance(prefixes, list) or len(prefixes) != len(sentences):
+      raise Refused(400, "prefix must be a string or one string per sentence")
+    seed = given.get("seed")
+    if seed is not None and not isinstance(seed, int):
+      raise Refused(400, f"seed={seed!r} is not an integer")
+    options = Options(tuple(sorted((k, v) for k, v in given.items() if k in REQUEST_OPTIONS)),
+                      seed, bool(given.get("alignments", False)))
+    results = await translated(sentences, prefixes, options)
+    out = {"translations": results}
+    if "id" in fields:
+      out["id"] = fields["id"]
+    return out
+
+  def endpoint(name: str, handler):
+    async def run(request: Request) -> Response:
+      start = time.monotonic()
+      try:
+        response = JSONResponse(await handler(request))
+      except Refused as e:
+        response = JSONResponse({"error": str(e)}, e.status,
+                                headers={"Retry-After": "1"} if e.status == 503 else None)
+      except ClientDisconnect:
+        response = Response(status_code=499)  # (nobody reads it)
+      metrics.request(name, response.status_code, time.monotonic() - start)
+      return response
+    return run
+
+  async def languages(request: Request):
+    return [{"code": engine.source_lang, "name": engine.source_lang,
+             "targets": [engine.target_lang]}]
+
+  async def health(request: Request):
+    return {"status": "ok", "engine": engine.name}
+
+  async def metrics_text(request: Request):
+    return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
+
+  return Starlette(routes=[
+      Route("/translate", endpoint("translate", libretranslate), methods=["POST"]),
+      Route("/v1/translate", endpoint("v1/translate", native), methods=["POST"]),
+      Route("/languages", endpoint("languages", languages), methods=["GET"]),
+      Route("/health", endpoint("health", health), methods=["GET"]),
+      Route("/metrics", metrics_text, methods=["GET"])])

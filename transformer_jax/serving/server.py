@@ -1,0 +1,41 @@
+"""The server's life: the engine loaded and warmed up before the port opens, uvicorn serving
+the endpoints, and on SIGTERM (or Ctrl-C) no new connections, every accepted request
+answered, the batcher drained, exit 0."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import uvicorn
+
+from transformer_jax.serving.api import Limits, make_app
+from transformer_jax.serving.batcher import Batcher
+from transformer_jax.serving.engine import JaxEngine
+from transformer_jax.serving.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def serve(args):
+  """Runs the server of the `transformer-jax-serve` flags until SIGTERM or Ctrl-C."""
+  engine = JaxEngine(args.workdir, args.checkpoint, args.dtype, args.source_tag)
+  log.info("Warming up (%s -> %s)", engine.source_lang, engine.target_lang)
+  engine.warm_up()
+  metrics = Metrics()
+  batcher = Batcher(engine, metrics, args.max_batch_sentences, args.max_wait_ms / 1000,
+                    args.max_queue)
+  app = make_app(engine, batcher, metrics, Limits(args.max_body_bytes,
+                                                  args.max_request_sentences,
+                                                  timeout_s=args.timeout_s))
+  sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  sock.bind((args.host, args.port))
+  log.info("Serving on http://%s:%d (engine %s)", args.host, sock.getsockname()[1],
+           engine.name)
+  server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+  try:
+    server.run(sockets=[sock])  # (uvicorn's SIGTERM: stop accepting, finish what is in flight)
+  finally:
+    batcher.close()
+  log.info("Stopped: every accepted request answered")

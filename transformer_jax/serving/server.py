@@ -5,6 +5,7 @@ answered, the batcher drained, exit 0."""
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 
 import uvicorn
@@ -34,8 +35,12 @@ def serve(args):
   log.info("Serving on http://%s:%d (engine %s)", args.host, sock.getsockname()[1],
            engine.name)
   server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+  # (uvicorn handles SIGTERM: stop accepting, finish what is in flight; then it raises the
+  # signal again for the handler it found: this one, so that the drained server exits 0)
+  previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
   try:
-    server.run(sockets=[sock])  # (uvicorn's SIGTERM: stop accepting, finish what is in flight)
+    server.run(sockets=[sock])
   finally:
     batcher.close()
+    signal.signal(signal.SIGTERM, previous)
   log.info("Stopped: every accepted request answered")

@@ -32,6 +32,7 @@ def serve(args):
   sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   sock.bind((args.host, args.port))
+  sock.listen(2048)  # (from now on connections wait for uvicorn's accept: none is refused)
   log.info("Serving on http://%s:%d (engine %s)", args.host, sock.getsockname()[1],
            engine.name)
   server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))

@@ -1,0 +1,131 @@
+"""The server under load on loopback: C concurrent clients sending test2016 sentences, singly
+or in lists, against the same engine's offline batch speed measured in this run.
+
+  python benchmarks/serve_load.py --workdir=runs/default --clients=1,8,32,128 --sentences=400
+
+For each C: sentences/s through the server, p50/p95/p99 request latency, and the ratio to
+the offline speed (`Translator.translate` of all the sentences at once, the engine's batch
+decoding, warm); every answer checked against its request's id and the offline translation
+of its sentence (none lost, duplicated or another's). The clients are threads in this process
+(on a 2-core machine they share the CPU with the server: the ratio is a lower bound).
+"""
+
+import itertools
+import json
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from absl import app, flags
+
+from transformer_jax.data import text
+from transformer_jax.inference.translator import Translator
+from transformer_jax.parallel import hardware, platforms
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "A trained run.", required=True)
+flags.DEFINE_list("clients", ["1", "8", "32", "128"], "Concurrent clients.")
+flags.DEFINE_integer("sentences", 400, "test2016 sentences sent per client count.")
+flags.DEFINE_enum("mode", "single", ["single", "list"], "One sentence a request, or lists of "
+                  "--list_size.")
+flags.DEFINE_integer("list_size", 8, "Sentences per request in list mode.")
+flags.DEFINE_integer("max_batch_sentences", 32, "The server's batch size.")
+flags.DEFINE_float("max_wait_ms", 10.0, "The server's batching wait.")
+
+SOURCES = Path(__file__).resolve().parents[1] / "transformer_jax/corpora/multi30k/test2016.de.gz"
+
+
+def _start(workdir: str):
+  proc = subprocess.Popen([sys.executable, "-m", "transformer_jax.cli.serve",
+                           f"--workdir={workdir}", "--port=0",
+                           f"--max_batch_sentences={FLAGS.max_batch_sentences}",
+                           f"--max_wait_ms={FLAGS.max_wait_ms}", "--max_queue=100000"],
+                          stderr=subprocess.PIPE, text=True)
+  for line in proc.stderr:
+    found = re.search(r"Serving on (http://\S+)", line)
+    if found:
+      threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+      return proc, found.group(1)
+  raise RuntimeError("the server did not start")
+
+
+def _post(url: str, payload: dict) -> tuple[float, dict]:
+  request = urllib.request.Request(url, json.dumps(payload).encode(),
+                                   {"Content-Type": "application/json"})
+  start = time.perf_counter()
+  with urllib.request.urlopen(request, timeout=600) as r:
+    answer = json.loads(r.read())
+  return time.perf_counter() - start, answer
+
+
+def _load(url: str, sentences: list[str], expected: list[str], clients: int) -> dict:
+  size = 1 if FLAGS.mode == "single" else FLAGS.list_size
+  requests = [list(range(i, min(i + size, len(sentences))))
+              for i in range(0, len(sentences), size)]
+
+  def send(rows):
+    seconds, answer = _post(url + "/v1/translate", {"id": rows[0],
+                                                    "text": [sentences[i] for i in rows]})
+    got = [t[0]["translation"] if t else "" for t in answer["translations"]]
+    ok = answer["id"] == rows[0] and got == [expected[i] for i in rows]
+    return seconds, ok
+  start = time.perf_counter()
+  with ThreadPoolExecutor(clients) as pool:
+    results = list(pool.map(send, requests))
+  wall = time.perf_counter() - start
+  latencies = sorted(s for s, _ in results)
+  q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+  return {"sentences_per_sec": len(sentences) / wall, "p50": q[49], "p95": q[94],
+          "p99": q[98], "wrong": sum(not ok for _, ok in results), "requests": len(results)}
+
+
+def main(_):
+  platforms.leave_out_absent_tpu()
+  sentences = list(itertools.islice(text.read_lines(SOURCES), FLAGS.sentences))
+  print(hardware.describe_machine(), flush=True)
+  offline_speed, expected = _offline(sentences, [])
+  at_batch, _ = _offline(sentences, [f"batch_size={FLAGS.max_batch_sentences}"])
+  proc, url = _start(FLAGS.workdir)
+  try:
+    for clients in map(int, FLAGS.clients):  # (warm: the shapes each load makes, compiled)
+      _load(url, sentences, expected, clients)
+    print(f"engine jax; offline: {offline_speed:.1f} sentences/s in batches of "
+          f"{translator_batch()} rows, {at_batch:.1f} in batches of the server's "
+          f"{FLAGS.max_batch_sentences}; {FLAGS.mode} requests, wait {FLAGS.max_wait_ms:g} ms")
+    print("| clients | sentences/s | vs offline | vs offline at the server's batch | p50 (ms) "
+          "| p95 (ms) | p99 (ms) | wrong |")
+    print("|---|---|---|---|---|---|---|---|")
+    for clients in map(int, FLAGS.clients):
+      r = _load(url, sentences, expected, clients)
+      print(f"| {clients} | {r['sentences_per_sec']:.1f} | "
+            f"{r['sentences_per_sec'] / offline_speed:.2f}x | "
+            f"{r['sentences_per_sec'] / at_batch:.2f}x | {r['p50'] * 1e3:.0f} | "
+            f"{r['p95'] * 1e3:.0f} | {r['p99'] * 1e3:.0f} | {r['wrong']}/{r['requests']} |",
+            flush=True)
+  finally:
+    proc.terminate()
+    proc.wait()
+
+
+def _offline(sentences: list[str], overrides: list[str]) -> tuple[float, list[str]]:
+  """(sentences/s of one warm `translate` of all of them, the best translations)."""
+  translator = Translator([FLAGS.workdir], decode_overrides=overrides)
+  translator.translate(sentences)  # (warm: every shape compiled)
+  start = time.perf_counter()
+  offline = translator.translate(sentences)
+  return (len(sentences) / (time.perf_counter() - start),
+          [h[0].text if h else "" for h in offline])
+
+
+def translator_batch() -> int:
+  return json.loads((Path(FLAGS.workdir) / "config.json").read_text())["decode"]["batch_size"]
+
+
+if __name__ == "__main__":
+  app.run(main)

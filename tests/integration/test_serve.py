@@ -28,7 +28,8 @@ SOURCES = list(itertools.islice(
 def _start(workdir):
   """The server process and its URL, once it listens; its log collected in the background."""
   proc = subprocess.Popen([sys.executable, "-m", "transformer_jax.cli.serve",
-                           f"--workdir={workdir}", "--port=0", "--max_wait_ms=20"],
+                           f"--workdir={workdir}", "--port=0", "--max_wait_ms=20",
+                           "--warm_up_batches=1"],
                           cwd=ROOT, stderr=subprocess.PIPE, text=True)
   log = []
   for line in proc.stderr:

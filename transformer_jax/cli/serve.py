@@ -31,6 +31,9 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_integer("max_body_bytes", 1 << 20, "Largest request body (413).", flag_values=fv)
   flags.DEFINE_float("timeout_s", 60.0, "A request's deadline, queueing included (504).",
                      flag_values=fv)
+  flags.DEFINE_integer("warm_up_batches", 3, "Validation batches translated at each batch "
+                       "size before the port opens (0: the two shortest lengths only).",
+                       flag_values=fv)
 
 
 def serve(args: runner.Args):

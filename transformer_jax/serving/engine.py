@@ -5,9 +5,15 @@ a request may change."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from transformer_jax.config.parse import replace_from_text
+from transformer_jax.data.eval_sets import load_eval_set
+from transformer_jax.decoding import resizing
+from transformer_jax.errors import Error
 from transformer_jax.inference.translator import Translator
+
+log = logging.getLogger(__name__)
 
 # The decoding settings a request may choose (config.decode's keys).
 REQUEST_OPTIONS = ("beam_size", "length_penalty", "nbest", "sampling", "temperature", "top_k",
@@ -28,8 +34,10 @@ class JaxEngine:
   name = "jax"
 
   def __init__(self, workdir: list[str], checkpoint: str = "latest", dtype: str = "",
-               source_tag: str = ""):
-    self.translator = Translator(workdir, checkpoint, (), source_tag, dtype, alignments=True)
+               source_tag: str = "", max_batch: int = 32):
+    # (batches of at most the server's size: few row counts to compile)
+    self.translator = Translator(workdir, checkpoint, [f"batch_size={max_batch}"], source_tag,
+                                 dtype, alignments=True)
     cfg = self.translator.run.cfg
     self.source_lang, self.target_lang = cfg.data.source_lang, cfg.data.target_lang
     self.beam_size = self.translator.decode.beam_size
@@ -56,5 +64,24 @@ class JaxEngine:
         out[i][j]["alignment"] = link
     return out
 
-  def warm_up(self):
-    self.translator.warm_up()
+  def warm_up(self, chunks: int = 3) -> int:
+    """Compiles (or loads from the persistent cache) the programs requests will need: the
+    run's validation sources translated in `chunks` batches of each row count a batch can
+    have, in file order (mixed lengths, as requests come); without the validation data on
+    this machine, the two shortest lengths only. Returns the sentences translated."""
+    run = self.translator.run
+    if not chunks:
+      self.translator.warm_up()
+      return 2
+    try:
+      sources = load_eval_set(run.cfg.data, run.cfg.data.eval_split, run.tokenizer).sources
+    except Error as e:
+      log.warning("no validation data to warm up with (%s): the first requests of other "
+                  "lengths compile their programs", e)
+      self.translator.warm_up()
+      return 2
+    done = 0
+    for rows in resizing.row_sizes(self.translator.decode.batch_size):
+      for start in range(0, min(len(sources), chunks * rows), rows):
+        done += len(self.translator.translate(sources[start:start + rows]))
+    return done

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import time
 
 import uvicorn
 
@@ -20,9 +21,13 @@ log = logging.getLogger(__name__)
 
 def serve(args):
   """Runs the server of the `transformer-jax-serve` flags until SIGTERM or Ctrl-C."""
-  engine = JaxEngine(args.workdir, args.checkpoint, args.dtype, args.source_tag)
-  log.info("Warming up (%s -> %s)", engine.source_lang, engine.target_lang)
-  engine.warm_up()
+  engine = JaxEngine(args.workdir, args.checkpoint, args.dtype, args.source_tag,
+                     args.max_batch_sentences)
+  start = time.monotonic()
+  log.info("Warming up (%s -> %s): compiling the programs requests will need",
+           engine.source_lang, engine.target_lang)
+  sentences = engine.warm_up(args.warm_up_batches)
+  log.info("Warmed up on %d sentences in %.1f s", sentences, time.monotonic() - start)
   metrics = Metrics()
   batcher = Batcher(engine, metrics, args.max_batch_sentences, args.max_wait_ms / 1000,
                     args.max_queue)

@@ -25,8 +25,10 @@ from pathlib import Path
 from absl import app, flags
 
 from transformer_jax.data import text
+from transformer_jax.export.engine import Ctranslate2Engine
 from transformer_jax.inference.translator import Translator
 from transformer_jax.parallel import hardware, platforms
+from transformer_jax.serving.engine import Options
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained run.", required=True)
@@ -37,6 +39,7 @@ flags.DEFINE_enum("mode", "single", ["single", "list"], "One sentence a request,
 flags.DEFINE_integer("list_size", 8, "Sentences per request in list mode.")
 flags.DEFINE_integer("max_batch_sentences", 32, "The server's batch size.")
 flags.DEFINE_float("max_wait_ms", 10.0, "The server's batching wait.")
+flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2"], "The server's engine.")
 
 SOURCES = Path(__file__).resolve().parents[1] / "transformer_jax/corpora/multi30k/test2016.de.gz"
 
@@ -45,7 +48,8 @@ def _start(workdir: str):
   proc = subprocess.Popen([sys.executable, "-m", "transformer_jax.cli.serve",
                            f"--workdir={workdir}", "--port=0",
                            f"--max_batch_sentences={FLAGS.max_batch_sentences}",
-                           f"--max_wait_ms={FLAGS.max_wait_ms}", "--max_queue=100000"],
+                           f"--max_wait_ms={FLAGS.max_wait_ms}", "--max_queue=100000",
+                           f"--engine={FLAGS.engine}"],
                           stderr=subprocess.PIPE, text=True)
   for line in proc.stderr:
     found = re.search(r"Serving on (http://\S+)", line)
@@ -95,7 +99,7 @@ def main(_):
   try:
     for clients in map(int, FLAGS.clients):  # (warm: the shapes each load makes, compiled)
       _load(url, sentences, expected, clients)
-    print(f"engine jax; offline: {offline_speed:.1f} sentences/s in batches of "
+    print(f"engine {FLAGS.engine}; offline: {offline_speed:.1f} sentences/s in batches of "
           f"{translator_batch()} rows, {at_batch:.1f} in batches of the server's "
           f"{FLAGS.max_batch_sentences}; {FLAGS.mode} requests, wait {FLAGS.max_wait_ms:g} ms")
     print("| clients | sentences/s | vs offline | vs offline at the server's batch | p50 (ms) "
@@ -114,11 +118,18 @@ def main(_):
 
 
 def _offline(sentences: list[str], overrides: list[str]) -> tuple[float, list[str]]:
-  """(sentences/s of one warm `translate` of all of them, the best translations)."""
-  translator = Translator([FLAGS.workdir], decode_overrides=overrides)
-  translator.translate(sentences)  # (warm: every shape compiled)
+  """(sentences/s of one warm translation of all of them by the engine, the best ones)."""
+  if FLAGS.engine == "ctranslate2":
+    batch = int(overrides[0].split("=")[1]) if overrides else translator_batch()
+    engine = Ctranslate2Engine([FLAGS.workdir], max_batch=batch)
+    translate = lambda: [[type("H", (), {"text": h["translation"]})() for h in r]  # noqa: E731
+                         for r in engine.translate(sentences, [""] * len(sentences), Options())]
+  else:
+    translator = Translator([FLAGS.workdir], decode_overrides=overrides)
+    translate = lambda: translator.translate(sentences)  # noqa: E731
+  translate()  # (warm: every shape compiled)
   start = time.perf_counter()
-  offline = translator.translate(sentences)
+  offline = translate()
   return (len(sentences) / (time.perf_counter() - start),
           [h[0].text if h else "" for h in offline])
 

@@ -16,9 +16,12 @@ import pytest
 import sacrebleu
 
 from tests import builders, helpers
+from transformer_jax.errors import ConfigError
 from transformer_jax.export import ctranslate2_decoding
+from transformer_jax.export import engine as ct2_engine
 from transformer_jax.export.exporter import TOKENIZER_FILE
 from transformer_jax.inference.translator import Translator
+from transformer_jax.serving.engine import Options
 
 CORPUS = helpers.ROOT / "transformer_jax" / "corpora" / "multi30k"
 SENTENCES = 500  # the first of test2016's 1,000
@@ -68,3 +71,30 @@ def test_beam_4_bleu_is_within_0_3_of_ours(exported):
   print(f"beam 4: BLEU ours {our_bleu:.2f}, CTranslate2 {their_bleu:.2f}")
   assert abs(our_bleu - their_bleu) <= 0.3, (our_bleu, their_bleu)
   assert our_bleu > 0.5
+
+
+def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(exported, tmp_path,
+                                                                          monkeypatch):
+  """`--engine=ctranslate2`: the checkpoint exported into the cache on first use (the same
+  translations as the exported folder the tests above hold to ours), reused after; what it
+  cannot do refused in one line."""
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  workdir, folder = exported
+  sources = _lines("test2016.de.gz")[:100]
+  first = ct2_engine.Ctranslate2Engine([str(workdir)], requested_type="float32")
+  (cached,) = [p for p in (tmp_path / "transformer_jax" / "ctranslate2").iterdir()
+               if not p.name.startswith(".")]  # (and the export's lock file)
+  made = (cached / "model.bin").stat().st_mtime_ns
+  again = ct2_engine.Ctranslate2Engine([str(workdir)], requested_type="float32")
+  assert (cached / "model.bin").stat().st_mtime_ns == made  # (from the cache)
+  greedy = Options((("greedy", True), ("max_length_a", 0.0),
+                    ("max_length_b", again.decode.max_length)))
+  served = [h[0]["translation"] for h in again.translate(sources, [""] * 100, greedy)]
+  options = ctranslate2_decoding.translate_options(again.decode_config(greedy), again.max_len)
+  assert served == ctranslate2_decoding.translate(
+      ctranslate2.Translator(str(folder), device="cpu"), first.sp, sources, options)
+  with pytest.raises(ConfigError, match="alignments: not with the ctranslate2 engine"):
+    again.decode_config(Options(alignments=True))
+  with pytest.raises(ConfigError, match="--compute_type=float64: CTranslate2 on this cpu "
+                                        "supports"):
+    ct2_engine.compute_type("float64")

@@ -37,7 +37,7 @@ EXAMPLES = {"de": "Ein Hund läuft durch den Schnee.", "en": "A dog runs through
             "fr": "Un chien court dans la neige.", "cs": "Pes běží sněhem."}  # (the README's)
 
 
-def _ctranslate2():
+def load_ctranslate2():
   try:
     import ctranslate2  # (an optional extra: imported when an export runs)
   except ModuleNotFoundError:
@@ -63,7 +63,7 @@ def export(workdir: str | Path, checkpoint: str, out: str | Path, quantization: 
   export.json."""
   out = Path(out)
   check_request(quantization, out, force)
-  ctranslate2 = _ctranslate2()
+  ctranslate2 = load_ctranslate2()
   with lock.hold(out, "export", lock_path=out.with_name(f".{out.name}.lock")):
     check_request(quantization, out, force)  # (again, holding the lock)
     return _export(workdir, checkpoint, out, quantization, ctranslate2)

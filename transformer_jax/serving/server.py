@@ -11,6 +11,7 @@ import time
 
 import uvicorn
 
+from transformer_jax.export.engine import Ctranslate2Engine
 from transformer_jax.serving.api import Limits, make_app
 from transformer_jax.serving.batcher import Batcher
 from transformer_jax.serving.engine import JaxEngine
@@ -21,8 +22,12 @@ log = logging.getLogger(__name__)
 
 def serve(args):
   """Runs the server of the `transformer-jax-serve` flags until SIGTERM or Ctrl-C."""
-  engine = JaxEngine(args.workdir, args.checkpoint, args.dtype, args.source_tag,
-                     args.max_batch_sentences)
+  if args.engine == "ctranslate2":
+    engine = Ctranslate2Engine(args.workdir, args.checkpoint, args.compute_type,
+                               args.source_tag, args.max_batch_sentences)
+  else:
+    engine = JaxEngine(args.workdir, args.checkpoint, args.dtype, args.source_tag,
+                       args.max_batch_sentences)
   start = time.monotonic()
   log.info("Warming up (%s -> %s): compiling the programs requests will need",
            engine.source_lang, engine.target_lang)

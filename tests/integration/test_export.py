@@ -20,6 +20,7 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.export import ctranslate2_decoding
 from transformer_jax.export import engine as ct2_engine
 from transformer_jax.export.exporter import TOKENIZER_FILE
+from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
 from transformer_jax.inference.translator import Translator
 from transformer_jax.serving.engine import Options
 
@@ -98,3 +99,21 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
   with pytest.raises(ConfigError, match="--compute_type=float64: CTranslate2 on this cpu "
                                         "supports"):
     ct2_engine.compute_type("float64")
+
+
+def test_evaluate_scores_with_the_ctranslate2_engine(exported, tmp_path, monkeypatch):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  workdir, folder = exported
+  (result,), _ = evaluate_checkpoints(
+      str(workdir), "test2016", "latest", max_sentences=100, output_dir=str(tmp_path / "eval"),
+      engines=ct2_engine.evaluation_engines(["ctranslate2"], "float32"))
+  assert result["label"].endswith("@ctranslate2") and result["engine"] == "ctranslate2"
+  run = Translator(str(workdir))  # (the run's settings, as evaluate decodes)
+  sources = _lines("test2016.de.gz")[:100]
+  expected = ctranslate2_decoding.translate(
+      ctranslate2.Translator(str(folder), device="cpu"), run.run.tokenizer.sp, sources,
+      ctranslate2_decoding.translate_options(run.decode, run.run.cfg.model.max_len))
+  hyps = (tmp_path / "eval" / f"{result['label']}.hyp").read_text().splitlines()
+  assert hyps == expected
+  assert result["bleu"] == sacrebleu.corpus_bleu(expected, [
+      _lines("test2016.en.gz")[:100]]).score

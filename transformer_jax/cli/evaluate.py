@@ -3,19 +3,20 @@ r"""Scores checkpoints of a trained run with sacreBLEU and chrF, side by side.
   transformer-jax-evaluate --workdir=runs/default [--split=test2016]
       [--checkpoint=latest|best|all|STEP|average:N|steps:A,B ...] [--decode=beam_size=5 ...]
   transformer-jax-evaluate --workdir=runs/default --source_file=newstest.de \
-      --reference_file=newstest.en
-
+      --reference_file=newstest.en [--engine=jax,ctranslate2]   # engines side by side
 Writes <workdir>/eval/<set>/<checkpoint>.hyp (--alignments: and .align) and adds to
 results.json there (a set per direction of a multilingual run; --checkpoint=all: a plot).
 """
 
-import contextlib
-
 from absl import flags
 
 from transformer_jax.cli import runner
-from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints, format_table
-from transformer_jax.workdir import lock
+from transformer_jax.export import engine
+from transformer_jax.inference.checkpoint_eval import (
+  evaluate_checkpoints,
+  format_table,
+  writing_lock,
+)
 
 
 def define_flags(fv: flags.FlagValues):
@@ -35,21 +36,20 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_bool("lowercase", False, "Also report lowercased BLEU.", flag_values=fv)
   flags.DEFINE_bool("alignments", False, "Also write word alignments.", flag_values=fv)
   runner.define_decoding_flags(fv)
+  flags.DEFINE_list("engine", ["jax"], "jax and/or ctranslate2: a result each.", flag_values=fv)
+  flags.DEFINE_string("compute_type", "", "ctranslate2's (default: by hardware).", flag_values=fv)
   flags.DEFINE_string("output_dir", "", "Where to write (default <workdir>/eval/<set>).",
                       flag_values=fv)
 
 
 def evaluate(args: runner.Args):
-  # (writing into the workdir: one writer at a time; --output_dir elsewhere only reads it)
-  with (lock.hold(args.workdir[0], "evaluate", way_out="wait for it to finish, or write the "
-                  "results elsewhere with --output_dir=DIR (evaluate then only reads the run)")
-        if not args.output_dir else contextlib.nullcontext()):
+  with writing_lock(args.workdir[0], args.output_dir):
     results, out_dirs = evaluate_checkpoints(
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
         args.max_sentences, args.decode, args.lowercase, args.output_dir, args.alignments,
-        args.source_tag, args.dtype)
-  print(format_table(results))
-  print("\n".join(f"wrote {out_dir}/results.json" for out_dir in out_dirs))
+        args.source_tag, args.dtype,
+        engine.evaluation_engines(args.engine, args.compute_type, args.source_tag))
+  print(format_table(results), *(f"wrote {d}/results.json" for d in out_dirs), sep="\n")
 
 
 def main(argv=None):

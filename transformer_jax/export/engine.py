@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from transformer_jax.config.parse import replace_from_text
@@ -73,11 +74,11 @@ class Ctranslate2Engine:
   name = "ctranslate2"
 
   def __init__(self, workdir: list[str], checkpoint: str = "latest", requested_type: str = "",
-               source_tag: str = "", max_batch: int = 32):
+               source_tag: str = "", max_batch: int = 32, run=None):
     import ctranslate2
     if len(workdir) > 1:
       raise ConfigError("--engine=ctranslate2 takes one --workdir (no ensembles)")
-    run = trained_run.load(workdir[0])
+    run = run or trained_run.load(workdir[0])
     self.sp, self.source_tag = run.tokenizer.sp, source_tag
     self.decode, self.max_len, self.max_batch = run.cfg.decode, run.cfg.model.max_len, max_batch
     self.source_lang, self.target_lang = run.cfg.data.source_lang, run.cfg.data.target_lang
@@ -119,3 +120,37 @@ class Ctranslate2Engine:
     """(CTranslate2 compiles nothing: one sentence loads its kernels)"""
     self.translator.translate_batch([self.sp.encode("Ein Test.", out_type=str)])
     return 1
+
+
+def evaluation_engines(names: list[str], requested_type: str = "", source_tag: str = "") -> dict:
+  """`evaluate --engine`'s engines: {name: None (our search) or a translate function}."""
+  unknown = sorted(set(names) - {"jax", "ctranslate2"})
+  if unknown:
+    raise ConfigError(f"--engine={','.join(names)}: {unknown[0]!r} is no engine; expected jax "
+                      "and/or ctranslate2")
+  return {name: None if name == "jax" else evaluation(requested_type, source_tag)
+          for name in names}
+
+
+def evaluation(requested_type: str = "", source_tag: str = ""):
+  """`evaluate`'s translate function for CTranslate2 (see
+  inference.checkpoint_eval.evaluate_checkpoints): the selected checkpoint's export (cached)
+  translating the set's sources with `decode`, in its batch size; returns the translations
+  and the seconds spent exporting (or finding the export) and loading it."""
+  def translate(run, selected, eval_set, decode) -> list[str]:
+    if eval_set.source_prefix and not source_tag:
+      raise ConfigError("--engine=ctranslate2: a tagged set needs --source_tag (the tag "
+                        "before every source)")
+    start = time.time()
+    engine = Ctranslate2Engine([str(run.workdir)], selected.label, requested_type,
+                               source_tag, decode.batch_size, run=run)
+    engine.decode = decode
+    prepared = time.time() - start  # (the export or the cache, and loading)
+    results = engine.translate(eval_set.sources, [""] * len(eval_set.sources), _Untouched())
+    return [r[0]["translation"] if r else "" for r in results], prepared
+  return translate
+
+
+class _Untouched:
+  """Options that change nothing (the settings are `evaluate`'s already)."""
+  decode, seed, alignments = (), None, False

@@ -9,8 +9,10 @@ format training's final test writes); with `--checkpoint=all`, also `bleu_by_ste
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import itertools
 import logging
 import sys
 import time
@@ -29,7 +31,7 @@ from transformer_jax.evaluation.evaluator import Evaluator
 from transformer_jax.inference import trained_run
 from transformer_jax.parallel import compilation
 from transformer_jax.reporting import plots
-from transformer_jax.workdir import layout
+from transformer_jax.workdir import layout, lock
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,15 @@ def _untagged_sets(run: trained_run.TrainedRun, split: str, source_file: str,
   return {split + first: load_eval_set(cfg.data, split, run.tokenizer, max_sentences, dataset)}
 
 
+def writing_lock(workdir, output_dir: str):
+  """Writing into the workdir: one writer at a time (the run's lock); with `output_dir`
+  elsewhere, evaluate only reads the run."""
+  if output_dir:
+    return contextlib.nullcontext()
+  return lock.hold(workdir, "evaluate", way_out="wait for it to finish, or write the results "
+                   "elsewhere with --output_dir=DIR (evaluate then only reads the run)")
+
+
 def files_set_name(source_file: str, reference_file: str) -> str:
   """The name of a set of files: the source file's, and a fingerprint of both files' bytes
   (the same sentences, the same folder; other files of that name, another)."""
@@ -98,14 +109,17 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
                          source_file: str = "", reference_file: str = "",
                          max_sentences: int = 0, decode_overrides=(), lowercase: bool = False,
                          output_dir: str = "", alignments: bool = False,
-                         source_tag: str = "", dtype: str = "") -> tuple[list[dict], list[Path]]:
+                         source_tag: str = "", dtype: str = "", engines=None
+                         ) -> tuple[list[dict], list[Path]]:
   """Scores the selected checkpoint(s) of a workdir, or of several as an ensemble (each
   selection then names one model per run), on each evaluation set (`_eval_sets`); returns one
   result record per model and set (see `layout.result_record`) and the folders they were
   written to (in the first run's eval/, or output_dir: of several sets, a folder each). With
   `alignments`, each .hyp has an .align beside it (`evaluation.alignment`, default layer);
   `source_tag`: the tag before every source of a set that has none of its own; `dtype`: the
-  matmuls' (`trained_run.load`)."""
+  matmuls' (`trained_run.load`); `engines`: {name: translate(run, selected, eval_set,
+  decode) -> (translations, seconds preparing)} of other engines than our search (None),
+  each a result of its own, labelled `<checkpoint>@<name>`."""
   workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
   runs = trained_run.load_ensemble(workdirs, dtype)
   run = runs[0]
@@ -129,9 +143,12 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   results = []
   for name, eval_set in sets.items():
     set_results = []
-    for group in chosen:  # (each result saved as it comes: a later failure loses none)
+    for group, (engine, translate) in itertools.product(chosen, (engines or {"jax": None})
+                                                        .items()):
+      # (each result saved as it comes: a later failure loses none)
       set_results.append({**_score(runs, group, eval_set, name, decode, decode_overrides,
-                                   lowercase, out_dirs[name], alignments), **files})
+                                   lowercase, out_dirs[name], alignments, engine, translate),
+                          **files})
       layout.write_results(out_dirs[name], set_results[-1:])
     if "all" in selections and set_results:
       _write_by_step(set_results, out_dirs[name])
@@ -140,13 +157,24 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
 
 
 def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, lowercase: bool,
-           out_dir: Path, alignments: bool = False) -> dict:
+           out_dir: Path, alignments: bool = False, engine: str = "jax", translate=None) -> dict:
   """The result record of one model (a Selected per run) on one set; its .hyp written (and
-  its .align)."""
+  its .align). `translate`: another engine's (see evaluate_checkpoints)."""
   selected = group[0]
   label = selected.label if len(runs) == 1 else f"ensemble{len(runs)}_{selected.label}"
   if decode_overrides:  # (another decoding of the same model: its own .hyp file and label)
     label += "+" + ",".join(decode_overrides)
+  if translate is not None:
+    label += f"@{engine}"
+    t0 = time.time()
+    hyps, prepared = translate(runs[0], selected, eval_set, decode)
+    result = layout.result_record(label, selected.steps, name,
+                                  scoring.score(hyps, eval_set.references), len(hyps),
+                                  time.time() - t0, decode, prepared)
+    result["engine"] = engine
+    layout.write_lines(out_dir / f"{label}.hyp", hyps)
+    log.info("%s on %s: BLEU %.2f, chrF %.2f", label, name, result["bleu"], result["chrf"])
+    return result
   model, params = trained_run.members(runs, list(group))
   evaluator = Evaluator(eval_set, model, runs[0].tokenizer, decode, runs[0].mesh)
   t0, prepared = time.time(), compilation.program_seconds()

@@ -12,6 +12,7 @@ accepting, answers what was accepted and exits 0. Endpoints: transformer_jax/ser
 from absl import flags
 
 from transformer_jax.cli import runner
+from transformer_jax.serving import server
 
 
 def define_flags(fv: flags.FlagValues):
@@ -41,7 +42,6 @@ def define_flags(fv: flags.FlagValues):
 
 
 def serve(args: runner.Args):
-  from transformer_jax.serving import server
   server.serve(args)
 
 

@@ -51,7 +51,8 @@ def cached_export(run, checkpoint: str) -> Path:
              folder)
     return folder
   folder.parent.mkdir(parents=True, exist_ok=True)
-  exporter.export(run.workdir, checkpoint, folder, "float32", force=True)
+  # (the resolved selection: a step written meanwhile is not exported under this key)
+  exporter.export(run.workdir, selected.label, folder, "float32", force=True)
   return folder
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from urllib.parse import parse_qs
 
@@ -29,6 +30,8 @@ from transformer_jax.serving.batcher import Batcher, Closed, QueueFull
 from transformer_jax.serving.engine import REQUEST_OPTIONS, Options
 from transformer_jax.serving.metrics import Metrics
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -36,6 +39,7 @@ class Limits:
   max_sentences: int = 256      # per request
   max_chars: int = 2000         # per sentence
   timeout_s: float = 60.0       # per request, queueing included
+  max_beam_size: int = 16       # beam_size (and alternatives + 1) a request may ask for
 
 
 class Refused(Exception):
@@ -87,9 +91,11 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
 
   async def translated(sentences, prefixes, options: Options):
     try:
-      engine.decode_config(options)
+      decode = engine.decode_config(options)
     except ConfigError as e:
       raise Refused(400, str(e)) from None
+    if decode.beam_size > limits.max_beam_size:  # (a new beam width compiles new programs)
+      raise Refused(400, f"beam_size={decode.beam_size}; at most {limits.max_beam_size}")
     try:
       return await asyncio.wait_for(batcher.translate(sentences, prefixes, options),
                                     limits.timeout_s)
@@ -143,10 +149,11 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
                     f"{', '.join((*REQUEST_OPTIONS, 'seed', 'prefix', 'alignments'))}")
     prefix = given.get("prefix", "")
     prefixes = [prefix] * len(sentences) if isinstance(prefix, str) else prefix
-    if not isinstance(prefixes, list) or len(prefixes) != len(sentences):
+    if (not isinstance(prefixes, list) or len(prefixes) != len(sentences)
+        or not all(isinstance(p, str) for p in prefixes)):
       raise Refused(400, "prefix must be a string or one string per sentence")
     seed = given.get("seed")
-    if seed is not None and not isinstance(seed, int):
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
       raise Refused(400, f"seed={seed!r} is not an integer")
     options = Options(tuple(sorted((k, v) for k, v in given.items() if k in REQUEST_OPTIONS)),
                       seed, bool(given.get("alignments", False)))
@@ -166,6 +173,10 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
                                 headers={"Retry-After": "1"} if e.status == 503 else None)
       except ClientDisconnect:
         response = Response(status_code=499)  # (nobody reads it)
+      except Exception as e:  # (a failure of the engine: one line, counted, the server goes on)
+        log.exception("%s failed", name)
+        response = JSONResponse({"error": f"translation failed: {type(e).__name__}: "
+                                          f"{str(e).splitlines()[0] if str(e) else ''}"}, 500)
       metrics.request(name, response.status_code, time.monotonic() - start)
       return response
     return run

@@ -62,7 +62,14 @@ class Batcher:
       self.jobs.append(job)
       self.metrics.queue_depth = self._waiting()
       self.cond.notify()
-    return await job.future
+    try:
+      return await job.future
+    except asyncio.CancelledError:  # (its deadline passed: not translated if still waiting)
+      with self.cond:
+        if job in self.jobs:
+          self.jobs.remove(job)
+          self.metrics.queue_depth = self._waiting()
+      raise
 
   def close(self):
     """No more requests; those taken are answered before the thread ends."""

@@ -1,6 +1,6 @@
 """The server's life: the engine loaded and warmed up before the port opens, uvicorn serving
 the endpoints, and on SIGTERM (or Ctrl-C) no new connections, every accepted request
-answered, the batcher drained, exit 0."""
+answered, the batcher drained; exit 0 after SIGTERM (130 after Ctrl-C, as every tool)."""
 
 from __future__ import annotations
 

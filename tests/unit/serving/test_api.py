@@ -3,6 +3,7 @@ fields and answers, ours with options and ids, and every bad request a one-line 
 after which the server goes on serving."""
 
 import json
+import types
 
 import pytest
 from starlette.testclient import TestClient
@@ -25,8 +26,11 @@ class Echo:
     if values.get("beam_size", 4) < values.get("nbest", 1):
       raise ConfigError(f"config.decode.nbest={values['nbest']} must be in [1, beam_size="
                         f"{values.get('beam_size', 4)}]")
+    return types.SimpleNamespace(beam_size=values.get("beam_size", 4))
 
   def translate(self, sentences, prefixes, options):
+    if "crash" in sentences:
+      raise RuntimeError("the engine broke\nsecond line")
     self.batches.append(list(sentences))
     nbest = dict(options.decode).get("nbest", 1)
     return [[{"translation": f"{p}<{s}>" + (f" #{k}" if k else ""), "score": -float(k)}
@@ -85,6 +89,11 @@ def test_bad_requests_are_one_line_json_errors_and_the_server_goes_on(client, re
 
 
 def test_bad_options_name_themselves(client):
+  r = client.post("/v1/translate", json={"text": ["a", "b"], "options": {"prefix": [1, ""]}})
+  assert r.status_code == 400 and r.json()["error"] == (
+      "prefix must be a string or one string per sentence")
+  r = client.post("/translate", json={"q": "a", "target": "en", "alternatives": 40})
+  assert r.status_code == 400 and r.json()["error"] == "beam_size=41; at most 16"
   r = client.post("/v1/translate", json={"text": "a", "options": {"beem_size": 2}})
   assert r.status_code == 400 and r.json()["error"].startswith("unknown option 'beem_size'")
   r = client.post("/v1/translate", json={"text": "a", "options": {"beam_size": 2, "nbest": 3}})
@@ -101,3 +110,11 @@ def test_metrics_count_requests_errors_and_batches(client):
   assert "transformer_jax_sentences_total 3" in text
   assert 'transformer_jax_batch_sentences_bucket{le="4"} 1' in text
   json.dumps(text)  # (plain text)
+
+
+def test_an_engine_failure_is_a_counted_one_line_500_and_the_server_goes_on(client):
+  r = client.post("/translate", json={"q": "crash", "target": "en"})
+  assert r.status_code == 500 and r.json() == {
+      "error": "translation failed: RuntimeError: the engine broke"}
+  assert 'endpoint="translate",status="500"} 1' in client.get("/metrics").text
+  assert client.post("/translate", json={"q": "ok", "target": "en"}).status_code == 200

@@ -75,3 +75,21 @@ def test_a_full_queue_refuses_and_a_closed_batcher_answers_what_it_took():
 
   busy, waiting = asyncio.run(main())
   assert [a[0]["translation"] for a in busy + waiting] == ["a", "b", "c", "d"]
+
+
+def test_a_request_past_its_deadline_leaves_the_queue_untranslated():
+  gate = threading.Event()
+  engine = Slow(gate)
+  batcher = Batcher(engine, Metrics(), max_sentences=2, max_wait_s=0.0)
+
+  async def main():
+    busy = asyncio.create_task(batcher.translate(["a"], [""], Options()))
+    await asyncio.sleep(0.1)
+    with pytest.raises(asyncio.TimeoutError):
+      await asyncio.wait_for(batcher.translate(["late"], [""], Options()), 0.05)
+    gate.set()
+    return await busy
+
+  asyncio.run(main())
+  batcher.close()
+  assert [sentences for sentences, _ in engine.calls] == [["a"]]

@@ -1,8 +1,9 @@
 """Dynamic micro-batching: concurrent requests' sentences gathered into one engine call (up
 to `max_sentences`, or what has come `max_wait_s` after the first), in a thread of its own so
 that the event loop keeps accepting. Requests with different decoding options never share a
-batch. The queue is bounded (`QueueFull`: the server answers 503), and `close()` stops taking
-requests and answers every one already taken."""
+batch, and a request with a sampling seed has one of its own (its samples then depend on
+nothing else). The queue is bounded (`QueueFull`: the server answers 503), and `close()`
+stops taking requests and answers every one already taken."""
 
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ class Batcher:
         self.cond.wait(max(0.0, deadline - time.monotonic()))
       first, batch, size = self.jobs[0], [], 0
       for job in list(self.jobs):
+        if batch and first.options.seed is not None:
+          break  # (a seeded request alone: its samples' keys fold in its own sentence indices)
         if job.options == first.options and (not batch or size + len(job.sentences)
                                              <= self.max_sentences):
           batch.append(job)

@@ -93,3 +93,23 @@ def test_a_request_past_its_deadline_leaves_the_queue_untranslated():
   asyncio.run(main())
   batcher.close()
   assert [sentences for sentences, _ in engine.calls] == [["a"]]
+
+
+def test_a_seeded_request_is_batched_alone():
+  gate = threading.Event()
+  engine = Slow(gate)
+  batcher = Batcher(engine, Metrics(), max_sentences=8, max_wait_s=0.05)
+  seeded = Options((("sampling", True),), seed=3)
+
+  async def main():
+    busy = asyncio.create_task(batcher.translate(["a"], [""], Options()))
+    await asyncio.sleep(0.1)
+    tasks = [asyncio.create_task(batcher.translate([s], [""], seeded)) for s in "xy"]
+    await asyncio.sleep(0.05)
+    gate.set()
+    await busy
+    return await asyncio.gather(*tasks)
+
+  asyncio.run(main())
+  batcher.close()
+  assert [sentences for sentences, _ in engine.calls] == [["a"], ["x"], ["y"]]

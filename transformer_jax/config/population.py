@@ -27,6 +27,10 @@ MEMBER_KEYS = {
     "label_smoothing": "label_smoothing", "dropout_rate": "model.dropout_rate",
     "attention_dropout_rate": "model.attention_dropout_rate",
     "ffn_dropout_rate": "model.ffn_dropout_rate"}
+MEMBER_PATHS = {path: key for key, path in MEMBER_KEYS.items()}  # config key -> member key
+# Member keys whose 0 switches a part of the state or the optimizer off: another program, so
+# all members > 0 or all 0.
+SWITCHES = {"grad_clip_norm": "clipping", "ema_decay": "the parameters' moving average"}
 
 
 @dataclasses.dataclass(frozen=True)

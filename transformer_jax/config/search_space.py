@@ -34,7 +34,7 @@ from transformer_jax.config.distributions import (  # noqa: F401 (specs import t
 )
 from transformer_jax.config.files import find_field
 from transformer_jax.config.parse import checked_kwargs, from_config_dict
-from transformer_jax.config.population import MEMBER_KEYS
+from transformer_jax.config.population import MEMBER_KEYS, MEMBER_PATHS, SWITCHES
 from transformer_jax.errors import ConfigError
 
 # Metrics the training run logs that can be optimised, and their natural direction.
@@ -91,8 +91,8 @@ class SweepSpec:
     except a switch, grad_clip_norm or ema_decay, whose range holds 0: off is another
     program)."""
     return tuple(path for path, dist in self.search_space.items()
-                 if path in _MEMBER_PATHS
-                 and not (path in _SWITCH_PATHS and dist.contains(0)))
+                 if path in MEMBER_PATHS
+                 and not (MEMBER_PATHS[path] in SWITCHES and dist.contains(0)))
 
   @property
   def shared_paths(self) -> tuple[str, ...]:
@@ -126,10 +126,6 @@ class SweepSpec:
             "reduce": self.reduce, "sampler": self.sampler, "num_trials": self.num_trials,
             "seed": self.seed, "start_points": [dict(p) for p in self.start_points],
             **({"population": self.population} if self.population > 1 else {})}
-
-
-_MEMBER_PATHS = {path: key for key, path in MEMBER_KEYS.items()}
-_SWITCH_PATHS = ("optimizer.grad_clip_norm", "optimizer.ema_decay")
 
 
 def new_spec() -> ml_collections.ConfigDict:

@@ -22,7 +22,8 @@ import optuna
 from optuna.trial import TrialState
 
 from transformer_jax.config import search_space as sweep_spec
-from transformer_jax.config.population import MEMBER_KEYS
+from transformer_jax.config.parse import from_config_dict
+from transformer_jax.config.population import MEMBER_PATHS
 from transformer_jax.reporting.metrics import METRICS_FILE, read_metrics
 from transformer_jax.sweeps import study as study_lib
 from transformer_jax.workdir import layout
@@ -37,8 +38,6 @@ def _die_with_parent():
   with contextlib.suppress(Exception):
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
-
-_MEMBER_KEY = {path: key for key, path in MEMBER_KEYS.items()}  # config key -> population's
 
 RETRY_WAIT_S = 3600  # the longest a trial waits for an orphaned run in its workdir
 
@@ -87,8 +86,8 @@ class TrialRunner:
     """The data order of a population with these shared values (the members' own seeds
     are not the population's)."""
     shared = {k: v for k, v in params.items() if k not in self.spec.member_paths}
-    cfg = sweep_spec.with_overrides(self.base, {**self.spec.fixed, **shared})
-    return cfg.seed if cfg.data_seed < 0 else cfg.data_seed
+    return from_config_dict(sweep_spec.with_overrides(
+        self.base, {**self.spec.fixed, **shared})).batch_seed
 
   def population_command(self, members: list[dict], population_dir: Path) -> list[str]:
     """The command training `members` (each one's swept values) as one population."""
@@ -96,7 +95,7 @@ class TrialRunner:
             if k not in self.spec.member_paths]
     for path in self.spec.member_paths:
       values = ",".join(str(m[path]) for m in members)
-      args.append(f"--config.population.{_MEMBER_KEY[path]}=({values},)")
+      args.append(f"--config.population.{MEMBER_PATHS[path]}=({values},)")
     return [*TRAIN, *self.base_args, *args, f"--workdir={population_dir}"]
 
   def env(self) -> dict[str, str]:

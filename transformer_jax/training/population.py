@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from transformer_jax.config.checks import check_type
-from transformer_jax.config.population import MEMBER_KEYS
+from transformer_jax.config.population import MEMBER_KEYS, SWITCHES
 from transformer_jax.config.sections import SECTIONS, TrainConfig
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.transformer import Transformer
@@ -36,9 +36,6 @@ from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.training.optimizer import make_optimizer
 from transformer_jax.training.state import state_init
 from transformer_jax.training.step import train_step
-
-# Values that switch a part of the state or the optimizer on at > 0: all members' or none.
-_SWITCHES = {"grad_clip_norm": "clipping", "ema_decay": "the parameters' moving average"}
 
 
 class PopulationState(struct.PyTreeNode):
@@ -75,7 +72,7 @@ def member_configs(cfg: TrainConfig) -> list[TrainConfig]:
       members.append(_replaced(cfg, changes))
     except ConfigError as e:
       raise ConfigError(f"config.population, member {i}: {e}") from None
-  for key, what in _SWITCHES.items():
+  for key, what in SWITCHES.items():
     on = {getattr(m.optimizer, key) > 0 for m in members}
     if len(on) > 1:
       raise ConfigError(f"config.population.{key}={getattr(pop, key)}: 0 turns {what} off, "

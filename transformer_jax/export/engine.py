@@ -96,14 +96,18 @@ class Ctranslate2Engine:
     return replace_from_text(self.decode, [f"{k}={v}" for k, v in options.decode], "decode")
 
   def translate(self, sentences: list[str], prefixes: list[str], options) -> list[list[dict]]:
+    return self.translated(sentences, prefixes, self.decode_config(options), options.seed)
+
+  def translated(self, sentences: list[str], prefixes: list[str], decode,
+                 seed: int | None = None) -> list[list[dict]]:
+    """`translate` with `decode` (config.decode) itself."""
     import ctranslate2
-    decode = self.decode_config(options)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     out: list[list[dict]] = [[] for _ in sentences]
     if not todo:
       return out
-    if options.seed is not None:
-      ctranslate2.set_random_seed(options.seed)
+    if seed is not None:
+      ctranslate2.set_random_seed(seed)
     tokens = [([self.source_tag] if self.source_tag else [])
               + self.sp.encode(sentences[i], out_type=str) for i in todo]
     prefix = [self.sp.encode(prefixes[i], out_type=str) if prefixes[i] else None
@@ -145,13 +149,7 @@ def evaluation(requested_type: str = "", source_tag: str = ""):
     start = time.time()
     engine = Ctranslate2Engine([str(run.workdir)], selected.label, requested_type,
                                source_tag, decode.batch_size, run=run)
-    engine.decode = decode
     prepared = time.time() - start  # (the export or the cache, and loading)
-    results = engine.translate(eval_set.sources, [""] * len(eval_set.sources), _Untouched())
+    results = engine.translated(eval_set.sources, [""] * len(eval_set.sources), decode)
     return [r[0]["translation"] if r else "" for r in results], prepared
   return translate
-
-
-class _Untouched:
-  """Options that change nothing (the settings are `evaluate`'s already)."""
-  decode, seed, alignments = (), None, False

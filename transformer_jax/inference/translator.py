@@ -129,7 +129,7 @@ class Translator:
       return lines
     return [f"{line} ||| {links}" for line, links in zip(lines, aligned or [""])]
 
-  def _with_alignments(self, lines: list[str], results):
+  def with_alignments(self, lines: list[str], results):
     """(hypotheses, their alignments or None) for each line."""
     if self.alignment_layer is None:
       return [(hyps, None) for hyps in results]
@@ -150,7 +150,7 @@ class Translator:
     if interactive:  # (the first line prepares its own programs; the rest wait for none)
       print("ready: one sentence per line (Ctrl-D ends)", file=sys.stderr, flush=True)
       for index, line in enumerate(lines):
-        ((hyps, aligned),) = self._with_alignments([line], self.translate([line]))
+        ((hyps, aligned),) = self.with_alignments([line], self.translate([line]))
         for text in self.output_lines(index, hyps, aligned):
           out.write(text + "\n")
         out.flush()
@@ -162,6 +162,6 @@ class Translator:
       raise DataError(f"--prefix_file has {len(prefixes)} lines, the input {len(lines)}: "
                       "one prefix line per input line (empty for none)")
     results = self.translate(lines, progress=len(lines) >= 200, prefixes=prefixes)
-    for index, (hyps, aligned) in enumerate(self._with_alignments(lines, results)):
+    for index, (hyps, aligned) in enumerate(self.with_alignments(lines, results)):
       for text in self.output_lines(index, hyps, aligned):
         out.write(text + "\n")

@@ -57,11 +57,9 @@ class JaxEngine:
     out = [[{"translation": h.text, "score": float(h.score)} for h in hyps]
            for hyps in results]
     if options.alignments:
-      flat = [(i, j) for i, hyps in enumerate(results) for j in range(len(hyps))]
-      links = self.translator.alignments([sentences[i] for i, _ in flat],
-                                         [results[i][j] for i, j in flat])
-      for (i, j), link in zip(flat, links):
-        out[i][j]["alignment"] = link
+      for hyps, (_, links) in zip(out, self.translator.with_alignments(sentences, results)):
+        for hyp, link in zip(hyps, links):
+          hyp["alignment"] = link
     return out
 
   def warm_up(self, chunks: int = 3) -> int:

@@ -25,10 +25,8 @@ from pathlib import Path
 from absl import app, flags
 
 from transformer_jax.data import text
-from transformer_jax.export.engine import Ctranslate2Engine
-from transformer_jax.inference.translator import Translator
+from transformer_jax.export import engine as engines
 from transformer_jax.parallel import hardware, platforms
-from transformer_jax.serving.engine import Options
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained run.", required=True)
@@ -119,14 +117,8 @@ def main(_):
 
 def _offline(sentences: list[str], overrides: list[str]) -> tuple[float, list[str]]:
   """(sentences/s of one warm translation of all of them by the engine, the best ones)."""
-  if FLAGS.engine == "ctranslate2":
-    batch = int(overrides[0].split("=")[1]) if overrides else translator_batch()
-    engine = Ctranslate2Engine([FLAGS.workdir], max_batch=batch)
-    translate = lambda: [[type("H", (), {"text": h["translation"]})() for h in r]  # noqa: E731
-                         for r in engine.translate(sentences, [""] * len(sentences), Options())]
-  else:
-    translator = Translator([FLAGS.workdir], decode_overrides=overrides)
-    translate = lambda: translator.translate(sentences)  # noqa: E731
+  translator = engines.translator(FLAGS.engine, [FLAGS.workdir], decode_overrides=overrides)
+  translate = lambda: translator.translate(sentences)  # noqa: E731
   translate()  # (warm: every shape compiled)
   start = time.perf_counter()
   offline = translate()

@@ -16,13 +16,15 @@ import pytest
 import sacrebleu
 
 from tests import builders, helpers
-from transformer_jax.errors import ConfigError
+from transformer_jax.cli import translate as translate_cli
+from transformer_jax.cli import translate_corpus as translate_corpus_cli
+from transformer_jax.errors import ConfigError, UsageError
 from transformer_jax.export import ctranslate2_decoding
 from transformer_jax.export import engine as ct2_engine
 from transformer_jax.export.exporter import TOKENIZER_FILE
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
 from transformer_jax.inference.translator import Translator
-from transformer_jax.serving.engine import Options
+from transformer_jax.serving.engine import Engine, Options
 
 CORPUS = helpers.ROOT / "transformer_jax" / "corpora" / "multi30k"
 SENTENCES = 500  # the first of test2016's 1,000
@@ -77,28 +79,38 @@ def test_beam_4_bleu_is_within_0_3_of_ours(exported):
 def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(exported, tmp_path,
                                                                           monkeypatch):
   """`--engine=ctranslate2`: the checkpoint exported into the cache on first use (the same
-  translations as the exported folder the tests above hold to ours), reused after; what it
-  cannot do refused in one line."""
+  translations as the exported folder the tests above hold to ours), reused after under any
+  name of the same checkpoint; the server's engine on it; what it cannot do refused in one
+  line."""
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   workdir, folder = exported
   sources = _lines("test2016.de.gz")[:100]
-  first = ct2_engine.Ctranslate2Engine([str(workdir)], requested_type="float32")
+  first = ct2_engine.translator("ctranslate2", [str(workdir)], compute_type="float32")
   (cached,) = [p for p in (tmp_path / "transformer_jax" / "ctranslate2").iterdir()
                if not p.name.startswith(".")]  # (and the export's lock file)
   made = (cached / "model.bin").stat().st_mtime_ns
-  again = ct2_engine.Ctranslate2Engine([str(workdir)], requested_type="float32")
+  step = json.loads((cached / "export.json").read_text())["steps"][0]
+  greedy = ["greedy=true", "max_length_a=0", f"max_length_b={first.decode.max_length}"]
+  again = ct2_engine.Ctranslate2Translator(str(workdir), str(step), greedy,
+                                           requested_type="float32")
   assert (cached / "model.bin").stat().st_mtime_ns == made  # (from the cache)
-  greedy = Options((("greedy", True), ("max_length_a", 0.0),
-                    ("max_length_b", again.decode.max_length)))
-  served = [h[0]["translation"] for h in again.translate(sources, [""] * 100, greedy)]
-  options = ctranslate2_decoding.translate_options(again.decode_config(greedy), again.max_len)
-  assert served == ctranslate2_decoding.translate(
-      ctranslate2.Translator(str(folder), device="cpu"), first.sp, sources, options)
+  translated = again.translate(sources)
+  expected = ctranslate2_decoding.translate(
+      ctranslate2.Translator(str(folder), device="cpu"), first.sp, sources,
+      ctranslate2_decoding.translate_options(again.decode, again.run.cfg.model.max_len))
+  assert [h[0].text for h in translated] == expected
+  assert [first.sp.decode(list(h[0].ids)) for h in translated] == expected
+  served = Engine(again).translate(sources[:4], [""] * 4, Options())
+  assert [h[0]["translation"] for h in served] == expected[:4]
   with pytest.raises(ConfigError, match="alignments: not with the ctranslate2 engine"):
-    again.decode_config(Options(alignments=True))
+    Engine(again).decode_config(Options(alignments=True))
   with pytest.raises(ConfigError, match="--compute_type=float64: CTranslate2 on this cpu "
                                         "supports"):
     ct2_engine.compute_type("float64")
+  with pytest.raises(UsageError, match="--alignments: not with --engine=ctranslate2"):
+    ct2_engine.translator("ctranslate2", [str(workdir)], alignments=True)
+  with pytest.raises(UsageError, match="--compute_type is CTranslate2's"):
+    ct2_engine.translator("jax", [str(workdir)], compute_type="int8")
 
 
 def test_evaluate_scores_with_the_ctranslate2_engine(exported, tmp_path, monkeypatch):
@@ -117,3 +129,45 @@ def test_evaluate_scores_with_the_ctranslate2_engine(exported, tmp_path, monkeyp
   assert hyps == expected
   assert result["bleu"] == sacrebleu.corpus_bleu(expected, [
       _lines("test2016.en.gz")[:100]]).score
+
+
+def test_translate_and_translate_corpus_take_the_ctranslate2_engine(exported, tmp_path,
+                                                                   monkeypatch):
+  """`translate --engine=ctranslate2` prints the export's translations in translate's layout
+  (n-best, empty lines kept); `translate-corpus` writes them as its corpus, records the engine
+  and refuses to go on in a folder another engine began."""
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  workdir, folder = exported
+  sources = _lines("test2016.de.gz")[:6]
+  lines = sources[:3] + [""] + sources[3:]
+  decode = ["--decode=max_length_a=0", "--decode=max_length_b=64"]
+  status, out, err = helpers.run_tool(
+      translate_cli.main, f"--workdir={workdir}", "--engine=ctranslate2", "--interactive=false",
+      "--compute_type=float32", "--decode=nbest=2", *decode,
+      stdin=("\n".join(lines) + "\n").encode())
+  assert status == 0, err[-2000:]
+  rows = [line.split(" ||| ") for line in out.splitlines()]
+  run = Translator(str(workdir), decode_overrides=["nbest=2", "max_length_a=0",
+                                                   "max_length_b=64"])
+  theirs = ctranslate2.Translator(str(folder), device="cpu").translate_batch(
+      [run.run.tokenizer.sp.encode(s, out_type=str) for s in sources],
+      **ctranslate2_decoding.translate_options(run.decode, run.run.cfg.model.max_len))
+  expected = [[str(i), run.run.tokenizer.sp.decode(h), f"{s:.4f}"]
+              for i, r in zip([0, 1, 2, 4, 5, 6], theirs)
+              for h, s in zip(r.hypotheses, r.scores)]
+  assert [r for r in rows if r[0] != "3"] == expected
+  assert [r for r in rows if r[0] == "3"] == [["3", "", "0.0000"]]
+
+  source = tmp_path / "mono.de"
+  source.write_text("\n".join(lines) + "\n")
+  corpus = [f"--workdir={workdir}", f"--input={source}", f"--out={tmp_path / 'bt'}",
+            "--engine=ctranslate2", "--compute_type=float32", *decode]
+  status, _, err = helpers.run_tool(translate_corpus_cli.main, *corpus)
+  assert status == 0, err[-2000:]
+  best = [r[1] for r in rows if r[0] != "3"][::2]
+  assert (tmp_path / "bt" / "train.en").read_text().splitlines() == best[:3] + [""] + best[3:]
+  assert json.loads((tmp_path / "bt" / "translation.json").read_text())["engine"] == \
+      "ctranslate2:float32"
+  status, _, err = helpers.run_tool(translate_corpus_cli.main, *corpus[:3], *decode)
+  assert status != 0 and "holds a finished translation with other engine" in \
+      helpers.one_line_error(err)

@@ -19,10 +19,7 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_multi_string("workdir", None, "A training workdir; several: an ensemble.",
                             flag_values=fv, required=True)
   flags.DEFINE_string("checkpoint", "latest", "As translate's.", flag_values=fv)
-  flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2"], "Our search, or CTranslate2 (the "
-                    "checkpoint exported into a cache on the fly).", flag_values=fv)
-  flags.DEFINE_string("compute_type", "", "ctranslate2: float32, int8, bfloat16, ... (default: "
-                      "by the hardware).", flag_values=fv)
+  runner.define_engine_flags(fv)
   runner.define_decoding_flags(fv)
   flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.", flag_values=fv)
   flags.DEFINE_integer("port", 5000, "Port (0: any free one, printed).", flag_values=fv)

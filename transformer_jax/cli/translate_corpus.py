@@ -18,7 +18,6 @@ from absl import flags
 
 from transformer_jax.cli import runner
 from transformer_jax.inference.corpus_translation import translate_corpus as run
-from transformer_jax.inference.translator import Translator
 from transformer_jax.workdir import lock
 
 
@@ -37,6 +36,7 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_integer("block_lines", 0, "Lines per block: the unit of progress and of "
                        "resuming (0: about a twentieth of the input, 64 to 2,048).",
                        lower_bound=0, flag_values=fv)
+  runner.define_engine_flags(fv)
   runner.define_decoding_flags(fv)
   flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, sampling, "
                             "top_k, top_p, temperature, seed, ...); repeatable.", flag_values=fv)
@@ -44,8 +44,7 @@ def define_flags(fv: flags.FlagValues):
 
 def translate_corpus(args: runner.Args):
   with lock.hold(args.out, "translate-corpus"):  # (one writer of the output folder)
-    translator = Translator(args.workdir, args.checkpoint, args.decode, args.source_tag,
-                            args.dtype)
+    translator = runner.translator(args, args.decode)
     run(translator, args.workdir, args.checkpoint, args.input, args.out, args.split, args.tag,
         args.block_lines)
 

@@ -1,8 +1,9 @@
-"""CTranslate2 as the engine of a decoding tool: a run's checkpoint exported on the fly into
-a cache keyed by its fingerprint (the run, the checkpoint's steps and weights and their files'
-times, CTranslate2's version; reused while they are unchanged), translated with CTranslate2's
-`translate_batch` as our search would be: the run's decoding settings with a request's
-overrides (`ctranslate2_decoding.translate_options`), n-best with scores, empty lines kept."""
+"""CTranslate2 as the engine of a decoding tool (translate, translate-corpus, evaluate, serve):
+a run's checkpoint exported on the fly into a cache keyed by its fingerprint (the run, the
+checkpoint's steps and weights and their files' times, CTranslate2's version; reused while they
+are unchanged), decoded by CTranslate2's `translate_batch` behind `Translator`'s interface: the
+run's decoding settings with the tool's overrides (`ctranslate2_decoding.translate_options`),
+n-best with scores, empty lines kept."""
 
 from __future__ import annotations
 
@@ -10,16 +11,24 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from transformer_jax.config.parse import replace_from_text
-from transformer_jax.errors import ConfigError
+from transformer_jax.decoding.batches import Hypothesis
+from transformer_jax.errors import ConfigError, UsageError, WorkdirBusy
 from transformer_jax.export import ctranslate2_decoding, exporter
 from transformer_jax.inference import trained_run
+from transformer_jax.inference.translator import Translator
 from transformer_jax.workdir import layout
 
 log = logging.getLogger(__name__)
+
+ENGINES = ("jax", "ctranslate2")
+EXPORT_WAIT_S = 600  # (another process exporting the same checkpoint: wait for its folder)
 
 
 def cache_root() -> Path:
@@ -28,31 +37,39 @@ def cache_root() -> Path:
 
 
 def fingerprint(run, selected, version: str) -> str:
-  """What the exported folder depends on, hashed."""
+  """What the exported folder depends on, hashed (not the selection's name: `latest` and the
+  step it names share an export)."""
   times = []
   for step in selected.steps:
     for folder in (layout.CHECKPOINTS, layout.BEST_CHECKPOINTS):
       path = Path(run.workdir) / folder / str(step)
       if path.exists():
         times.append([str(path), path.stat().st_mtime_ns])
-  record = {"workdir": str(Path(run.workdir).resolve()), "label": selected.label,
-            "steps": list(selected.steps), "weights": selected.weights, "files": times,
-            "ctranslate2": version}
+  # (the weights resolved: "auto" and the one it means share an export)
+  ema = selected.weights != "raw" and run.cfg.optimizer.ema_decay > 0
+  record = {"workdir": str(Path(run.workdir).resolve()), "steps": list(selected.steps),
+            "weights": "ema" if ema else "raw", "files": times, "ctranslate2": version}
   return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cached_export(run, checkpoint: str) -> Path:
-  """The float32 CTranslate2 folder of `checkpoint` of `run`, exported unless cached."""
+def cached_export(run, selected) -> Path:
+  """The float32 CTranslate2 folder of the `selected` checkpoint of `run`, exported unless
+  cached; a process exporting the same checkpoint meanwhile is waited for."""
   ctranslate2 = exporter.load_ctranslate2()
-  selected = run.select_one(checkpoint, "the ctranslate2 engine")
   folder = cache_root() / fingerprint(run, selected, ctranslate2.__version__)
-  if (folder / "export.json").is_file():
-    log.info("CTranslate2 model of %s (%s) from the cache: %s", run.workdir, selected.label,
-             folder)
-    return folder
-  folder.parent.mkdir(parents=True, exist_ok=True)
-  # (the resolved selection: a step written meanwhile is not exported under this key)
-  exporter.export(run.workdir, selected.label, folder, "float32", force=True)
+  deadline = time.time() + EXPORT_WAIT_S
+  while not (folder / "export.json").is_file():
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+      exporter.export(run.workdir, selected.label, folder, "float32", force=True)
+      return folder
+    except WorkdirBusy:  # (its lock: another tool exporting it now)
+      if time.time() > deadline:
+        raise
+      log.info("Waiting for another process exporting %s to %s", selected.label, folder)
+      time.sleep(1.0)
+  log.info("CTranslate2 model of %s (%s) from the cache: %s", run.workdir, selected.label,
+           folder)
   return folder
 
 
@@ -69,67 +86,89 @@ def compute_type(requested: str, device: str = "cpu") -> str:
   return "bfloat16" if "bfloat16" in supported else "float32"
 
 
-class Ctranslate2Engine:
-  """A run's checkpoint decoded by CTranslate2; the server's engine interface (see
-  serving.engine.JaxEngine)."""
-  name = "ctranslate2"
+class Ctranslate2Translator(Translator):
+  """`Translator` decoding with CTranslate2: one run's checkpoint (no ensembles, no
+  alignments), exported into the cache on first use; `compute_type` as `compute_type()`'s."""
+  engine = "ctranslate2"
 
-  def __init__(self, workdir: list[str], checkpoint: str = "latest", requested_type: str = "",
-               source_tag: str = "", max_batch: int = 32, run=None):
+  def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
+               decode_overrides=(), source_tag: str = "", requested_type: str = "", run=None):
     import ctranslate2
-    if len(workdir) > 1:
-      raise ConfigError("--engine=ctranslate2 takes one --workdir (no ensembles)")
-    run = run or trained_run.load(workdir[0])
-    self.sp, self.source_tag = run.tokenizer.sp, source_tag
-    self.decode, self.max_len, self.max_batch = run.cfg.decode, run.cfg.model.max_len, max_batch
-    self.source_lang, self.target_lang = run.cfg.data.source_lang, run.cfg.data.target_lang
-    self.beam_size = self.decode.beam_size
+    workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
+    if len(workdirs) > 1:
+      raise UsageError("--engine=ctranslate2 takes one --workdir (no ensembles)")
+    self.run = run or trained_run.load(workdirs[0])
+    self.source_prefix = self.run.source_prefix(source_tag)
+    self.source_tag, self.sp = source_tag, self.run.tokenizer.sp
+    self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
+    selected = self.run.select_one(checkpoint, "the ctranslate2 engine")
+    self.steps, self.labels = [list(selected.steps)], [selected.label]
+    self.alignment_layer = None
     self.compute_type = compute_type(requested_type)
-    self.translator = ctranslate2.Translator(str(cached_export(run, checkpoint)), device="cpu",
-                                             compute_type=self.compute_type,
+    self.translator = ctranslate2.Translator(str(cached_export(self.run, selected)),
+                                             device="cpu", compute_type=self.compute_type,
                                              intra_threads=os.cpu_count() or 1)
     log.info("CTranslate2 engine: %s", self.compute_type)
 
-  def decode_config(self, options):
-    if options.alignments:
-      raise ConfigError("alignments: not with the ctranslate2 engine (use --engine=jax)")
-    return replace_from_text(self.decode, [f"{k}={v}" for k, v in options.decode], "decode")
-
-  def translate(self, sentences: list[str], prefixes: list[str], options) -> list[list[dict]]:
-    return self.translated(sentences, prefixes, self.decode_config(options), options.seed)
-
-  def translated(self, sentences: list[str], prefixes: list[str], decode,
-                 seed: int | None = None) -> list[list[dict]]:
-    """`translate` with `decode` (config.decode) itself."""
+  def translate(self, sentences: list[str], progress: bool = False,
+                prefixes: list[str] | None = None, seed: int | None = None, decode=None
+                ) -> list[list[Hypothesis]]:
     import ctranslate2
+    decode = decode or self.decode
+    out: list[list[Hypothesis]] = [[] for _ in sentences]
     todo = [i for i, s in enumerate(sentences) if s.strip()]
-    out: list[list[dict]] = [[] for _ in sentences]
-    if not todo:
-      return out
-    if seed is not None:
-      ctranslate2.set_random_seed(seed)
-    tokens = [([self.source_tag] if self.source_tag else [])
-              + self.sp.encode(sentences[i], out_type=str) for i in todo]
-    prefix = [self.sp.encode(prefixes[i], out_type=str) if prefixes[i] else None
-              for i in todo] if any(prefixes) else None
-    results = self.translator.translate_batch(
-        tokens, target_prefix=prefix, max_batch_size=self.max_batch, batch_type="examples",
-        **{**ctranslate2_decoding.translate_options(decode, self.max_len),
-           "return_scores": True})
-    for i, result in zip(todo, results):
-      out[i] = [{"translation": self.sp.decode(h), "score": float(s)}
-                for h, s in zip(result.hypotheses, result.scores)]
+    if seed is not None or decode.sampling:
+      ctranslate2.set_random_seed(decode.seed if seed is None else seed)
+    options = {**ctranslate2_decoding.translate_options(decode, self.run.cfg.model.max_len),
+               "return_scores": True}
+    bar = tqdm(total=len(todo), unit="sent", file=sys.stderr) if progress else None
+    chunk = decode.batch_size * 16  # (CTranslate2 sorts each call's sentences by length)
+    for start in range(0, len(todo), chunk):
+      rows = todo[start:start + chunk]
+      tokens = [([self.source_tag] if self.source_tag else [])
+                + self.sp.encode(sentences[i], out_type=str) for i in rows]
+      prefix = ([self.sp.encode(prefixes[i], out_type=str) if prefixes[i] else None
+                 for i in rows] if prefixes and any(prefixes) else None)
+      results = self.translator.translate_batch(
+          tokens, target_prefix=prefix, max_batch_size=decode.batch_size,
+          batch_type="examples", **options)
+      for i, result in zip(rows, results):
+        out[i] = [Hypothesis(self.sp.decode(h), float(s),
+                             tuple(self.sp.piece_to_id(p) for p in h))
+                  for h, s in zip(result.hypotheses, result.scores)]
+      if bar is not None:
+        bar.update(len(rows))
+    if bar is not None:
+      bar.close()
     return out
 
-  def warm_up(self, chunks: int = 0) -> int:
+  def warm_up(self):
     """(CTranslate2 compiles nothing: one sentence loads its kernels)"""
-    self.translator.translate_batch([self.sp.encode("Ein Test.", out_type=str)])
-    return 1
+    self.translate(["Ein Test."])
+
+
+def translator(engine: str, workdir, checkpoint: str = "latest", decode_overrides=(),
+               source_tag: str = "", dtype: str = "", compute_type: str = "",
+               alignments: bool = False, alignment_layer: int | None = None) -> Translator:
+  """The `--engine` flag's translator: our search (jax) or CTranslate2, each refusing the
+  other's flags in one line."""
+  if engine == "ctranslate2":
+    for flag, given in (("--dtype", dtype), ("--alignments", alignments)):
+      if given:
+        raise UsageError(f"{flag}: not with --engine=ctranslate2 (use --compute_type; "
+                         "alignments come from our search)")
+    return Ctranslate2Translator(workdir, checkpoint, decode_overrides, source_tag,
+                                 compute_type)
+  if compute_type:
+    raise UsageError("--compute_type is CTranslate2's: with --engine=ctranslate2 (our search "
+                     "takes --dtype)")
+  return Translator(workdir, checkpoint, decode_overrides, source_tag, dtype, alignments,
+                    alignment_layer)
 
 
 def evaluation_engines(names: list[str], requested_type: str = "", source_tag: str = "") -> dict:
   """`evaluate --engine`'s engines: {name: None (our search) or a translate function}."""
-  unknown = sorted(set(names) - {"jax", "ctranslate2"})
+  unknown = sorted(set(names) - set(ENGINES))
   if unknown:
     raise ConfigError(f"--engine={','.join(names)}: {unknown[0]!r} is no engine; expected jax "
                       "and/or ctranslate2")
@@ -147,9 +186,9 @@ def evaluation(requested_type: str = "", source_tag: str = ""):
       raise ConfigError("--engine=ctranslate2: a tagged set needs --source_tag (the tag "
                         "before every source)")
     start = time.time()
-    engine = Ctranslate2Engine([str(run.workdir)], selected.label, requested_type,
-                               source_tag, decode.batch_size, run=run)
+    engine = Ctranslate2Translator(str(run.workdir), selected.label, (), source_tag,
+                                   requested_type, run=run)
     prepared = time.time() - start  # (the export or the cache, and loading)
-    results = engine.translated(eval_set.sources, [""] * len(eval_set.sources), decode)
-    return [r[0]["translation"] if r else "" for r in results], prepared
+    results = engine.translate(eval_set.sources, decode=decode)
+    return [r[0].text if r else "" for r in results], prepared
   return translate

@@ -36,6 +36,8 @@ from transformer_jax.reporting.progress import hms
 log = logging.getLogger(__name__)
 
 RECORD, PROGRESS = "translation.json", "progress.json"
+# Settings recorded since a later version, with the value older folders were translated with.
+ADDED_SETTINGS = {"engine": "jax"}
 
 
 def _raw_lines(path: Path) -> Iterator[bytes]:
@@ -100,7 +102,8 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
               "decode": dataclasses.asdict(translator.decode),
               "input": str(input_path.resolve()), "input_fingerprint":
               _file_fingerprint(input_path) if input_path.is_file() else "",
-              "split": split, "languages": [src_lang, tgt_lang], "block_lines": block_lines}
+              "split": split, "languages": [src_lang, tgt_lang], "block_lines": block_lines,
+              "engine": _engine(translator)}
   final = {lang: out / f"{split}.{lang}" for lang in (src_lang, tgt_lang)}
   if (out / RECORD).is_file() and all(p.is_file() for p in final.values()):
     record = json.loads((out / RECORD).read_text())
@@ -204,9 +207,16 @@ def _recorded_block_lines(out: Path) -> int:
   return 0
 
 
+def _engine(translator: Translator) -> str:
+  """Which search translates: "jax" (ours) or e.g. "ctranslate2:bfloat16" (its compute type)."""
+  if translator.engine == "jax":
+    return "jax"
+  return f"{translator.engine}:{translator.compute_type}"
+
+
 def _changed(recorded: dict, settings: dict) -> list[str]:
   """The settings whose recorded values differ."""
-  return [k for k in settings if recorded.get(k) != settings[k]]
+  return [k for k in settings if recorded.get(k, ADDED_SETTINGS.get(k)) != settings[k]]
 
 
 def _write_json(path: Path, value: dict):

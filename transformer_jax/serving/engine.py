@@ -1,6 +1,6 @@
-"""What the server translates with: a trained run and our search (`Translator`), sentences
-in, each one's n-best translations, scores and word alignments out, with the decoding options
-a request may change."""
+"""What the server translates with: a `Translator` (our search, or CTranslate2's behind the
+same interface), sentences in, each one's n-best translations, scores and word alignments out,
+with the decoding options a request may change."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import logging
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.decoding import resizing
-from transformer_jax.errors import Error
+from transformer_jax.errors import ConfigError, Error
 from transformer_jax.inference.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -29,22 +29,23 @@ class Options:
   alignments: bool = False
 
 
-class JaxEngine:
-  """A trained run decoded by our search; `dtype` as `translate --dtype`."""
-  name = "jax"
+class Engine:
+  """A loaded translator (its `engine`: "jax" or "ctranslate2") as the server uses it; made
+  with batches of at most the server's size (`decode.batch_size`: few row counts compile)."""
 
-  def __init__(self, workdir: list[str], checkpoint: str = "latest", dtype: str = "",
-               source_tag: str = "", max_batch: int = 32):
-    # (batches of at most the server's size: few row counts to compile)
-    self.translator = Translator(workdir, checkpoint, [f"batch_size={max_batch}"], source_tag,
-                                 dtype, alignments=True)
-    cfg = self.translator.run.cfg
+  def __init__(self, translator: Translator):
+    self.translator = translator
+    self.name = translator.engine
+    cfg = translator.run.cfg
     self.source_lang, self.target_lang = cfg.data.source_lang, cfg.data.target_lang
-    self.beam_size = self.translator.decode.beam_size
+    self.beam_size = translator.decode.beam_size
 
   def decode_config(self, options: Options):
     """config.decode with the request's options, checked as the config checks its own (a
     ConfigError naming the key)."""
+    if options.alignments and self.translator.alignment_layer is None:
+      raise ConfigError(f"alignments: not with the {self.name} engine (our search's: "
+                        "--engine=jax)")
     return replace_from_text(self.translator.decode,
                              [f"{k}={v}" for k, v in options.decode], "decode")
 

@@ -11,10 +11,10 @@ import time
 
 import uvicorn
 
-from transformer_jax.export.engine import Ctranslate2Engine
+from transformer_jax.export import engine as engines
 from transformer_jax.serving.api import Limits, make_app
 from transformer_jax.serving.batcher import Batcher
-from transformer_jax.serving.engine import JaxEngine
+from transformer_jax.serving.engine import Engine
 from transformer_jax.serving.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -22,12 +22,10 @@ log = logging.getLogger(__name__)
 
 def serve(args):
   """Runs the server of the `transformer-jax-serve` flags until SIGTERM or Ctrl-C."""
-  if args.engine == "ctranslate2":
-    engine = Ctranslate2Engine(args.workdir, args.checkpoint, args.compute_type,
-                               args.source_tag, args.max_batch_sentences)
-  else:
-    engine = JaxEngine(args.workdir, args.checkpoint, args.dtype, args.source_tag,
-                       args.max_batch_sentences)
+  # (batches of at most the server's size; our search aligns on request)
+  engine = Engine(engines.translator(
+      args.engine, args.workdir, args.checkpoint, [f"batch_size={args.max_batch_sentences}"],
+      args.source_tag, args.dtype, args.compute_type, alignments=args.engine == "jax"))
   start = time.monotonic()
   log.info("Warming up (%s -> %s): compiling the programs requests will need",
            engine.source_lang, engine.target_lang)

@@ -3,6 +3,7 @@ LibreTranslate client, our endpoint against `Translator` (what `translate` print
 concurrent clients each answered its own translation, a client that leaves mid-request, and
 SIGTERM under load: every accepted request answered, exit 0."""
 
+import io
 import itertools
 import json
 import re
@@ -13,8 +14,10 @@ import sys
 import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
+import pytest
 from libretranslatepy import LibreTranslateAPI
 
 from tests.helpers import ROOT
@@ -25,11 +28,11 @@ SOURCES = list(itertools.islice(
     text.read_lines(ROOT / "transformer_jax/corpora/multi30k/val.de.gz"), 32))
 
 
-def _start(workdir):
+def _start(workdir, *flags: str):
   """The server process and its URL, once it listens; its log collected in the background."""
   proc = subprocess.Popen([sys.executable, "-m", "transformer_jax.cli.serve",
                            f"--workdir={workdir}", "--port=0", "--max_wait_ms=20",
-                           "--warm_up_batches=1"],
+                           "--warm_up_batches=1", *flags],
                           cwd=ROOT, stderr=subprocess.PIPE, text=True)
   log = []
   for line in proc.stderr:
@@ -107,3 +110,69 @@ def test_the_server_answers_clients_and_stops_cleanly(tiny_run):
   finally:
     if proc.poll() is None:
       proc.kill()
+
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+@pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+                    reason="Chromium and ChromeDriver from the distribution (apt install "
+                           "chromium chromium-driver; .ci/run installs them) are not here")
+def test_the_page_translates_what_is_typed_with_alternatives_and_alignments(tiny_run, tmp_path):
+  """The page at `/` in the distribution's headless Chromium: text typed and a click give
+  `Translator`'s n-best (the run's beam, two alternatives) and the first sentence's alignment
+  grid; a refused request shows the server's error; the screenshot is not blank."""
+  from PIL import Image
+  from selenium import webdriver
+  from selenium.webdriver.chrome.service import Service
+  from selenium.webdriver.common.by import By
+  from selenium.webdriver.support.ui import WebDriverWait
+
+  proc, url, log = _start(tiny_run, "--warm_up_batches=0")
+  options = webdriver.ChromeOptions()
+  options.binary_location = str(CHROMIUM)
+  for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+               "--disable-quic", "--no-first-run", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--window-size=1200,900",
+               f"--user-data-dir={tmp_path / 'profile'}"):
+    options.add_argument(flag)
+  browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+  try:
+    browser.get(url + "/")
+    wait = WebDriverWait(browser, 120)
+    wait.until(lambda b: b.find_element(By.ID, "go").is_enabled())
+    assert [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#target option")] == ["en"]
+    typed = SOURCES[:2]
+    browser.find_element(By.ID, "text").send_keys("\n".join(typed))
+    browser.find_element(By.ID, "go").click()
+    wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#output .best")) == 2)
+
+    # (two alternatives: nbest 3, the beam widened to 3 where the run's is narrower)
+    offline = Translator([str(tiny_run)], decode_overrides=["beam_size=3", "nbest=3"],
+                         alignments=True)
+    expected = offline.translate(typed)
+    shown = browser.find_elements(By.CSS_SELECTOR, "#output .sentence")
+    for sentence, hyps in zip(shown, expected):
+      assert [(e.find_element(By.CLASS_NAME, "text").text,
+               e.find_element(By.CLASS_NAME, "score").text)
+              for e in sentence.find_elements(By.CSS_SELECTOR, ".best, .alternative")] == \
+          [(h.text, f"{h.score:.3f}") for h in hyps]
+    links = offline.alignments([typed[0]], expected[0][:1])[0].split()
+    cells = browser.find_elements(By.CSS_SELECTOR, "#grid td.link")
+    assert sorted(f"{c.get_attribute('data-source')}-{c.get_attribute('data-target')}"
+                  for c in cells) == sorted(links) and links
+
+    picture = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("L")
+    histogram = picture.histogram()
+    assert max(histogram) < 0.95 * sum(histogram), "the screenshot is one colour"
+    assert sum(1 for n in histogram if n) > 20  # (text and the grid: many shades)
+
+    browser.find_element(By.ID, "beam").clear()
+    browser.find_element(By.ID, "beam").send_keys("99")
+    browser.find_element(By.ID, "go").click()
+    wait.until(lambda b: b.find_element(By.ID, "error").is_displayed())
+    assert browser.find_element(By.ID, "error").text == "beam_size=99; at most 16"
+  finally:
+    browser.quit()
+    proc.terminate()
+    proc.wait(60)

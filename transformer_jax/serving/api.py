@@ -2,8 +2,11 @@
 
   POST /translate     LibreTranslate's API (`q` a string or a list, `source`, `target`,
                       `format=text`, `alternatives`; JSON or a form), so its clients work as is
-  GET  /languages     LibreTranslate's: the run's direction
+  GET  /languages     LibreTranslate's: the run's languages (a multilingual run's targets:
+                      its tags' languages, chosen by `target`)
   POST /v1/translate  ours: per-request decoding options, n-best with scores and alignments
+  GET  /v1/info       what the page offers (languages, beam, alignments)
+  GET  /              the page: type or paste, see translations, alternatives, alignments
   GET  /health, GET /metrics (Prometheus text)
 
 Every refusal is a 4xx or 5xx with a one-line JSON `{"error": ...}`: a body over the limit
@@ -18,11 +21,12 @@ import dataclasses
 import json
 import logging
 import time
+from pathlib import Path
 from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from transformer_jax.errors import ConfigError
@@ -31,6 +35,8 @@ from transformer_jax.serving.engine import REQUEST_OPTIONS, Options
 from transformer_jax.serving.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+PAGE = Path(__file__).with_name("page.html")  # (the page at `/`: the package's data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,12 +116,10 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     fields = await body(request)
     sentences = sentences_of(fields.get("q", fields.get("q[]")), "q")
     source, target = fields.get("source", "auto"), fields.get("target")
-    if source not in ("auto", engine.source_lang):
+    if source not in ("auto", *engine.sources):
       raise Refused(400, f"source language {source!r} is not served (this model: "
-                    f"{engine.source_lang} -> {engine.target_lang})")
-    if target != engine.target_lang:
-      raise Refused(400, f"target language {target!r} is not served (this model: "
-                    f"{engine.source_lang} -> {engine.target_lang})")
+                    f"{'/'.join(engine.sources)} -> {', '.join(engine.targets)})")
+    checked_target(target)
     if fields.get("format", "text") != "text":
       raise Refused(400, f"format {fields.get('format')!r}: only 'text' is served")
     try:
@@ -128,7 +132,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       beam = max(alternatives + 1, engine.beam_size)
       decode = {"nbest": alternatives + 1, "beam_size": beam}
     results = await translated(sentences, [""] * len(sentences),
-                               Options(tuple(sorted(decode.items()))))
+                               Options(tuple(sorted(decode.items())), target=target))
     texts = [r[0]["translation"] if r else "" for r in results]
     alts = [[h["translation"] for h in r[1:]] for r in results]
     one = isinstance(fields.get("q"), str)
@@ -137,9 +141,17 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       out["alternatives"] = alts[0] if one else alts
     return out
 
+  def checked_target(target) -> str:
+    try:
+      return engine.target_tag(target)
+    except ConfigError as e:
+      raise Refused(400, str(e)) from None
+
   async def native(request: Request):
     fields = await body(request)
     sentences = sentences_of(fields.get("text"), "text")
+    target = fields.get("target", engine.target_lang)
+    checked_target(target)
     given = fields.get("options", {})
     if not isinstance(given, dict):
       raise Refused(400, "options must be an object")
@@ -156,7 +168,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
       raise Refused(400, f"seed={seed!r} is not an integer")
     options = Options(tuple(sorted((k, v) for k, v in given.items() if k in REQUEST_OPTIONS)),
-                      seed, bool(given.get("alignments", False)))
+                      seed, bool(given.get("alignments", False)), target)
     results = await translated(sentences, prefixes, options)
     out = {"translations": results}
     if "id" in fields:
@@ -182,16 +194,28 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     return run
 
   async def languages(request: Request):
-    return [{"code": engine.source_lang, "name": engine.source_lang,
-             "targets": [engine.target_lang]}]
+    return [{"code": source, "name": source, "targets": engine.targets}
+            for source in engine.sources]
 
   async def health(request: Request):
     return {"status": "ok", "engine": engine.name}
+
+  async def info(request: Request):
+    """What the page offers: languages, the run's beam, whether alignments are served."""
+    return {"engine": engine.name, "sources": engine.sources, "targets": engine.targets,
+            "target": engine.target_lang, "beam_size": engine.beam_size,
+            "max_beam_size": limits.max_beam_size, "alignments": engine.aligns,
+            "max_sentences": limits.max_sentences, "max_chars": limits.max_chars}
+
+  async def page(request: Request):
+    return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
   async def metrics_text(request: Request):
     return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
 
   return Starlette(routes=[
+      Route("/", page, methods=["GET"]),
+      Route("/v1/info", endpoint("v1/info", info), methods=["GET"]),
       Route("/translate", endpoint("translate", libretranslate), methods=["POST"]),
       Route("/v1/translate", endpoint("v1/translate", native), methods=["POST"]),
       Route("/languages", endpoint("languages", languages), methods=["GET"]),

@@ -27,23 +27,34 @@ class Options:
   decode: tuple = ()           # (key, value) pairs of REQUEST_OPTIONS
   seed: int | None = None
   alignments: bool = False
+  target: str = ""             # a multilingual run's target language ("": its only one)
 
 
 class Engine:
   """A loaded translator (its `engine`: "jax" or "ctranslate2") as the server uses it; made
-  with batches of at most the server's size (`decode.batch_size`: few row counts compile)."""
+  with batches of at most the server's size (`decode.batch_size`: few row counts compile).
+  A model of target-language tags (`>>xx<<`: a multilingual run, an OPUS-MT import) served
+  without --source_tag translates into each tag's language, the tag put before the source."""
 
   def __init__(self, translator: Translator):
     self.translator = translator
     self.name = translator.engine
-    cfg = translator.run.cfg
-    self.source_lang, self.target_lang = cfg.data.source_lang, cfg.data.target_lang
+    run = translator.run
+    data, tokenizer = run.cfg.data, run.tokenizer
+    self.tags = {} if translator.source_prefix else {
+        tag[2:-2]: tag for tag in tokenizer.language_tags}  # language -> its tag
+    fixed = tokenizer.pieces(translator.source_prefix)  # (--source_tag's, if given)
+    self.targets = (sorted(self.tags) or [t[2:-2] for t in fixed if t in tokenizer.language_tags]
+                    or [data.target_lang])
+    self.sources = sorted({data.source_lang, *(c.source_lang for c in data.corpora.values())})
+    self.source_lang, self.target_lang = data.source_lang, self.targets[0]
     self.beam_size = translator.decode.beam_size
+    self.aligns = translator.alignment_layer is not None
 
   def decode_config(self, options: Options):
     """config.decode with the request's options, checked as the config checks its own (a
     ConfigError naming the key)."""
-    if options.alignments and self.translator.alignment_layer is None:
+    if options.alignments and not self.aligns:
       raise ConfigError(f"alignments: not with the {self.name} engine (our search's: "
                         "--engine=jax)")
     return replace_from_text(self.translator.decode,
@@ -53,6 +64,9 @@ class Engine:
                 ) -> list[list[dict]]:
     """Each sentence's n-best: {"translation", "score"[, "alignment"]}, best first; an empty
     sentence has none."""
+    tag = self.tags.get(options.target)
+    if tag:
+      sentences = [f"{tag} {s}" if s.strip() else s for s in sentences]
     results = self.translator.translate(sentences, prefixes=prefixes if any(prefixes) else None,
                                         seed=options.seed, decode=self.decode_config(options))
     out = [[{"translation": h.text, "score": float(h.score)} for h in hyps]
@@ -60,8 +74,16 @@ class Engine:
     if options.alignments:
       for hyps, (_, links) in zip(out, self.translator.with_alignments(sentences, results)):
         for hyp, link in zip(hyps, links):
-          hyp["alignment"] = link
+          hyp["alignment"] = _untagged(link) if tag else link
     return out
+
+  def target_tag(self, target: str) -> str:
+    """The tag a request for `target` puts before its sources ("" for a run of one target);
+    ConfigError naming the languages served for any other."""
+    if target not in self.targets:
+      raise ConfigError(f"target language {target!r} is not served (this model: "
+                        f"{'/'.join(self.sources)} -> {', '.join(self.targets)})")
+    return self.tags.get(target, "")
 
   def warm_up(self, chunks: int = 3) -> int:
     """Compiles (or loads from the persistent cache) the programs requests will need: the
@@ -79,8 +101,16 @@ class Engine:
                   "lengths compile their programs", e)
       self.translator.warm_up()
       return 2
-    done = 0
+    done, tag = 0, self.tags.get(self.target_lang, "")
+    sources = [f"{tag} {s}" if tag else s for s in sources]
     for rows in resizing.row_sizes(self.translator.decode.batch_size):
       for start in range(0, min(len(sources), chunks * rows), rows):
         done += len(self.translator.translate(sources[start:start + rows]))
     return done
+
+
+def _untagged(links: str) -> str:
+  """Pharaoh links of a source that began with a tag the server added, as word indices of
+  the source the request sent (the tag, word 0, links to nothing)."""
+  pairs = (link.split("-") for link in links.split())
+  return " ".join(f"{int(i) - 1}-{j}" for i, j in pairs if int(i) > 0)

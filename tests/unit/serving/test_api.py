@@ -15,8 +15,15 @@ from transformer_jax.serving.metrics import Metrics
 
 
 class Echo:
-  """Translates "x" into "<x>" (n-best: "<x> #k"), score -k; records its batches."""
-  name, source_lang, target_lang, beam_size = "echo", "de", "en", 4
+  """Translates "x" into "<x>" (n-best: "<x> #k"; into French "fr<x>"), score -k; records
+  its batches."""
+  name, source_lang, target_lang, beam_size, aligns = "echo", "de", "en", 4, True
+  sources, targets = ["de"], ["en", "fr"]
+
+  def target_tag(self, target):
+    if target not in self.targets:
+      raise ConfigError(f"target language {target!r} is not served (this model: de -> en, fr)")
+    return ">>fr<<" if target == "fr" else ""
 
   def __init__(self):
     self.batches = []
@@ -33,7 +40,9 @@ class Echo:
       raise RuntimeError("the engine broke\nsecond line")
     self.batches.append(list(sentences))
     nbest = dict(options.decode).get("nbest", 1)
-    return [[{"translation": f"{p}<{s}>" + (f" #{k}" if k else ""), "score": -float(k)}
+    language = "fr" if options.target == "fr" else ""
+    return [[{"translation": f"{p}{language}<{s}>" + (f" #{k}" if k else ""),
+              "score": -float(k)}
              for k in range(nbest)] if s.strip() else [] for s, p in zip(sentences, prefixes)]
 
 
@@ -55,7 +64,32 @@ def test_libretranslate_fields_as_its_clients_send_them(client):
                                            "alternatives": 2, "format": "text"})
   assert listed.json() == {"translatedText": ["<a>", "<b>"],
                            "alternatives": [["<a> #1", "<a> #2"], ["<b> #1", "<b> #2"]]}
-  assert client.get("/languages").json() == [{"code": "de", "name": "de", "targets": ["en"]}]
+  assert client.get("/languages").json() == [{"code": "de", "name": "de",
+                                               "targets": ["en", "fr"]}]
+
+
+def test_the_target_language_chooses_the_translation(client):
+  """A multilingual run: `target` picks the language (the engine's tag before the source; it
+  is one of the request's Options, which batches never mix: test_batcher)."""
+  french = client.post("/translate", json={"q": "a", "source": "de", "target": "fr"})
+  assert french.json() == {"translatedText": "fr<a>"}
+  ours = client.post("/v1/translate", json={"text": "a", "target": "fr"})
+  assert ours.json()["translations"] == [[{"translation": "fr<a>", "score": 0.0}]]
+  assert client.post("/v1/translate", json={"text": "a"}).json()["translations"] == [
+      [{"translation": "<a>", "score": 0.0}]]  # (the run's first target by default)
+  r = client.post("/v1/translate", json={"text": "a", "target": "it"})
+  assert r.status_code == 400 and r.json()["error"] == (
+      "target language 'it' is not served (this model: de -> en, fr)")
+
+
+def test_the_page_and_what_it_asks_the_server(client):
+  page = client.get("/")
+  assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+  assert '<textarea id="text"' in page.text and 'fetch("v1/translate"' in page.text
+  assert client.get("/v1/info").json() == {
+      "engine": "echo", "sources": ["de"], "targets": ["en", "fr"], "target": "en",
+      "beam_size": 4, "max_beam_size": 16, "alignments": True, "max_sentences": 16,
+      "max_chars": 2000}
 
 
 def test_our_endpoint_takes_options_prefixes_and_an_id(client):
@@ -73,7 +107,7 @@ def test_our_endpoint_takes_options_prefixes_and_an_id(client):
      "malformed JSON: Expecting property name enclosed in double quotes at line 1 column 11"),
     ({"content": b"q=" + b"a" * 10_000}, 413, "request body of 10002 bytes; at most 4096"),
     ({"json": {"q": "a", "source": "de", "target": "xx"}}, 400,
-     "target language 'xx' is not served (this model: de -> en)"),
+     "target language 'xx' is not served (this model: de -> en, fr)"),
     ({"json": {"q": ["a"] * 10_000, "target": "en"}}, 413, "request body of"),
     ({"json": {"q": ["a"] * 17, "target": "en"}}, 413,
      "17 sentences in one request; at most 16"),

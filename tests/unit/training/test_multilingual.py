@@ -1,5 +1,6 @@
 """One model for two directions (de->en and en->de, target-language tags on the source):
-it trains on both, validates and tests each, and `evaluate` scores each in one call."""
+it trains on both, validates and tests each, `evaluate` scores each in one call, and the
+server translates into the language a request names."""
 
 import gzip
 import itertools
@@ -13,7 +14,10 @@ from transformer_jax.config.parse import from_config_dict
 from transformer_jax.data import corpus
 from transformer_jax.data.eval_sets import scoring_sets
 from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.errors import ConfigError
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
+from transformer_jax.inference.translator import Translator
+from transformer_jax.serving.engine import Engine, Options
 from transformer_jax.training.loop import train_and_evaluate
 
 TAGS = {"deen": ">>en<<", "ende": ">>de<<"}
@@ -78,3 +82,22 @@ def test_evaluate_scores_every_direction_in_one_call_as_training_did(bilingual):
     assert len(links) == len(hyps)
     assert all([int(p.split("-")[1]) for p in line.split()] == list(range(len(hyp.split())))
                for line, hyp in zip(links, hyps))
+
+
+def test_the_server_translates_into_the_target_a_request_names(bilingual):
+  """Served without --source_tag, the two-direction run offers both languages; a request's
+  `target` puts its tag before the source: the translations, scores and alignments (word
+  indices of the text sent) of `translate --source_tag`."""
+  workdir = bilingual[0]
+  engine = Engine(Translator(str(workdir), alignments=True))
+  assert (engine.sources, engine.targets) == (["de", "en"], ["de", "en"])
+  for target, sentence in (("en", "Ein Hund läuft im Schnee."), ("de", "A dog runs.")):
+    tagged = Translator(str(workdir), source_tag=TAGS["ende" if target == "de" else "deen"],
+                        alignments=True)
+    (hyps,) = tagged.translate([sentence])
+    served = engine.translate([sentence], [""], Options(target=target, alignments=True))
+    assert served == [[{"translation": hyps[0].text, "score": float(hyps[0].score),
+                        "alignment": tagged.alignments([sentence], hyps[:1])[0]}]]
+  with pytest.raises(ConfigError, match=r"target language 'fr' is not served \(this model: "
+                                        r"de/en -> de, en\)"):
+    engine.target_tag("fr")

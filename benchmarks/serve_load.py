@@ -36,7 +36,7 @@ flags.DEFINE_enum("mode", "single", ["single", "list"], "One sentence a request,
                   "--list_size.")
 flags.DEFINE_integer("list_size", 8, "Sentences per request in list mode.")
 flags.DEFINE_integer("max_batch_sentences", 32, "The server's batch size.")
-flags.DEFINE_float("max_wait_ms", 10.0, "The server's batching wait.")
+flags.DEFINE_float("max_wait_ms", 50.0, "The server's batching wait.")
 flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2"], "The server's engine.")
 
 SOURCES = Path(__file__).resolve().parents[1] / "transformer_jax/corpora/multi30k/test2016.de.gz"

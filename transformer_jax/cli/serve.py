@@ -4,9 +4,10 @@ r"""Serves a trained run over HTTP: LibreTranslate's API, ours with decoding opt
   curl -s localhost:5000/translate -H 'Content-Type: application/json' \
       -d '{"q": "Ein Hund läuft im Schnee.", "source": "de", "target": "en"}'
 
-Concurrent requests are batched (up to --max_batch_sentences, or what came within
---max_wait_ms of the first); the programs are warmed up before the port opens; SIGTERM stops
-accepting, answers what was accepted and exits 0. Endpoints: transformer_jax/serving/api.py.
+Concurrent requests are batched (up to --max_batch_sentences; a batch waits up to
+--max_wait_ms for the clients the last one answered); the programs are warmed up before the
+port opens; SIGTERM stops accepting, answers what was accepted and exits 0. The page at `/`
+translates in a browser. Endpoints: transformer_jax/serving/api.py.
 """
 
 from absl import flags
@@ -25,7 +26,8 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_integer("port", 5000, "Port (0: any free one, printed).", flag_values=fv)
   flags.DEFINE_integer("max_batch_sentences", 32, "Most sentences per engine call.",
                        flag_values=fv)
-  flags.DEFINE_float("max_wait_ms", 10.0, "Longest a batch waits for more requests.",
+  flags.DEFINE_float("max_wait_ms", 50.0, "Longest a batch waits for more requests (from its "
+                     "first, or from the last answer: for its clients to send again).",
                      flag_values=fv)
   flags.DEFINE_integer("max_queue", 1024, "Most sentences waiting (then 503).", flag_values=fv)
   flags.DEFINE_integer("max_request_sentences", 256, "Most sentences per request (413).",

@@ -1,6 +1,6 @@
 """Dynamic micro-batching: concurrent requests' sentences gathered into one engine call (up
-to `max_sentences`, or what has come `max_wait_s` after the first), in a thread of its own so
-that the event loop keeps accepting. Requests with different decoding options never share a
+to `max_sentences`; a batch waits up to `max_wait_s` for as many as the last one answered and
+left waiting: `_next_batch`), in a thread of its own so that the event loop keeps accepting. Requests with different decoding options never share a
 batch, and a request with a sampling seed has one of its own (its samples then depend on
 nothing else). The queue is bounded (`QueueFull`: the server answers 503), and `close()`
 stops taking requests and answers every one already taken."""
@@ -45,6 +45,8 @@ class Batcher:
     self.jobs: list[_Job] = []
     self.cond = threading.Condition()
     self.closed = False
+    self.answered = 0.0  # (when the engine last answered: time.monotonic())
+    self.expected = 0    # (the sentences it answered and those waiting then)
     self.thread = threading.Thread(target=self._run, name="batcher", daemon=True)
     self.thread.start()
 
@@ -87,8 +89,15 @@ class Batcher:
         if self.closed:
           return None
         self.cond.wait()
-      deadline = self.jobs[0].arrived + self.max_wait_s
-      while (not self.closed and self._same(self.jobs[0]) < self.max_sentences
+      # Waits for the sentences the last batch answered (their clients are likely to send
+      # again) and those that queued while it ran (a lone client waits for nobody), at most
+      # max_wait from the later of the first request and the engine's last answer:
+      # otherwise, under a steady load, each batch would leave with only those that queued
+      # while the last one ran, and two halves of the clients would alternate in half-size
+      # batches.
+      wanted = min(self.max_sentences, max(1, self.expected))
+      deadline = max(self.jobs[0].arrived, self.answered) + self.max_wait_s
+      while (not self.closed and self._same(self.jobs[0]) < wanted
              and time.monotonic() < deadline):
         self.cond.wait(max(0.0, deadline - time.monotonic()))
       first, batch, size = self.jobs[0], [], 0
@@ -110,6 +119,7 @@ class Batcher:
     while (batch := self._next_batch()) is not None:
       sentences = [s for job in batch for s in job.sentences]
       prefixes = [p for job in batch for p in job.prefixes]
+      start = time.perf_counter()
       try:
         results = self.engine.translate(sentences, prefixes, batch[0].options)
       except Exception as e:  # (answered to each request of the batch, the server goes on)
@@ -117,7 +127,9 @@ class Batcher:
         for job in batch:
           job.loop.call_soon_threadsafe(_set, job.future, None, e)
         continue
-      self.metrics.batch(len(sentences))
+      self.metrics.batch(len(sentences), time.perf_counter() - start)
+      with self.cond:
+        self.answered, self.expected = time.monotonic(), len(sentences) + self._waiting()
       start = 0
       for job in batch:
         mine = results[start:start + len(job.sentences)]

@@ -1,6 +1,7 @@
 """The server's counters in Prometheus' text format (`GET /metrics`): requests and errors
 by endpoint and status, request latency and batch sizes as histograms, the queue's depth and
-sentences translated (a counter, and per second over the last minute)."""
+sentences translated (a counter, and per second over the last minute), and the engine's
+seconds per batch (their sum over the wall time: how busy the model is)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ENGINE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class Histogram:
@@ -42,6 +44,7 @@ class Metrics:
     self.requests = collections.Counter()  # (endpoint, status)
     self.latency = Histogram(LATENCY_BUCKETS)
     self.batch_sizes = Histogram(BATCH_BUCKETS)
+    self.engine_seconds = Histogram(ENGINE_BUCKETS)
     self.sentences = 0
     self.recent = collections.deque()  # (time, sentences) of the last minute's batches
     self.queue_depth = 0
@@ -51,10 +54,11 @@ class Metrics:
       self.requests[(endpoint, status)] += 1
       self.latency.observe(seconds)
 
-  def batch(self, sentences: int):
+  def batch(self, sentences: int, seconds: float):
     now = time.monotonic()
     with self.lock:
       self.batch_sizes.observe(sentences)
+      self.engine_seconds.observe(seconds)
       self.sentences += sentences
       self.recent.append((now, sentences))
       while self.recent and self.recent[0][0] < now - 60:
@@ -73,6 +77,8 @@ class Metrics:
                 *self.latency.lines("transformer_jax_request_seconds"),
                 "# TYPE transformer_jax_batch_sentences histogram",
                 *self.batch_sizes.lines("transformer_jax_batch_sentences"),
+                "# TYPE transformer_jax_batch_engine_seconds histogram",
+                *self.engine_seconds.lines("transformer_jax_batch_engine_seconds"),
                 "# TYPE transformer_jax_queue_sentences gauge",
                 f"transformer_jax_queue_sentences {self.queue_depth}",
                 "# TYPE transformer_jax_sentences_total counter",

@@ -113,3 +113,31 @@ def test_a_seeded_request_is_batched_alone():
   asyncio.run(main())
   batcher.close()
   assert [sentences for sentences, _ in engine.calls] == [["a"], ["x"], ["y"]]
+
+
+def test_a_steady_load_keeps_full_batches_instead_of_alternating_halves():
+  """Eight clients in a closed loop, the second four arriving while the first four's batch
+  runs: the batch after it waits (up to max_wait from the engine's answer) for the four it
+  answered to send again, so the two halves merge into batches of eight. (Waiting only
+  max_wait from each batch's first request, the halves alternate: 4, 4, 4, ...)"""
+  class Timed(Slow):
+    def translate(self, sentences, prefixes, options):
+      threading.Event().wait(0.3)
+      return super().translate(sentences, prefixes, options)
+
+  engine = Timed()
+  batcher = Batcher(engine, Metrics(), max_sentences=8, max_wait_s=0.1)
+
+  async def client(name: str, start: float):
+    await asyncio.sleep(start)
+    for turn in range(4):
+      await batcher.translate([f"{name}{turn}"], [""], Options())
+      await asyncio.sleep(0.005)  # (a client's round trip)
+
+  async def main():
+    await asyncio.gather(*(client(f"c{i}-", 0.0 if i < 4 else 0.2) for i in range(8)))
+
+  asyncio.run(main())
+  batcher.close()
+  sizes = [len(sentences) for sentences, _ in engine.calls]
+  assert sum(sizes) == 32 and sizes[-4:] == [8, 8, 8, 4], sizes  # (the first four: 1 to 4)

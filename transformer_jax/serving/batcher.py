@@ -1,9 +1,10 @@
 """Dynamic micro-batching: concurrent requests' sentences gathered into one engine call (up
 to `max_sentences`; a batch waits up to `max_wait_s` for as many as the last one answered and
-left waiting: `_next_batch`), in a thread of its own so that the event loop keeps accepting. Requests with different decoding options never share a
-batch, and a request with a sampling seed has one of its own (its samples then depend on
-nothing else). The queue is bounded (`QueueFull`: the server answers 503), and `close()`
-stops taking requests and answers every one already taken."""
+left waiting: `_next_batch`), in a thread of its own so that the event loop keeps accepting.
+Requests with different decoding options never share a batch, and a request with a sampling
+seed has one of its own (its samples then depend on nothing else). The queue is bounded
+(`QueueFull`: the server answers 503), and `close()` stops taking requests and answers every
+one already taken."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@
   GET  /              the page: type or paste, see translations, alternatives, alignments
   GET  /health, GET /metrics (Prometheus text)
 
-Every refusal is a 4xx or 5xx with a one-line JSON `{"error": ...}`: a body over the limit
+Every refusal is a 4xx or 5xx with a one-line JSON `{"error": ...}` (an unknown path or
+method too): a body over the limit
 (413), too many sentences (413), malformed JSON or form, text that is not UTF-8, empty text,
 an unknown language or option (400), a full queue (503 with Retry-After), a request past its
 timeout (504). A client that leaves mid-request is dropped."""
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import email.parser
+import email.policy
 import json
 import logging
 import time
@@ -25,6 +28,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -55,6 +59,7 @@ class Refused(Exception):
 
 
 def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits()) -> Starlette:
+  defaults = engine.decode_config(Options())
   async def body(request: Request) -> dict:
     """The request's fields from JSON or a form, UTF-8, within the size limit."""
     declared = request.headers.get("content-length")
@@ -65,11 +70,11 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       raw += chunk
       if len(raw) > limits.max_body_bytes:
         raise Refused(413, f"request body over {limits.max_body_bytes} bytes")
-    try:
-      text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise Refused(400, f"request body is not UTF-8 (byte {e.start})") from None
-    if "application/json" in request.headers.get("content-type", ""):
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data"):
+      return _multipart(bytes(raw), content_type)
+    text = _utf8(bytes(raw), "request body")
+    if "application/json" in content_type:
       try:
         fields = json.loads(text or "{}")
       except json.JSONDecodeError as e:
@@ -78,8 +83,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       if not isinstance(fields, dict):
         raise Refused(400, "the JSON body must be an object")
       return fields
-    form = parse_qs(text, keep_blank_values=True)
-    return {k: v if len(v) > 1 or k == "q[]" else v[0] for k, v in form.items()}
+    return _fields(parse_qs(text, keep_blank_values=True))
 
   def sentences_of(value, name: str) -> list[str]:
     sentences = [value] if isinstance(value, str) else value
@@ -102,6 +106,11 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       raise Refused(400, str(e)) from None
     if decode.beam_size > limits.max_beam_size:  # (a new beam width compiles new programs)
       raise Refused(400, f"beam_size={decode.beam_size}; at most {limits.max_beam_size}")
+    # (the options as values that differ from the run's: requests that ask for the same
+    # decoding in other words, `beam_size: 4` of a beam-4 run or `4.0`, share batches)
+    options = dataclasses.replace(options, decode=tuple(
+        (k, getattr(decode, k)) for k in REQUEST_OPTIONS
+        if getattr(decode, k, None) != getattr(defaults, k, None)))
     try:
       return await asyncio.wait_for(batcher.translate(sentences, prefixes, options),
                                     limits.timeout_s)
@@ -213,7 +222,11 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
   async def metrics_text(request: Request):
     return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
 
-  return Starlette(routes=[
+  async def not_routed(request: Request, e: HTTPException):
+    return JSONResponse({"error": f"{request.method} {request.url.path}: {e.detail}"},
+                        e.status_code, headers=e.headers)
+
+  return Starlette(exception_handlers={HTTPException: not_routed}, routes=[
       Route("/", page, methods=["GET"]),
       Route("/v1/info", endpoint("v1/info", info), methods=["GET"]),
       Route("/translate", endpoint("translate", libretranslate), methods=["POST"]),
@@ -221,3 +234,31 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       Route("/languages", endpoint("languages", languages), methods=["GET"]),
       Route("/health", endpoint("health", health), methods=["GET"]),
       Route("/metrics", metrics_text, methods=["GET"])])
+
+
+def _utf8(raw: bytes, what: str) -> str:
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise Refused(400, f"{what} is not UTF-8 (byte {e.start})") from None
+
+
+def _fields(form: dict[str, list[str]]) -> dict:
+  """A form's fields: a value each, or the list of a repeated field (and of `q[]`)."""
+  return {k: v if len(v) > 1 or k == "q[]" else v[0] for k, v in form.items()}
+
+
+def _multipart(raw: bytes, content_type: str) -> dict:
+  """The fields of a multipart/form-data body (as LibreTranslate's own page and curl -F send
+  them), by the standard library's MIME parser."""
+  message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+      b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
+  if not message.is_multipart():
+    raise Refused(400, "malformed multipart/form-data body (no parts: a boundary missing?)")
+  form: dict[str, list[str]] = {}
+  for part in message.iter_parts():
+    name = part.get_param("name", header="content-disposition")
+    if name:
+      form.setdefault(name, []).append(_utf8(part.get_payload(decode=True) or b"",
+                                             f"form field {name!r}"))
+  return _fields(form)

@@ -11,6 +11,7 @@ import time
 
 import uvicorn
 
+from transformer_jax.errors import UsageError
 from transformer_jax.export import engine as engines
 from transformer_jax.serving.api import Limits, make_app
 from transformer_jax.serving.batcher import Batcher
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 def serve(args):
   """Runs the server of the `transformer-jax-serve` flags until SIGTERM or Ctrl-C."""
+  sock = _bound(args.host, args.port)  # (a port in use said now, not after the warm-up)
   # (batches of at most the server's size; our search aligns on request)
   engine = Engine(engines.translator(
       args.engine, args.workdir, args.checkpoint, [f"batch_size={args.max_batch_sentences}"],
@@ -37,9 +39,6 @@ def serve(args):
   app = make_app(engine, batcher, metrics, Limits(args.max_body_bytes,
                                                   args.max_request_sentences,
                                                   timeout_s=args.timeout_s))
-  sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  sock.bind((args.host, args.port))
   sock.listen(2048)  # (from now on connections wait for uvicorn's accept: none is refused)
   log.info("Serving on http://%s:%d (engine %s)", args.host, sock.getsockname()[1],
            engine.name)
@@ -53,3 +52,16 @@ def serve(args):
     batcher.close()
     signal.signal(signal.SIGTERM, previous)
   log.info("Stopped: every accepted request answered")
+
+
+def _bound(host: str, port: int) -> socket.socket:
+  """A socket bound to host:port, not yet listening (connections are refused until then)."""
+  sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  try:
+    sock.bind((host, port))
+  except OSError as e:
+    sock.close()
+    raise UsageError(f"--host={host} --port={port}: cannot listen there ({e.strerror})"
+                     ) from None
+  return sock

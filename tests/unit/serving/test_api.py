@@ -11,6 +11,7 @@ from starlette.testclient import TestClient
 from transformer_jax.errors import ConfigError
 from transformer_jax.serving.api import Limits, make_app
 from transformer_jax.serving.batcher import Batcher
+from transformer_jax.serving.engine import Options
 from transformer_jax.serving.metrics import Metrics
 
 
@@ -26,19 +27,20 @@ class Echo:
     return ">>fr<<" if target == "fr" else ""
 
   def __init__(self):
-    self.batches = []
+    self.batches, self.options = [], []
 
   def decode_config(self, options):
-    values = dict(options.decode)
-    if values.get("beam_size", 4) < values.get("nbest", 1):
+    values = {"beam_size": 4, "nbest": 1, **dict(options.decode)}
+    if values["beam_size"] < values["nbest"]:
       raise ConfigError(f"config.decode.nbest={values['nbest']} must be in [1, beam_size="
-                        f"{values.get('beam_size', 4)}]")
-    return types.SimpleNamespace(beam_size=values.get("beam_size", 4))
+                        f"{values['beam_size']}]")
+    return types.SimpleNamespace(**values)
 
   def translate(self, sentences, prefixes, options):
     if "crash" in sentences:
       raise RuntimeError("the engine broke\nsecond line")
     self.batches.append(list(sentences))
+    self.options.append(options)
     nbest = dict(options.decode).get("nbest", 1)
     language = "fr" if options.target == "fr" else ""
     return [[{"translation": f"{p}{language}<{s}>" + (f" #{k}" if k else ""),
@@ -68,6 +70,24 @@ def test_libretranslate_fields_as_its_clients_send_them(client):
                                                "targets": ["en", "fr"]}]
 
 
+def test_multipart_forms_as_curl_F_sends_them(client):
+  r = client.post("/translate", files={"q": (None, "Grüße"), "source": (None, "de"),
+                                       "target": (None, "en")})
+  assert r.json() == {"translatedText": "<Grüße>"}
+  r = client.post("/translate", content=b"--x\r\nContent-Disposition: form-data; "
+                  b'name="q"\r\n\r\n\xff\r\n--x--\r\n',
+                  headers={"Content-Type": "multipart/form-data; boundary=x"})
+  assert r.status_code == 400 and r.json() == {"error": "form field 'q' is not UTF-8 (byte 0)"}
+  r = client.post("/translate", content=b"q=a", headers={"Content-Type": "multipart/form-data"})
+  assert r.status_code == 400 and r.json()["error"].startswith("malformed multipart/form-data")
+
+
+def test_an_unknown_path_or_method_is_a_json_error(client):
+  assert client.get("/translat").json() == {"error": "GET /translat: Not Found"}
+  r = client.get("/translate")
+  assert r.status_code == 405 and r.json() == {"error": "GET /translate: Method Not Allowed"}
+
+
 def test_the_target_language_chooses_the_translation(client):
   """A multilingual run: `target` picks the language (the engine's tag before the source; it
   is one of the request's Options, which batches never mix: test_batcher)."""
@@ -90,6 +110,13 @@ def test_the_page_and_what_it_asks_the_server(client):
       "engine": "echo", "sources": ["de"], "targets": ["en", "fr"], "target": "en",
       "beam_size": 4, "max_beam_size": 16, "alignments": True, "max_sentences": 16,
       "max_chars": 2000}
+
+
+def test_options_that_say_the_defaults_share_a_batch_with_none(client):
+  """`beam_size: 4` of a beam-4 engine is no option: such requests batch with plain ones."""
+  r = client.post("/v1/translate", json={"text": "a", "options": {"beam_size": 4, "nbest": 1}})
+  assert r.status_code == 200
+  assert client.engine.options == [Options(target="en")]
 
 
 def test_our_endpoint_takes_options_prefixes_and_an_id(client):

@@ -8,6 +8,7 @@ Both sides decode in float32 with the same length cap (CTranslate2 has no `a * s
 cap: ours is set to the fixed one), from the same checkpoint.
 """
 
+import dataclasses
 import gzip
 import json
 
@@ -96,10 +97,10 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
   assert (cached / "model.bin").stat().st_mtime_ns == made  # (from the cache)
   translated = again.translate(sources)
   expected = ctranslate2_decoding.translate(
-      ctranslate2.Translator(str(folder), device="cpu"), first.sp, sources,
+      ctranslate2.Translator(str(folder), device="cpu"), first.tokenizer.sp, sources,
       ctranslate2_decoding.translate_options(again.decode, again.run.cfg.model.max_len))
   assert [h[0].text for h in translated] == expected
-  assert [first.sp.decode(list(h[0].ids)) for h in translated] == expected
+  assert [first.tokenizer.decode(list(h[0].ids)) for h in translated] == expected
   served = Engine(again).translate(sources[:4], [""] * 4, Options())
   assert [h[0]["translation"] for h in served] == expected[:4]
   with pytest.raises(ConfigError, match="alignments: not with the ctranslate2 engine"):
@@ -109,6 +110,8 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
     ct2_engine.compute_type("float64")
   with pytest.raises(UsageError, match="--alignments: not with --engine=ctranslate2"):
     ct2_engine.translator("ctranslate2", [str(workdir)], alignments=True)
+  with pytest.raises(UsageError, match="samples from one seed per process"):
+    again.translate(sources[:1], seed=1, decode=dataclasses.replace(again.decode, sampling=True))
   with pytest.raises(UsageError, match="--compute_type is CTranslate2's"):
     ct2_engine.translator("jax", [str(workdir)], compute_type="int8")
 
@@ -118,7 +121,7 @@ def test_evaluate_scores_with_the_ctranslate2_engine(exported, tmp_path, monkeyp
   workdir, folder = exported
   (result,), _ = evaluate_checkpoints(
       str(workdir), "test2016", "latest", max_sentences=100, output_dir=str(tmp_path / "eval"),
-      engines=ct2_engine.evaluation_engines(["ctranslate2"], "float32"))
+      engines=ct2_engine.evaluation_engines(["ctranslate2"], "float32"), lowercase=True)
   assert result["label"].endswith("@ctranslate2") and result["engine"] == "ctranslate2"
   run = Translator(str(workdir))  # (the run's settings, as evaluate decodes)
   sources = _lines("test2016.de.gz")[:100]
@@ -127,8 +130,13 @@ def test_evaluate_scores_with_the_ctranslate2_engine(exported, tmp_path, monkeyp
       ctranslate2_decoding.translate_options(run.decode, run.run.cfg.model.max_len))
   hyps = (tmp_path / "eval" / f"{result['label']}.hyp").read_text().splitlines()
   assert hyps == expected
-  assert result["bleu"] == sacrebleu.corpus_bleu(expected, [
-      _lines("test2016.en.gz")[:100]]).score
+  references = [_lines("test2016.en.gz")[:100]]
+  assert result["bleu"] == sacrebleu.corpus_bleu(expected, references).score
+  assert result["bleu_lowercase"] == sacrebleu.corpus_bleu(expected, references,
+                                                           lowercase=True).score
+  with pytest.raises(UsageError, match="--engine=ctranslate2: no --alignments"):
+    evaluate_checkpoints(str(workdir), "test2016", "latest", alignments=True,
+                         engines=ct2_engine.evaluation_engines(["ctranslate2"]))
 
 
 def test_translate_and_translate_corpus_take_the_ctranslate2_engine(exported, tmp_path,

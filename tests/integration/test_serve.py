@@ -161,6 +161,11 @@ def test_the_page_translates_what_is_typed_with_alternatives_and_alignments(tiny
     cells = browser.find_elements(By.CSS_SELECTOR, "#grid td.link")
     assert sorted(f"{c.get_attribute('data-source')}-{c.get_attribute('data-target')}"
                   for c in cells) == sorted(links) and links
+    # (the grid's words: those the alignment counts, each side's whitespace-separated words)
+    assert [th.get_attribute("textContent") for th in
+            browser.find_elements(By.CSS_SELECTOR, "#grid thead th")][1:] == typed[0].split()
+    assert [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#grid tbody th")] == \
+        expected[0][0].text.split()
 
     picture = Image.open(io.BytesIO(browser.get_screenshot_as_png())).convert("L")
     histogram = picture.histogram()

@@ -48,7 +48,7 @@ def evaluate(args: runner.Args):
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
         args.max_sentences, args.decode, args.lowercase, args.output_dir, args.alignments,
         args.source_tag, args.dtype,
-        engine.evaluation_engines(args.engine, args.compute_type, args.source_tag))
+        engine.evaluation_engines(args.engine, args.compute_type))
   print(format_table(results), *(f"wrote {d}/results.json" for d in out_dirs), sep="\n")
 
 

@@ -119,6 +119,10 @@ class Tokenizer:
   def _ids_of_batch(self, texts: list[str], side: str) -> list[list[int]]:
     return self.sp.encode(texts, num_threads=os.cpu_count() or 1)
 
+  def piece_ids(self, pieces: list[str]) -> list[int]:
+    """The ids of subword strings (what CTranslate2 returns)."""
+    return self._piece_ids(pieces)
+
   def _piece_ids(self, pieces: list[str]) -> list[int]:
     return [self.sp.piece_to_id(piece) for piece in pieces]
 

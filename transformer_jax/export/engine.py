@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.decoding.batches import Hypothesis
-from transformer_jax.errors import ConfigError, UsageError, WorkdirBusy
+from transformer_jax.errors import ConfigError, UsageError
 from transformer_jax.export import ctranslate2_decoding, exporter
 from transformer_jax.inference import trained_run
 from transformer_jax.inference.translator import Translator
@@ -57,17 +57,12 @@ def cached_export(run, selected) -> Path:
   cached; a process exporting the same checkpoint meanwhile is waited for."""
   ctranslate2 = exporter.load_ctranslate2()
   folder = cache_root() / fingerprint(run, selected, ctranslate2.__version__)
-  deadline = time.time() + EXPORT_WAIT_S
-  while not (folder / "export.json").is_file():
+  if not (folder / "export.json").is_file():
     folder.parent.mkdir(parents=True, exist_ok=True)
-    try:
-      exporter.export(run.workdir, selected.label, folder, "float32", force=True)
-      return folder
-    except WorkdirBusy:  # (its lock: another tool exporting it now)
-      if time.time() > deadline:
-        raise
-      log.info("Waiting for another process exporting %s to %s", selected.label, folder)
-      time.sleep(1.0)
+    # (a process exporting it meanwhile is waited for, and its folder taken)
+    exporter.export(run.workdir, selected.label, folder, "float32", force=True,
+                    wait_seconds=EXPORT_WAIT_S)
+    return folder
   log.info("CTranslate2 model of %s (%s) from the cache: %s", run.workdir, selected.label,
            folder)
   return folder
@@ -90,6 +85,9 @@ class Ctranslate2Translator(Translator):
   """`Translator` decoding with CTranslate2: one run's checkpoint (no ensembles, no
   alignments), exported into the cache on first use; `compute_type` as `compute_type()`'s."""
   engine = "ctranslate2"
+  # (CTranslate2 seeds each worker thread's generator once, at its first sample: a later
+  # set_random_seed changes nothing, so only a process's first sampling call has its seed)
+  seeds_each_call = False
 
   def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
                decode_overrides=(), source_tag: str = "", requested_type: str = "", run=None):
@@ -99,7 +97,7 @@ class Ctranslate2Translator(Translator):
       raise UsageError("--engine=ctranslate2 takes one --workdir (no ensembles)")
     self.run = run or trained_run.load(workdirs[0])
     self.source_prefix = self.run.source_prefix(source_tag)
-    self.source_tag, self.sp = source_tag, self.run.tokenizer.sp
+    self.tokenizer = self.run.tokenizer
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
     selected = self.run.select_one(checkpoint, "the ctranslate2 engine")
     self.steps, self.labels = [list(selected.steps)], [selected.label]
@@ -117,25 +115,30 @@ class Ctranslate2Translator(Translator):
     decode = decode or self.decode
     out: list[list[Hypothesis]] = [[] for _ in sentences]
     todo = [i for i, s in enumerate(sentences) if s.strip()]
-    if seed is not None or decode.sampling:
-      ctranslate2.set_random_seed(decode.seed if seed is None else seed)
+    self.check_tagged([sentences[i] for i in todo])
+    if seed is not None and decode.sampling:
+      raise UsageError("--engine=ctranslate2 samples from one seed per process (CTranslate2 "
+                       "seeds its generator once): a seed per request or block, as the server "
+                       "and translate-corpus give, needs our search (--engine=jax)")
+    tag = self.tokenizer.pieces(self.source_prefix)  # (--source_tag's piece, or none)
+    if decode.sampling:
+      ctranslate2.set_random_seed(decode.seed)
     options = {**ctranslate2_decoding.translate_options(decode, self.run.cfg.model.max_len),
                "return_scores": True}
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr) if progress else None
     chunk = decode.batch_size * 16  # (CTranslate2 sorts each call's sentences by length)
     for start in range(0, len(todo), chunk):
       rows = todo[start:start + chunk]
-      tokens = [([self.source_tag] if self.source_tag else [])
-                + self.sp.encode(sentences[i], out_type=str) for i in rows]
-      prefix = ([self.sp.encode(prefixes[i], out_type=str) if prefixes[i] else None
+      tokens = [tag + self.tokenizer.encode_pieces(sentences[i]) for i in rows]
+      prefix = ([self.tokenizer.encode_pieces(prefixes[i], "target") if prefixes[i] else None
                  for i in rows] if prefixes and any(prefixes) else None)
       results = self.translator.translate_batch(
           tokens, target_prefix=prefix, max_batch_size=decode.batch_size,
           batch_type="examples", **options)
       for i, result in zip(rows, results):
-        out[i] = [Hypothesis(self.sp.decode(h), float(s),
-                             tuple(self.sp.piece_to_id(p) for p in h))
-                  for h, s in zip(result.hypotheses, result.scores)]
+        ids = [self.tokenizer.piece_ids(h) for h in result.hypotheses]
+        out[i] = [Hypothesis(self.tokenizer.decode(h), float(s), tuple(h))
+                  for h, s in zip(ids, result.scores)]
       if bar is not None:
         bar.update(len(rows))
     if bar is not None:
@@ -153,7 +156,8 @@ def translator(engine: str, workdir, checkpoint: str = "latest", decode_override
   """The `--engine` flag's translator: our search (jax) or CTranslate2, each refusing the
   other's flags in one line."""
   if engine == "ctranslate2":
-    for flag, given in (("--dtype", dtype), ("--alignments", alignments)):
+    for flag, given in (("--dtype", dtype), ("--alignments", alignments),
+                        ("--alignment_layer", alignment_layer is not None)):
       if given:
         raise UsageError(f"{flag}: not with --engine=ctranslate2 (use --compute_type; "
                          "alignments come from our search)")
@@ -166,27 +170,25 @@ def translator(engine: str, workdir, checkpoint: str = "latest", decode_override
                     alignment_layer)
 
 
-def evaluation_engines(names: list[str], requested_type: str = "", source_tag: str = "") -> dict:
+def evaluation_engines(names: list[str], requested_type: str = "") -> dict:
   """`evaluate --engine`'s engines: {name: None (our search) or a translate function}."""
   unknown = sorted(set(names) - set(ENGINES))
   if unknown:
     raise ConfigError(f"--engine={','.join(names)}: {unknown[0]!r} is no engine; expected jax "
                       "and/or ctranslate2")
-  return {name: None if name == "jax" else evaluation(requested_type, source_tag)
-          for name in names}
+  return {name: None if name == "jax" else evaluation(requested_type) for name in names}
 
 
-def evaluation(requested_type: str = "", source_tag: str = ""):
+def evaluation(requested_type: str = ""):
   """`evaluate`'s translate function for CTranslate2 (see
   inference.checkpoint_eval.evaluate_checkpoints): the selected checkpoint's export (cached)
-  translating the set's sources with `decode`, in its batch size; returns the translations
-  and the seconds spent exporting (or finding the export) and loading it."""
+  translating the set's sources, after the set's tag if it has one, with `decode`, in its
+  batch size; returns the translations and the seconds spent exporting (or finding the
+  export) and loading it."""
   def translate(run, selected, eval_set, decode) -> list[str]:
-    if eval_set.source_prefix and not source_tag:
-      raise ConfigError("--engine=ctranslate2: a tagged set needs --source_tag (the tag "
-                        "before every source)")
     start = time.time()
-    engine = Ctranslate2Translator(str(run.workdir), selected.label, (), source_tag,
+    tag = run.tokenizer.pieces(eval_set.source_prefix)  # (its own, or --source_tag's)
+    engine = Ctranslate2Translator(str(run.workdir), selected.label, (), "".join(tag),
                                    requested_type, run=run)
     prepared = time.time() - start  # (the export or the cache, and loading)
     results = engine.translate(eval_set.sources, decode=decode)

@@ -57,14 +57,18 @@ def check_request(quantization: str, out: Path, force: bool):
 
 
 def export(workdir: str | Path, checkpoint: str, out: str | Path, quantization: str = "float32",
-           force: bool = False) -> dict:
+           force: bool = False, wait_seconds: float = 0.0) -> dict:
   """Writes the CTranslate2 folder `out` for `checkpoint` of the run in `workdir`, holding the
   lock `.<out's name>.lock` beside it (one writer); returns the record written to its
-  export.json."""
+  export.json. `wait_seconds`: how long to wait for another writer; a complete `out` found
+  then is kept (a cache's entry that the other writer made), not exported again."""
   out = Path(out)
   check_request(quantization, out, force)
   ctranslate2 = load_ctranslate2()
-  with lock.hold(out, "export", lock_path=out.with_name(f".{out.name}.lock")):
+  with lock.hold(out, "export", wait_seconds,
+                 lock_path=out.with_name(f".{out.name}.lock")):
+    if wait_seconds and (out / "export.json").is_file():
+      return json.loads((out / "export.json").read_text())
     check_request(quantization, out, force)  # (again, holding the lock)
     return _export(workdir, checkpoint, out, quantization, ctranslate2)
 

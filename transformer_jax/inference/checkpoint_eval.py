@@ -121,6 +121,10 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   decode) -> (translations, seconds preparing)} of other engines than our search (None),
   each a result of its own, labelled `<checkpoint>@<name>`."""
   workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
+  others = sorted(set(engines or {}) - {"jax"})
+  if others and (alignments or len(workdirs) > 1):
+    raise UsageError(f"--engine={others[0]}: " + ("no --alignments (our search's)" if alignments
+                                                   else "one --workdir (no ensembles)"))
   runs = trained_run.load_ensemble(workdirs, dtype)
   run = runs[0]
   decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
@@ -151,7 +155,9 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
                           **files})
       layout.write_results(out_dirs[name], set_results[-1:])
     if "all" in selections and set_results:
-      _write_by_step(set_results, out_dirs[name])
+      for engine in engines or {"jax": None}:  # (a curve per engine)
+        _write_by_step([r for r in set_results if r.get("engine", "jax") == engine],
+                       out_dirs[name], "" if engine == "jax" else f"@{engine}")
     results += set_results
   return results, list(out_dirs.values())
 
@@ -168,31 +174,28 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
     label += f"@{engine}"
     t0 = time.time()
     hyps, prepared = translate(runs[0], selected, eval_set, decode)
-    result = layout.result_record(label, selected.steps, name,
-                                  scoring.score(hyps, eval_set.references), len(hyps),
-                                  time.time() - t0, decode, prepared)
-    result["engine"] = engine
-    layout.write_lines(out_dir / f"{label}.hyp", hyps)
-    log.info("%s on %s: BLEU %.2f, chrF %.2f", label, name, result["bleu"], result["chrf"])
-    return result
-  model, params = trained_run.members(runs, list(group))
-  evaluator = Evaluator(eval_set, model, runs[0].tokenizer, decode, runs[0].mesh)
-  t0, prepared = time.time(), compilation.program_seconds()
-  with tqdm(total=len(eval_set), unit="sent", file=sys.stderr, desc=f"{label} on {name}",
-            disable=jax.process_index() != 0) as bar:
-    translations = evaluator.translations(params, on_batch=bar.update)
-  hyps = [h.text for h in translations]
+    seconds = time.time() - t0
+  else:
+    model, params = trained_run.members(runs, list(group))
+    evaluator = Evaluator(eval_set, model, runs[0].tokenizer, decode, runs[0].mesh)
+    t0, compiled = time.time(), compilation.program_seconds()
+    with tqdm(total=len(eval_set), unit="sent", file=sys.stderr, desc=f"{label} on {name}",
+              disable=jax.process_index() != 0) as bar:
+      translations = evaluator.translations(params, on_batch=bar.update)
+    hyps = [h.text for h in translations]
+    seconds, prepared = time.time() - t0, compilation.program_seconds() - compiled
   result = layout.result_record(label, selected.steps, name,
-                                scoring.score(hyps, eval_set.references), len(hyps),
-                                time.time() - t0, decode,
-                                compilation.program_seconds() - prepared)
+                                scoring.score(hyps, eval_set.references), len(hyps), seconds,
+                                decode, prepared)
+  if translate is not None:
+    result["engine"] = engine
   if len(runs) > 1:
     result["ensemble"] = [str(r.workdir) for r in runs]
   if lowercase:
     result["bleu_lowercase"], result["bleu_lowercase_signature"] = scoring.lowercase_bleu(
         hyps, eval_set.references)
   layout.write_lines(out_dir / f"{label}.hyp", hyps)
-  if alignments:
+  if alignments and translate is None:  # (other engines are refused with alignments)
     layout.write_lines(out_dir / f"{label}.align", alignment.align(
         model, params, runs[0].tokenizer, eval_set, [h.ids for h in translations]))
   log.info("%s on %s: BLEU %.2f, chrF %.2f%s", label, name, result["bleu"], result["chrf"],
@@ -200,13 +203,15 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
   return result
 
 
-def _write_by_step(results: list[dict], out_dir: Path):
+def _write_by_step(results: list[dict], out_dir: Path, suffix: str = ""):
   rows = [["step", "bleu", "chrf"]] + [[r["steps"][0], f"{r['bleu']:.2f}", f"{r['chrf']:.2f}"]
                                        for r in results]
-  with atomic.replacing(out_dir / "bleu_by_step.csv") as tmp, tmp.open("w", newline="") as f:
+  csv_path = out_dir / f"bleu_by_step{suffix}.csv"
+  with atomic.replacing(csv_path) as tmp, tmp.open("w", newline="") as f:
     csv.writer(f).writerows(rows)
   plots.plot_bleu_by_step([r["steps"][0] for r in results], [r["bleu"] for r in results],
-                          [r["chrf"] for r in results], out_dir / "bleu_by_step.png")
+                          [r["chrf"] for r in results],
+                          out_dir / f"bleu_by_step{suffix}.png")
 
 
 def format_table(results: list[dict]) -> str:

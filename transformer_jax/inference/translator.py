@@ -30,6 +30,7 @@ class Translator:
   first run's decoding settings apply, with `decode_overrides`; `dtype`: the matmul dtype to
   decode in ("" = the run's)."""
   engine = "jax"  # (our search; export.engine's CTranslate2 translator has this interface too)
+  seeds_each_call = True  # (a call's `seed` decides its samples, whatever came before)
 
   def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
                decode_overrides=(), source_tag: str = "", dtype: str = "",
@@ -80,12 +81,7 @@ class Translator:
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     if not todo:
       return results
-    tokenizer = self.run.tokenizer
-    if tokenizer.language_tags and not self.source_prefix:
-      untagged = next((i for i in todo if not tokenizer.leading_tag(sentences[i])), None)
-      if untagged is not None:
-        line = sentences[untagged].strip()
-        raise self.run.untagged(f"the line {line[:40] + '...' * (len(line) > 40)!r}")
+    self.check_tagged([sentences[i] for i in todo])
     eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.run.tokenizer,
                                   self.source_prefix)
     if prefixes is not None:
@@ -105,6 +101,16 @@ class Translator:
     for position, hyps in zip(todo, nbest):
       results[position] = hyps
     return results
+
+  def check_tagged(self, sentences: list[str]):
+    """An error naming the first of `sentences` without a target-language tag, when the
+    model needs one (`TrainedRun.untagged`) and no --source_tag gives it."""
+    tokenizer = self.run.tokenizer
+    if tokenizer.language_tags and not self.source_prefix:
+      untagged = next((s for s in sentences if not tokenizer.leading_tag(s)), None)
+      if untagged is not None:
+        line = untagged.strip()
+        raise self.run.untagged(f"the line {line[:40] + '...' * (len(line) > 40)!r}")
 
   def warm_up(self):
     """Translates two made-up sources of 1 and 17 tokens (the two shortest length buckets),

@@ -107,7 +107,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     if decode.beam_size > limits.max_beam_size:  # (a new beam width compiles new programs)
       raise Refused(400, f"beam_size={decode.beam_size}; at most {limits.max_beam_size}")
     # (the options as values that differ from the run's: requests that ask for the same
-    # decoding in other words, `beam_size: 4` of a beam-4 run or `4.0`, share batches)
+    # decoding in other words, `beam_size: 4` of a beam-4 run, share batches)
     options = dataclasses.replace(options, decode=tuple(
         (k, getattr(decode, k)) for k in REQUEST_OPTIONS
         if getattr(decode, k, None) != getattr(defaults, k, None)))
@@ -174,8 +174,9 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
         or not all(isinstance(p, str) for p in prefixes)):
       raise Refused(400, "prefix must be a string or one string per sentence")
     seed = given.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-      raise Refused(400, f"seed={seed!r} is not an integer")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
+                             or not 0 <= seed < 2**31):
+      raise Refused(400, f"seed={seed!r} is not an integer in [0, 2^31)")
     options = Options(tuple(sorted((k, v) for k, v in given.items() if k in REQUEST_OPTIONS)),
                       seed, bool(given.get("alignments", False)), target)
     results = await translated(sentences, prefixes, options)
@@ -214,6 +215,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     return {"engine": engine.name, "sources": engine.sources, "targets": engine.targets,
             "target": engine.target_lang, "beam_size": engine.beam_size,
             "max_beam_size": limits.max_beam_size, "alignments": engine.aligns,
+            "beam_search": engine.beam_search,
             "max_sentences": limits.max_sentences, "max_chars": limits.max_chars}
 
   async def page(request: Request):

@@ -86,21 +86,14 @@ class Batcher:
     """Jobs for one engine call (those with the first job's options, up to max_sentences
     sentences; a larger request alone), or None once closed and drained."""
     with self.cond:
-      while not self.jobs:
-        if self.closed:
-          return None
-        self.cond.wait()
-      # Waits for the sentences the last batch answered (their clients are likely to send
-      # again) and those that queued while it ran (a lone client waits for nobody), at most
-      # max_wait from the later of the first request and the engine's last answer:
-      # otherwise, under a steady load, each batch would leave with only those that queued
-      # while the last one ran, and two halves of the clients would alternate in half-size
-      # batches.
-      wanted = min(self.max_sentences, max(1, self.expected))
-      deadline = max(self.jobs[0].arrived, self.answered) + self.max_wait_s
-      while (not self.closed and self._same(self.jobs[0]) < wanted
-             and time.monotonic() < deadline):
-        self.cond.wait(max(0.0, deadline - time.monotonic()))
+      while True:
+        while not self.jobs:
+          if self.closed:
+            return None
+          self.cond.wait()
+        self._wait_for_more()
+        if self.jobs:  # (unless the waiting requests' deadlines passed meanwhile)
+          break
       first, batch, size = self.jobs[0], [], 0
       for job in list(self.jobs):
         if batch and first.options.seed is not None:
@@ -112,6 +105,22 @@ class Batcher:
           self.jobs.remove(job)
       self.metrics.queue_depth = self._waiting()
       return batch
+
+  def _wait_for_more(self):
+    """Waits (holding the condition) for the sentences the last batch answered (their
+    clients are likely to send again) and those that queued while it ran, at most max_wait
+    from the later of the first request and the engine's last answer: otherwise, under a
+    steady load, each batch would leave with only those that queued while the last one ran,
+    and two halves of the clients would alternate in half-size batches. A lone client, a
+    request after a pause and a seeded request (batched alone) wait for nobody."""
+    first = self.jobs[0]
+    idle = first.arrived - self.answered > self.max_wait_s
+    wanted = (len(first.sentences) if idle or first.options.seed is not None
+              else min(self.max_sentences, max(1, self.expected)))
+    deadline = max(first.arrived, self.answered) + self.max_wait_s
+    while (not self.closed and self.jobs and self._same(self.jobs[0]) < wanted
+           and time.monotonic() < deadline):
+      self.cond.wait(max(0.0, deadline - time.monotonic()))
 
   def _same(self, first: _Job) -> int:
     return sum(len(j.sentences) for j in self.jobs if j.options == first.options)

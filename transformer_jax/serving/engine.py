@@ -50,6 +50,8 @@ class Engine:
     self.source_lang, self.target_lang = data.source_lang, self.targets[0]
     self.beam_size = translator.decode.beam_size
     self.aligns = translator.alignment_layer is not None
+    decode = translator.decode  # (n-best lists, the page's alternatives, need beam search)
+    self.beam_search = not (decode.greedy or decode.sampling)
 
   def decode_config(self, options: Options):
     """config.decode with the request's options, checked as the config checks its own (a
@@ -57,6 +59,9 @@ class Engine:
     if options.alignments and not self.aligns:
       raise ConfigError(f"alignments: not with the {self.name} engine (our search's: "
                         "--engine=jax)")
+    if options.seed is not None and not self.translator.seeds_each_call:
+      raise ConfigError(f"seed: not with the {self.name} engine, which seeds its sampling "
+                        "once per process (our search's: --engine=jax)")
     return replace_from_text(self.translator.decode,
                              [f"{k}={v}" for k, v in options.decode], "decode")
 

@@ -18,7 +18,7 @@ from transformer_jax.serving.metrics import Metrics
 class Echo:
   """Translates "x" into "<x>" (n-best: "<x> #k"; into French "fr<x>"), score -k; records
   its batches."""
-  name, source_lang, target_lang, beam_size, aligns = "echo", "de", "en", 4, True
+  name, source_lang, target_lang, beam_size, aligns, beam_search = "echo", "de", "en", 4, True, True
   sources, targets = ["de"], ["en", "fr"]
 
   def target_tag(self, target):
@@ -108,8 +108,8 @@ def test_the_page_and_what_it_asks_the_server(client):
   assert '<textarea id="text"' in page.text and 'fetch("v1/translate"' in page.text
   assert client.get("/v1/info").json() == {
       "engine": "echo", "sources": ["de"], "targets": ["en", "fr"], "target": "en",
-      "beam_size": 4, "max_beam_size": 16, "alignments": True, "max_sentences": 16,
-      "max_chars": 2000}
+      "beam_size": 4, "max_beam_size": 16, "alignments": True, "beam_search": True,
+      "max_sentences": 16, "max_chars": 2000}
 
 
 def test_options_that_say_the_defaults_share_a_batch_with_none(client):

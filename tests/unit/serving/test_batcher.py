@@ -141,3 +141,22 @@ def test_a_steady_load_keeps_full_batches_instead_of_alternating_halves():
   batcher.close()
   sizes = [len(sentences) for sentences, _ in engine.calls]
   assert sum(sizes) == 32 and sizes[-4:] == [8, 8, 8, 4], sizes  # (the first four: 1 to 4)
+
+
+def test_a_request_that_leaves_while_its_batch_waits_for_more_stops_nothing():
+  """The only waiting request's deadline passes while the batcher waits for the clients the
+  last batch answered: the batcher goes on (it once died there, and every later request
+  timed out)."""
+  engine = Slow()
+  batcher = Batcher(engine, Metrics(), max_sentences=8, max_wait_s=1.0)
+
+  async def main():
+    await batcher.translate(["a", "b"], ["", ""], Options())  # (then it waits for two)
+    with pytest.raises(asyncio.TimeoutError):
+      await asyncio.wait_for(batcher.translate(["late"], [""], Options()), 0.05)
+    await asyncio.sleep(1.1)  # (past the wait: the batcher looks at its queue again)
+    return await asyncio.wait_for(batcher.translate(["c"], [""], Options()), 2)
+
+  assert asyncio.run(main()) == [[{"translation": "c", "options": Options()}]]
+  batcher.close()
+  assert [sentences for sentences, _ in engine.calls] == [["a", "b"], ["c"]]

@@ -101,3 +101,43 @@ def test_the_server_translates_into_the_target_a_request_names(bilingual):
   with pytest.raises(ConfigError, match=r"target language 'fr' is not served \(this model: "
                                         r"de/en -> de, en\)"):
     engine.target_tag("fr")
+
+
+def test_the_ctranslate2_engine_reads_the_target_tag_as_our_search_does(bilingual, tmp_path,
+                                                                        monkeypatch):
+  """With CTranslate2 the tag a request's target puts before the source is one piece, as
+  training and our search see it: CTranslate2 is given the pieces of our search's ids, and
+  its greedy translations into each language equal ours."""
+  pytest.importorskip("ctranslate2")
+  from transformer_jax.export.engine import Ctranslate2Translator
+
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  workdir = bilingual[0]
+  greedy = ["greedy=true", "max_length=12", "max_length_a=0", "max_length_b=12"]
+  ours = Engine(Translator(str(workdir), decode_overrides=greedy))
+  translator = Ctranslate2Translator(str(workdir), decode_overrides=greedy,
+                                     requested_type="float32")
+  given = []
+
+  class Spy:  # (what CTranslate2 is given)
+    def __init__(self, inner):
+      self.inner = inner
+
+    def translate_batch(self, tokens, **options):
+      given.extend(tokens)
+      return self.inner.translate_batch(tokens, **options)
+
+  translator.translator = Spy(translator.translator)
+  theirs, tokenizer = Engine(translator), translator.tokenizer
+  sentences = ["Ein Hund läuft im Schnee.", "Zwei Männer sitzen.", "A dog runs.", ""]
+  for target in ("en", "de"):
+    given.clear()
+    texts = [[[h["translation"] for h in hyps]
+              for hyps in engine.translate(sentences, [""] * 4, Options(target=target))]
+             for engine in (ours, theirs)]
+    assert texts[0] == texts[1] and texts[0][3] == [], (target, texts)
+    assert given == [tokenizer.pieces(tokenizer.encode(f">>{target}<< {s}")[:-1])
+                     for s in sentences[:3]]
+    assert all(tokens[0] == f">>{target}<<" for tokens in given)
+  with pytest.raises(ConfigError, match="seed: not with the ctranslate2 engine"):
+    theirs.decode_config(Options(seed=1))

@@ -111,7 +111,8 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
   with pytest.raises(UsageError, match="--alignments: not with --engine=ctranslate2"):
     ct2_engine.translator("ctranslate2", [str(workdir)], alignments=True)
   with pytest.raises(UsageError, match="samples from one seed per process"):
-    again.translate(sources[:1], seed=1, decode=dataclasses.replace(again.decode, sampling=True))
+    again.translate(sources[:1], seed=1, decode=dataclasses.replace(again.decode, greedy=False,
+                                                                    sampling=True))
   with pytest.raises(UsageError, match="--compute_type is CTranslate2's"):
     ct2_engine.translator("jax", [str(workdir)], compute_type="int8")
 

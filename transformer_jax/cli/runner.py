@@ -25,7 +25,6 @@ from absl import flags
 
 from transformer_jax import errors
 from transformer_jax.config import files
-from transformer_jax.export import engine
 from transformer_jax.parallel import platforms
 from transformer_jax.parallel.compilation import enable_compilation_cache
 from transformer_jax.reporting import logs
@@ -61,19 +60,13 @@ def define_decoding_flags(fv: flags.FlagValues):
 
 
 def define_engine_flags(fv: flags.FlagValues):
-  """--engine and --compute_type, as translate, translate-corpus and serve take them."""
+  """--engine and --compute_type, as translate, translate-corpus and serve take them
+  (export.engine.translator makes their translator)."""
   flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2"], "Our search, or CTranslate2 (the "
                     "checkpoint exported on the fly into a cache keyed by its fingerprint, "
                     "~/.cache/transformer_jax/ctranslate2).", flag_values=fv)
   flags.DEFINE_string("compute_type", "", "ctranslate2's: float32, int8, bfloat16, ... "
                       "(default: bfloat16 where this CPU has it, else float32).", flag_values=fv)
-
-
-def translator(args: Args, decode_overrides=(), **options):
-  """The translator the engine and decoding flags ask for (--engine, --workdir, --checkpoint,
-  --source_tag, --dtype, --compute_type); `options`: export.engine.translator's others."""
-  return engine.translator(args.engine, args.workdir, args.checkpoint, decode_overrides,
-                           args.source_tag, args.dtype, args.compute_type, **options)
 
 
 def usage(doc: str, flag_values: flags.FlagValues) -> str:

@@ -3,8 +3,7 @@ r"""Translates text with a trained run: stdin or a file in, stdout or a file out
   echo "Ein Hund läuft im Schnee." | transformer-jax-translate --workdir=runs/default
   transformer-jax-translate --workdir=runs/default --input=in.de --output=out.en [--checkpoint=best]
   transformer-jax-translate --workdir=runs/seed1 --workdir=runs/seed2 ...   # an ensemble
-  transformer-jax-translate --workdir=runs/default --source_tag='>>de<<'    # a tagged run
-  transformer-jax-translate --workdir=runs/default --engine=ctranslate2     # CTranslate2 decodes
+  transformer-jax-translate --workdir=runs/default --source_tag='>>de<<' --engine=ctranslate2
 One output line per input line (gzipped input too), in order, batched by length; on a
 terminal (or with --interactive) each line as it is entered. nbest > 1: `nbest` lines `INDEX |||
 translation ||| score` each; --alignments adds ` ||| ALIGNMENT` (Pharaoh `i-j` pairs).
@@ -18,6 +17,7 @@ from absl import flags
 from transformer_jax import atomic
 from transformer_jax.cli import runner
 from transformer_jax.data.text import iter_lines, read_lines
+from transformer_jax.export import engine
 
 
 def define_flags(fv: flags.FlagValues):
@@ -27,12 +27,11 @@ def define_flags(fv: flags.FlagValues):
                       "[:ema | :raw]", flag_values=fv)
   flags.DEFINE_string("input", "-", "Input text ('-' = stdin).", flag_values=fv)
   flags.DEFINE_string("output", "-", "Output file ('-' = stdout).", flag_values=fv)
-  flags.DEFINE_string("prefix_file", "", "Target prefixes, one per input line (empty: none): "
-                      "each translation starts with its prefix.", flag_values=fv)
+  flags.DEFINE_string("prefix_file", "", "A translation prefix per input line.", flag_values=fv)
   runner.define_engine_flags(fv)
   runner.define_decoding_flags(fv)
-  flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size, nbest, "
-                            "greedy, sampling, temperature, ...); repeatable.", flag_values=fv)
+  flags.DEFINE_multi_string("decode", [], "Decoding override key=value (beam_size=5, nbest=2, "
+                            "sampling=true, ...); repeatable.", flag_values=fv)
   flags.DEFINE_bool("interactive", None, "Line by line as it comes (default: on a terminal).",
                     flag_values=fv)
   flags.DEFINE_bool("alignments", False, "Word alignments (cross-attention).", flag_values=fv)
@@ -43,8 +42,9 @@ def define_flags(fv: flags.FlagValues):
 def translate(args: runner.Args):
   from_stdin = args.input == "-"
   interactive = from_stdin and sys.stdin.isatty() if args.interactive is None else args.interactive
-  translator = runner.translator(args, args.decode, alignments=args.alignments,
-                                 alignment_layer=args.alignment_layer)
+  translator = engine.translator(args.engine, args.workdir, args.checkpoint, args.decode,
+                                 args.source_tag, args.dtype, args.compute_type,
+                                 args.alignments, args.alignment_layer)
   lines = iter_lines(sys.stdin.buffer, "<stdin>") if from_stdin else read_lines(args.input)
   prefixes = list(read_lines(args.prefix_file)) if args.prefix_file else None
   with (contextlib.nullcontext(sys.stdout) if args.output == "-"

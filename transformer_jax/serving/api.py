@@ -10,10 +10,9 @@
   GET  /health, GET /metrics (Prometheus text)
 
 Every refusal is a 4xx or 5xx with a one-line JSON `{"error": ...}` (an unknown path or
-method too): a body over the limit
-(413), too many sentences (413), malformed JSON or form, text that is not UTF-8, empty text,
-an unknown language or option (400), a full queue (503 with Retry-After), a request past its
-timeout (504). A client that leaves mid-request is dropped."""
+method too): a body over the limit (413), too many sentences (413), malformed JSON or form,
+text that is not UTF-8, empty text, an unknown language or option (400), a full queue (503
+with Retry-After), a request past its timeout (504). A client that leaves mid-request is dropped."""
 
 from __future__ import annotations
 
@@ -128,7 +127,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     if source not in ("auto", *engine.sources):
       raise Refused(400, f"source language {source!r} is not served (this model: "
                     f"{'/'.join(engine.sources)} -> {', '.join(engine.targets)})")
-    checked_target(target)
+    check_target(target)
     if fields.get("format", "text") != "text":
       raise Refused(400, f"format {fields.get('format')!r}: only 'text' is served")
     try:
@@ -150,9 +149,9 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       out["alternatives"] = alts[0] if one else alts
     return out
 
-  def checked_target(target) -> str:
+  def check_target(target):
     try:
-      return engine.target_tag(target)
+      engine.check_target(target)
     except ConfigError as e:
       raise Refused(400, str(e)) from None
 
@@ -160,7 +159,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     fields = await body(request)
     sentences = sentences_of(fields.get("text"), "text")
     target = fields.get("target", engine.target_lang)
-    checked_target(target)
+    check_target(target)
     given = fields.get("options", {})
     if not isinstance(given, dict):
       raise Refused(400, "options must be an object")

@@ -129,7 +129,7 @@ class Batcher:
     while (batch := self._next_batch()) is not None:
       sentences = [s for job in batch for s in job.sentences]
       prefixes = [p for job in batch for p in job.prefixes]
-      start = time.perf_counter()
+      began = time.perf_counter()
       try:
         results = self.engine.translate(sentences, prefixes, batch[0].options)
       except Exception as e:  # (answered to each request of the batch, the server goes on)
@@ -137,7 +137,7 @@ class Batcher:
         for job in batch:
           job.loop.call_soon_threadsafe(_set, job.future, None, e)
         continue
-      self.metrics.batch(len(sentences), time.perf_counter() - start)
+      self.metrics.batch(len(sentences), time.perf_counter() - began)
       with self.cond:
         self.answered, self.expected = time.monotonic(), len(sentences) + self._waiting()
       start = 0

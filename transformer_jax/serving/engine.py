@@ -69,9 +69,8 @@ class Engine:
                 ) -> list[list[dict]]:
     """Each sentence's n-best: {"translation", "score"[, "alignment"]}, best first; an empty
     sentence has none."""
-    tag = self.tags.get(options.target)
-    if tag:
-      sentences = [f"{tag} {s}" if s.strip() else s for s in sentences]
+    tag = self.tags.get(options.target, "")
+    sentences = _tagged(sentences, tag)
     results = self.translator.translate(sentences, prefixes=prefixes if any(prefixes) else None,
                                         seed=options.seed, decode=self.decode_config(options))
     out = [[{"translation": h.text, "score": float(h.score)} for h in hyps]
@@ -82,13 +81,11 @@ class Engine:
           hyp["alignment"] = _untagged(link) if tag else link
     return out
 
-  def target_tag(self, target: str) -> str:
-    """The tag a request for `target` puts before its sources ("" for a run of one target);
-    ConfigError naming the languages served for any other."""
+  def check_target(self, target: str):
+    """A ConfigError naming the languages served, for a `target` that is not one of them."""
     if target not in self.targets:
       raise ConfigError(f"target language {target!r} is not served (this model: "
                         f"{'/'.join(self.sources)} -> {', '.join(self.targets)})")
-    return self.tags.get(target, "")
 
   def warm_up(self, chunks: int = 3) -> int:
     """Compiles (or loads from the persistent cache) the programs requests will need: the
@@ -106,12 +103,16 @@ class Engine:
                   "lengths compile their programs", e)
       self.translator.warm_up()
       return 2
-    done, tag = 0, self.tags.get(self.target_lang, "")
-    sources = [f"{tag} {s}" if tag else s for s in sources]
+    done, sources = 0, _tagged(sources, self.tags.get(self.target_lang, ""))
     for rows in resizing.row_sizes(self.translator.decode.batch_size):
       for start in range(0, min(len(sources), chunks * rows), rows):
         done += len(self.translator.translate(sources[start:start + rows]))
     return done
+
+
+def _tagged(sentences: list[str], tag: str) -> list[str]:
+  """`sentences` with a target-language `tag` before each one that is not empty."""
+  return [f"{tag} {s}" if tag and s.strip() else s for s in sentences]
 
 
 def _untagged(links: str) -> str:

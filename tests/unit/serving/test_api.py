@@ -21,10 +21,9 @@ class Echo:
   name, source_lang, target_lang, beam_size, aligns, beam_search = "echo", "de", "en", 4, True, True
   sources, targets = ["de"], ["en", "fr"]
 
-  def target_tag(self, target):
+  def check_target(self, target):
     if target not in self.targets:
       raise ConfigError(f"target language {target!r} is not served (this model: de -> en, fr)")
-    return ">>fr<<" if target == "fr" else ""
 
   def __init__(self):
     self.batches, self.options = [], []

@@ -100,7 +100,7 @@ def test_the_server_translates_into_the_target_a_request_names(bilingual):
                         "alignment": tagged.alignments([sentence], hyps[:1])[0]}]]
   with pytest.raises(ConfigError, match=r"target language 'fr' is not served \(this model: "
                                         r"de/en -> de, en\)"):
-    engine.target_tag("fr")
+    engine.check_target("fr")
 
 
 def test_the_ctranslate2_engine_reads_the_target_tag_as_our_search_does(bilingual, tmp_path,

@@ -146,8 +146,10 @@ class Ctranslate2Translator(Translator):
     return out
 
   def warm_up(self):
-    """(CTranslate2 compiles nothing: one sentence loads its kernels)"""
-    self.translate(["Ein Test."])
+    """(CTranslate2 compiles nothing: one sentence loads its kernels; given to it directly,
+    as a multilingual model's untagged made-up source would be refused by `translate`)"""
+    self.translator.translate_batch([self.tokenizer.pieces(self.source_prefix)
+                                     + self.tokenizer.encode_pieces("Ein Test.")])
 
 
 def translator(engine: str, workdir, checkpoint: str = "latest", decode_overrides=(),

@@ -127,6 +127,7 @@ def test_the_ctranslate2_engine_reads_the_target_tag_as_our_search_does(bilingua
       given.extend(tokens)
       return self.inner.translate_batch(tokens, **options)
 
+  translator.warm_up()  # (untagged: made up, not refused as a user's line would be)
   translator.translator = Spy(translator.translator)
   theirs, tokenizer = Engine(translator), translator.tokenizer
   sentences = ["Ein Hund läuft im Schnee.", "Zwei Männer sitzen.", "A dog runs.", ""]

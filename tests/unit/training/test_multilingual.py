@@ -15,6 +15,7 @@ from transformer_jax.data import corpus
 from transformer_jax.data.eval_sets import scoring_sets
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError
+from transformer_jax.export.engine import Ctranslate2Translator
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
 from transformer_jax.inference.translator import Translator
 from transformer_jax.serving.engine import Engine, Options
@@ -109,8 +110,6 @@ def test_the_ctranslate2_engine_reads_the_target_tag_as_our_search_does(bilingua
   training and our search see it: CTranslate2 is given the pieces of our search's ids, and
   its greedy translations into each language equal ours."""
   pytest.importorskip("ctranslate2")
-  from transformer_jax.export.engine import Ctranslate2Translator
-
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   workdir = bilingual[0]
   greedy = ["greedy=true", "max_length=12", "max_length_a=0", "max_length_b=12"]

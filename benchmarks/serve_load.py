@@ -39,6 +39,7 @@ flags.DEFINE_enum("mode", "single", ["single", "list"], "One sentence a request,
 flags.DEFINE_integer("list_size", 8, "Sentences per request in list mode.")
 flags.DEFINE_integer("max_batch_sentences", 32, "The server's batch size.")
 flags.DEFINE_float("max_wait_ms", 50.0, "The server's batching wait.")
+flags.DEFINE_integer("workers", 2, "The server's batches at once.")
 flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2"], "The server's engine.")
 
 SOURCES = Path(__file__).resolve().parents[1] / "transformer_jax/corpora/multi30k/test2016.de.gz"
@@ -49,6 +50,7 @@ def _start(workdir: str):
                            f"--workdir={workdir}", "--port=0",
                            f"--max_batch_sentences={FLAGS.max_batch_sentences}",
                            f"--max_wait_ms={FLAGS.max_wait_ms}", "--max_queue=100000",
+                           f"--workers={FLAGS.workers}",
                            f"--engine={FLAGS.engine}"],
                           stderr=subprocess.PIPE, text=True)
   for line in proc.stderr:
@@ -112,7 +114,8 @@ def main(_):
       _load(url, sentences, expected, clients)
     print(f"engine {FLAGS.engine}; offline: {offline_speed:.1f} sentences/s in batches of "
           f"{translator_batch()} rows, {at_batch:.1f} in batches of the server's "
-          f"{FLAGS.max_batch_sentences}; {FLAGS.mode} requests, wait {FLAGS.max_wait_ms:g} ms")
+          f"{FLAGS.max_batch_sentences}; {FLAGS.mode} requests, wait {FLAGS.max_wait_ms:g} ms, "
+          f"{FLAGS.workers} worker(s)")
     print("| clients | sentences/s | vs offline | vs offline at the server's batch | p50 (ms) "
           "| p95 (ms) | p99 (ms) | wrong |")
     print("|---|---|---|---|---|---|---|---|")

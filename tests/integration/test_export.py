@@ -8,6 +8,7 @@ Both sides decode in float32 with the same length cap (CTranslate2 has no `a * s
 cap: ours is set to the fixed one), from the same checkpoint.
 """
 
+import concurrent.futures
 import dataclasses
 import gzip
 import json
@@ -93,7 +94,7 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
   step = json.loads((cached / "export.json").read_text())["steps"][0]
   greedy = ["greedy=true", "max_length_a=0", f"max_length_b={first.decode.max_length}"]
   again = ct2_engine.Ctranslate2Translator(str(workdir), str(step), greedy,
-                                           requested_type="float32")
+                                           requested_type="float32", calls_at_once=2)
   assert (cached / "model.bin").stat().st_mtime_ns == made  # (from the cache)
   translated = again.translate(sources)
   expected = ctranslate2_decoding.translate(
@@ -101,6 +102,11 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
       ctranslate2_decoding.translate_options(again.decode, again.run.cfg.model.max_len))
   assert [h[0].text for h in translated] == expected
   assert [first.tokenizer.decode(list(h[0].ids)) for h in translated] == expected
+  # (a server's two workers: two calls at once, each on its own CTranslate2 thread)
+  assert again.translator.num_translators == 2
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    halves = list(pool.map(again.translate, [sources[:50], sources[50:]]))
+  assert [h[0].text for half in halves for h in half] == expected
   served = Engine(again).translate(sources[:4], [""] * 4, Options())
   assert [h[0]["translation"] for h in served] == expected[:4]
   with pytest.raises(ConfigError, match="alignments: not with the ctranslate2 engine"):

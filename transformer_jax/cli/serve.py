@@ -5,9 +5,10 @@ r"""Serves a trained run over HTTP: LibreTranslate's API, ours with decoding opt
       -d '{"q": "Ein Hund läuft im Schnee.", "source": "de", "target": "en"}'
 
 Concurrent requests are batched (up to --max_batch_sentences; a batch waits up to
---max_wait_ms for the clients the last one answered); the programs are warmed up before the
-port opens; SIGTERM stops accepting, answers what was accepted and exits 0. The page at `/`
-translates in a browser. Endpoints: transformer_jax/serving/api.py.
+--max_wait_ms for the clients the last one answered), --workers batches translated at once;
+the programs are warmed up before the port opens; SIGTERM stops accepting, answers what was
+accepted and exits 0. The page at `/` translates in a browser. Endpoints:
+transformer_jax/serving/api.py.
 """
 
 from absl import flags
@@ -29,6 +30,9 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_float("max_wait_ms", 50.0, "Longest a batch waits for more requests (from its "
                      "first, or from the last answer: for its clients to send again).",
                      flag_values=fv)
+  flags.DEFINE_integer("workers", 2, "Batches translated at once, each a share of the "
+                       "requests held (two use a CPU's cores better than one batch of both).",
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_integer("max_queue", 1024, "Most sentences waiting (then 503).", flag_values=fv)
   flags.DEFINE_integer("max_request_sentences", 256, "Most sentences per request (413).",
                        flag_values=fv)

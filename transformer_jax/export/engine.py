@@ -83,14 +83,17 @@ def compute_type(requested: str, device: str = "cpu") -> str:
 
 class Ctranslate2Translator(Translator):
   """`Translator` decoding with CTranslate2: one run's checkpoint (no ensembles, no
-  alignments), exported into the cache on first use; `compute_type` as `compute_type()`'s."""
+  alignments), exported into the cache on first use; `compute_type` as `compute_type()`'s;
+  `calls_at_once`: the calls from different threads it runs at once (CTranslate2's
+  inter_threads, the cores shared between them)."""
   engine = "ctranslate2"
   # (CTranslate2 seeds each worker thread's generator once, at its first sample: a later
   # set_random_seed changes nothing, so only a process's first sampling call has its seed)
   seeds_each_call = False
 
   def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
-               decode_overrides=(), source_tag: str = "", requested_type: str = "", run=None):
+               decode_overrides=(), source_tag: str = "", requested_type: str = "", run=None,
+               calls_at_once: int = 1):
     import ctranslate2
     workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
     if len(workdirs) > 1:
@@ -103,9 +106,10 @@ class Ctranslate2Translator(Translator):
     self.steps, self.labels = [list(selected.steps)], [selected.label]
     self.alignment_layer = None
     self.compute_type = compute_type(requested_type)
-    self.translator = ctranslate2.Translator(str(cached_export(self.run, selected)),
-                                             device="cpu", compute_type=self.compute_type,
-                                             intra_threads=os.cpu_count() or 1)
+    self.translator = ctranslate2.Translator(
+        str(cached_export(self.run, selected)),
+        device="cpu", compute_type=self.compute_type, inter_threads=calls_at_once,
+        intra_threads=max(1, (os.cpu_count() or 1) // calls_at_once))
     log.info("CTranslate2 engine: %s", self.compute_type)
 
   def translate(self, sentences: list[str], progress: bool = False,
@@ -154,9 +158,11 @@ class Ctranslate2Translator(Translator):
 
 def translator(engine: str, workdir, checkpoint: str = "latest", decode_overrides=(),
                source_tag: str = "", dtype: str = "", compute_type: str = "",
-               alignments: bool = False, alignment_layer: int | None = None) -> Translator:
+               alignments: bool = False, alignment_layer: int | None = None,
+               calls_at_once: int = 1) -> Translator:
   """The `--engine` flag's translator: our search (jax) or CTranslate2, each refusing the
-  other's flags in one line."""
+  other's flags in one line; `calls_at_once`: CTranslate2's calls from threads run at once
+  (our search runs each thread's call as it comes)."""
   if engine == "ctranslate2":
     for flag, given in (("--dtype", dtype), ("--alignments", alignments),
                         ("--alignment_layer", alignment_layer is not None)):
@@ -164,7 +170,7 @@ def translator(engine: str, workdir, checkpoint: str = "latest", decode_override
         raise UsageError(f"{flag}: not with --engine=ctranslate2 (use --compute_type; "
                          "alignments come from our search)")
     return Ctranslate2Translator(workdir, checkpoint, decode_overrides, source_tag,
-                                 compute_type)
+                                 compute_type, calls_at_once=calls_at_once)
   if compute_type:
     raise UsageError("--compute_type is CTranslate2's: with --engine=ctranslate2 (our search "
                      "takes --dtype)")

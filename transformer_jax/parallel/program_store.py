@@ -40,6 +40,7 @@ import os
 import pickle
 import secrets
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -151,6 +152,7 @@ class StoredJit:
     self._jitted = jax.jit(fun, static_argnames=static_argnames)
     self._programs = {}  # signature -> compiled program (this process)
     self._preloaded = {}  # signature -> loaded program, not yet run
+    self._missing = threading.Lock()
 
   def __call__(self, *args, **kwargs):
     where = folder()
@@ -160,6 +162,15 @@ class StoredJit:
     program = self._programs.get(signature)
     if program is not None:
       return program(*args)
+    with self._missing:  # (threads of a server meeting one new shape: one compiles it)
+      program = self._programs.get(signature)
+      if program is not None:
+        return program(*args)
+      return self._first_call(where, signature, static, args)
+
+  def _first_call(self, where: Path, signature, static, args):
+    """Loads (or compiles and stores in `where`) the program of `signature` and runs it on
+    `args`."""
     key = self._key(signature)
     path = self._path(where, key)
     program = self._preloaded.pop(signature, None) or _load(path)

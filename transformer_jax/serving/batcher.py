@@ -1,10 +1,12 @@
-"""Dynamic micro-batching: concurrent requests' sentences gathered into one engine call (up
-to `max_sentences`; a batch waits up to `max_wait_s` for as many as the last one answered and
-left waiting: `_next_batch`), in a thread of its own so that the event loop keeps accepting.
-Requests with different decoding options never share a batch, and a request with a sampling
-seed has one of its own (its samples then depend on nothing else). The queue is bounded
-(`QueueFull`: the server answers 503), and `close()` stops taking requests and answers every
-one already taken."""
+"""Dynamic micro-batching: concurrent requests' sentences gathered into engine calls, run by
+`workers` threads of their own so that the event loop keeps accepting. Each worker takes its
+share of the sentences the server holds (up to `max_sentences`), waiting up to `max_wait_s` for
+the clients its last batch answered (`_next_batch`). Two batches at once use a CPU's cores
+better than one batch of both: a small batch's operations are too small to split between
+cores, while two programs each keep one busy. Requests with different decoding options never
+share a batch, and a request with a sampling seed has one of its own (its samples then depend
+on nothing else). The queue is bounded (`QueueFull`: the server answers 503), and `close()`
+stops taking requests and answers every one already taken."""
 
 from __future__ import annotations
 
@@ -40,16 +42,21 @@ class _Job:
 
 class Batcher:
   def __init__(self, engine, metrics: Metrics, max_sentences: int = 32,
-               max_wait_s: float = 0.01, max_queue: int = 1024):
+               max_wait_s: float = 0.01, max_queue: int = 1024, workers: int = 1):
     self.engine, self.metrics = engine, metrics
     self.max_sentences, self.max_wait_s, self.max_queue = max_sentences, max_wait_s, max_queue
+    self.workers = workers
     self.jobs: list[_Job] = []
     self.cond = threading.Condition()
+    self.gathering = threading.Lock()  # (one worker at a time gathers its batch)
     self.closed = False
+    self.running = 0     # (sentences in the engine now, all workers' batches)
     self.answered = 0.0  # (when the engine last answered: time.monotonic())
-    self.expected = 0    # (the sentences it answered and those waiting then)
-    self.thread = threading.Thread(target=self._run, name="batcher", daemon=True)
-    self.thread.start()
+    self.expected = 0    # (the sentences held then: answered, running and waiting)
+    self.threads = [threading.Thread(target=self._run, name=f"batcher-{i}", daemon=True)
+                    for i in range(workers)]
+    for thread in self.threads:
+      thread.start()
 
   def _waiting(self) -> int:
     return sum(len(j.sentences) for j in self.jobs)
@@ -79,13 +86,18 @@ class Batcher:
     """No more requests; those taken are answered before the thread ends."""
     with self.cond:
       self.closed = True
-      self.cond.notify()
-    self.thread.join()
+      self.cond.notify_all()
+    for thread in self.threads:
+      thread.join()
+
+  def _share(self, held: int) -> int:
+    """A worker's batch size when the server holds `held` sentences (running and waiting)."""
+    return min(self.max_sentences, max(1, -(-held // self.workers)))
 
   def _next_batch(self) -> list[_Job] | None:
-    """Jobs for one engine call (those with the first job's options, up to max_sentences
-    sentences; a larger request alone), or None once closed and drained."""
-    with self.cond:
+    """Jobs for one engine call (those with the first job's options, up to a worker's share
+    of the sentences held; a larger request alone), or None once closed and drained."""
+    with self.gathering, self.cond:
       while True:
         while not self.jobs:
           if self.closed:
@@ -95,28 +107,29 @@ class Batcher:
         if self.jobs:  # (unless the waiting requests' deadlines passed meanwhile)
           break
       first, batch, size = self.jobs[0], [], 0
+      share = self._share(self.running + self._same(first))
       for job in list(self.jobs):
         if batch and first.options.seed is not None:
           break  # (a seeded request alone: its samples' keys fold in its own sentence indices)
-        if job.options == first.options and (not batch or size + len(job.sentences)
-                                             <= self.max_sentences):
+        if job.options == first.options and (not batch or size + len(job.sentences) <= share):
           batch.append(job)
           size += len(job.sentences)
           self.jobs.remove(job)
+      self.running += size
       self.metrics.queue_depth = self._waiting()
       return batch
 
   def _wait_for_more(self):
-    """Waits (holding the condition) for the sentences the last batch answered (their
-    clients are likely to send again) and those that queued while it ran, at most max_wait
-    from the later of the first request and the engine's last answer: otherwise, under a
-    steady load, each batch would leave with only those that queued while the last one ran,
-    and two halves of the clients would alternate in half-size batches. A lone client, a
-    request after a pause and a seeded request (batched alone) wait for nobody."""
+    """Waits (holding the condition) for this worker's share of the sentences held at the
+    engine's last answer (that batch's clients are likely to send again), at most max_wait
+    from the later of the first request and that answer: otherwise, under a steady load, each
+    batch would leave with only those that queued while the last one ran, and two halves of
+    the clients would alternate in half-size batches. A lone client, a request after a pause
+    and a seeded request (batched alone) wait for nobody."""
     first = self.jobs[0]
     idle = first.arrived - self.answered > self.max_wait_s
     wanted = (len(first.sentences) if idle or first.options.seed is not None
-              else min(self.max_sentences, max(1, self.expected)))
+              else self._share(self.expected))
     deadline = max(first.arrived, self.answered) + self.max_wait_s
     while (not self.closed and self.jobs and self._same(self.jobs[0]) < wanted
            and time.monotonic() < deadline):
@@ -134,12 +147,16 @@ class Batcher:
         results = self.engine.translate(sentences, prefixes, batch[0].options)
       except Exception as e:  # (answered to each request of the batch, the server goes on)
         log.exception("batch of %d sentences failed", len(sentences))
+        with self.cond:
+          self.running -= len(sentences)
         for job in batch:
           job.loop.call_soon_threadsafe(_set, job.future, None, e)
         continue
       self.metrics.batch(len(sentences), time.perf_counter() - began)
       with self.cond:
-        self.answered, self.expected = time.monotonic(), len(sentences) + self._waiting()
+        self.running -= len(sentences)
+        self.answered = time.monotonic()
+        self.expected = len(sentences) + self.running + self._waiting()
       start = 0
       for job in batch:
         mine = results[start:start + len(job.sentences)]

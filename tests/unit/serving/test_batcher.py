@@ -160,3 +160,42 @@ def test_a_request_that_leaves_while_its_batch_waits_for_more_stops_nothing():
   assert asyncio.run(main()) == [[{"translation": "c", "options": Options()}]]
   batcher.close()
   assert [sentences for sentences, _ in engine.calls] == [["a", "b"], ["c"]]
+
+
+def test_two_workers_translate_two_shares_of_a_steady_load_at_once():
+  """Eight clients in a closed loop and two workers: each batch is half of the sentences the
+  server holds, the two halves translated at the same time (the engine sees two calls at
+  once), every client answered its own sentences."""
+  class Concurrent(Slow):
+    def __init__(self):
+      super().__init__()
+      self.lock, self.now, self.most = threading.Lock(), 0, 0
+
+    def translate(self, sentences, prefixes, options):
+      with self.lock:
+        self.now += 1
+        self.most = max(self.most, self.now)
+      threading.Event().wait(0.2)
+      with self.lock:
+        self.now -= 1
+      return super().translate(sentences, prefixes, options)
+
+  engine = Concurrent()
+  batcher = Batcher(engine, Metrics(), max_sentences=8, max_wait_s=0.1, workers=2)
+
+  async def client(name: str):
+    answers = []
+    for turn in range(5):
+      answers += await batcher.translate([f"{name}{turn}"], [""], Options())
+      await asyncio.sleep(0.005)  # (a client's round trip)
+    return answers
+
+  async def main():
+    return await asyncio.gather(*(client(f"c{i}-") for i in range(8)))
+
+  answers = asyncio.run(main())
+  batcher.close()
+  assert [[a[0]["translation"] for a in mine] for mine in answers] == [
+      [f"c{i}-{turn}" for turn in range(5)] for i in range(8)]
+  sizes = [len(sentences) for sentences, _ in engine.calls]
+  assert engine.most == 2 and sum(sizes) == 40 and sizes[-6:] == [4] * 6, sizes

@@ -11,7 +11,9 @@ finished sentences leave it) is then split by XLA operation, each mapped through
 `op_name` to a part: the dense projections, the output layer with its log-softmax, the
 attention products, the beam's cache reorder, top-k, ... The table gives each part's
 milliseconds per step (the operations' own times; on several cores two operations may run
-at once, so the parts can add up to more than a step's wall time).
+at once, so the parts can add up to more than a step's wall time). Before it, the loop body's
+HLO instructions: XLA:CPU runs one thunk per instruction, each costing a few nanoseconds per
+step whatever its size (jax #40150), so their number is a cost of its own.
 """
 
 import collections
@@ -60,8 +62,44 @@ PARTS = (  # (part, a pattern of the operation's op_name), the first that matche
 
 def _instructions(dump: Path) -> dict[str, str]:
   """XLA operation -> its HLO line, from the first search loop compiled (the full size)."""
-  first = sorted(dump.glob(f"module_*.{LOOP}.cpu_after_optimizations.txt"))[0]
-  return dict(re.findall(r"^\s*(?:ROOT )?%(\S+) = (.*)$", first.read_text(), re.M))
+  return dict(re.findall(r"^\s*(?:ROOT )?%(\S+) = (.*)$", _first_hlo(dump).read_text(), re.M))
+
+
+def _first_hlo(dump: Path) -> Path:
+  """The optimised HLO of the first search loop compiled (the batch's full size)."""
+  return sorted(dump.glob(f"module_*.{LOOP}.cpu_after_optimizations.txt"))[0]
+
+
+# (instructions that run no code of their own: XLA:CPU makes no thunk for them)
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
+
+
+def _computations(hlo: str) -> dict[str, list[str]]:
+  """Computation name -> its instructions' opcodes (a while's with its body's name), from
+  HLO text."""
+  out, current = {}, None
+  for line in hlo.splitlines():
+    header = re.match(r"^(ENTRY )?%(\S+) .*\{$", line)
+    if header:
+      current = out.setdefault("ENTRY" if header.group(1) else header.group(2), [])
+    elif line.startswith("}"):
+      current = None
+    elif current is not None:
+      opcode = re.search(r" = .*?\s([a-z][a-z0-9-]*)\(", line)
+      if opcode:
+        current.append(opcode.group(1) + (f" body={m.group(1)}" if (
+            m := re.search(r"body=%([\w.-]+)", line)) else ""))
+  return out
+
+
+def loop_body_instructions(hlo: str) -> collections.Counter:
+  """The opcodes of the search loop's body, counted: what each step runs (the body of the
+  largest while loop of the program; XLA:CPU puts the loop in a computation it calls)."""
+  computations = _computations(hlo)
+  bodies = [op.split("body=")[1] for ops in computations.values() for op in ops
+            if op.startswith("while ")]
+  body = max(bodies, key=lambda name: len(computations[name]))
+  return collections.Counter(op.split(" ")[0] for op in computations[body])
 
 
 def _part(op: str, instruction: str) -> str:
@@ -112,6 +150,8 @@ def main(_):
   jax.profiler.stop_trace()
 
   instructions = _instructions(work / "hlo")
+  body = loop_body_instructions(_first_hlo(work / "hlo").read_text())
+  running = sum(n for op, n in body.items() if op not in _FREE)
   events = _first_loop_run(work / "trace")
   # (most operations of the loop's body run once a step: the commonest count is the steps)
   runs_per_op = collections.Counter(e["args"]["hlo_op"] for e in events)
@@ -128,6 +168,8 @@ def main(_):
         f"beam {cfg.beam_size}: cold {cold:.1f} s, warm {warm:.2f} s, traced {traced:.2f} s")
   print(f"the loop's full-size run ({len(rows)} x {cfg.beam_size} rows): {steps} steps, "
         f"{span / steps / 1e3:.1f} ms a step (wall), {total / steps / 1e3:.1f} ms of operations")
+  print(f"the loop body: {sum(body.values())} HLO instructions, {running} that run code "
+        f"(commonest: {', '.join(f'{op} {n}' for op, n in body.most_common(8))})")
   print("| part | ms per step | share |\n|---|---|---|")
   for part, micros in per_part.most_common():
     print(f"| {part} | {micros / steps / 1e3:.1f} | {100 * micros / total:.0f}% |")

@@ -84,7 +84,8 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
       seqs, scores = beam_search(members, None, inputs, beam_size=cfg.beam_size,
                                  alpha=cfg.length_penalty, max_len=max_len,
                                  num_return=candidates, min_len=cfg.min_length,
-                                 prefix_BP=prefixes, caps=caps, unit=unit, counts=counts)
+                                 prefix_BP=prefixes, caps=caps, unit=unit, counts=counts,
+                                 flat=cfg.beam_impl == "flat")
       seqs, scores = seqs[:, :candidates], scores[:, :candidates]
     yield rows, seqs, scores
 

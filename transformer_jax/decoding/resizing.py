@@ -79,13 +79,18 @@ def _name(key) -> str:
   return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", ""))))
 
 
+def is_self_attention_cache(path) -> bool:
+  names = [_name(k) for k in path]
+  return names[-1] in ("cached_key", "cached_value") and "self_attention" in names
+
+
 def _grown_axis(path) -> int | None:
   """The axis `grow` lengthens of the leaf at `path`: a self-attention cache's positions
-  (B, H, C, K), a token buffer's last axis (a state field named *seqs); None: unchanged."""
-  names = [_name(k) for k in path]
-  if names[-1] in ("cached_key", "cached_value") and "self_attention" in names:
+  (B, H, C, K), a token buffer's last axis (a state field named *seqs), a flat beam search's
+  ancestry's slots; None: unchanged."""
+  if is_self_attention_cache(path):
     return 2
-  if names[0].endswith("seqs"):
+  if _name(path[0]).endswith("seqs") or _name(path[0]) == "ancestry":
     return -1
   return None
 
@@ -93,13 +98,14 @@ def _grown_axis(path) -> int | None:
 @stored_jit(static_argnames=("length",))
 def grow(state, *, length: int):
   """The state with its self-attention caches and token buffers padded with zeros to
-  `length` positions."""
+  `length` positions (a cache of slots shared by W hypotheses, and their ancestry, to W *
+  `length` slots)."""
   def pad(path, x):
     axis = _grown_axis(path)
     if axis is None:
       return x
     widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, length - x.shape[axis])
+    widths[axis] = (0, length * (x.shape[axis] // state.capacity) - x.shape[axis])
     return jnp.pad(x, widths)
   return jax.tree_util.tree_map_with_path(pad, state)
 

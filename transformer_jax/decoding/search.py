@@ -67,15 +67,15 @@ def _gather_beams(tree, beam_indices_BW, batch_size):
   return jax.tree_util.tree_map_with_path(gather, tree)
 
 
-def _decoder_step(models, params, caches, inputs, tokens_N):
+def _decoder_step(models, params, caches, inputs, tokens_N, ancestry_BWS=None):
   """Log-probabilities (N, V) of the next token after `tokens_N`, averaged over the ensemble's
-  members; PAD is never generated."""
+  members; PAD is never generated. `ancestry_BWS`: flat beam search's (see `_flat_step`)."""
   member_log_probs, new_caches = [], []
   for model, p, cache in zip(models, params, caches):
     # (the encoder's output is in the cache already, as cross-attention keys/values)
     logits, mutated = model.apply({"params": p, "cache": cache}, None, inputs,
                                   tokens_N[:, None], decode=True, method=Transformer.decode,
-                                  mutable=["cache"])
+                                  mutable=["cache"], ancestry_BWS=ancestry_BWS)
     member_log_probs.append(jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)))
     new_caches.append(mutated["cache"])
   log_probs = member_log_probs[0]
@@ -96,15 +96,21 @@ def _force_prefix(log_probs_NV, prefix_BP, step, rows_per_sentence: int):
   return jnp.where((forced_N > 0)[:, None] & ~keep_NV, NEG_INF, log_probs_NV)
 
 
-def _caches(models, params, inputs_BS, beams: int, capacity: int):
+def _caches(models, params, inputs_BS, beams: int, capacity: int, flat: bool = False):
   """Encodes each sentence once (per member) and creates the caches for `beams` hypotheses of
-  each, `capacity` positions long."""
+  each, `capacity` positions long; `flat`: one self-attention cache per sentence that its
+  hypotheses share, `beams` slots a step (see `_flat_step`)."""
   caches = []
   for model, p in zip(models, params):
     enc = model.apply({"params": p}, inputs_BS, method=Transformer.encode)
-    _, mutated = model.apply({"params": p}, enc, inputs_BS, capacity, beams,
+    _, mutated = model.apply({"params": p}, enc, inputs_BS, capacity, 1 if flat else beams,
                              method=Transformer.init_cache, mutable=["cache"])
-    caches.append(mutated["cache"])
+    cache = mutated["cache"]
+    if flat:  # (B, H, C, K) -> (B, H, beams * C, K), empty as made
+      cache = jax.tree_util.tree_map_with_path(
+          lambda path, x: jnp.zeros(x.shape[:2] + (beams * x.shape[2],) + x.shape[3:], x.dtype)
+          if resizing.is_self_attention_cache(path) else x, cache)
+    caches.append(cache)
   return tuple(caches)
 
 
@@ -188,14 +194,17 @@ class BeamState(SearchState):
   live_logprobs: jax.Array        # (B, W) their total log-probability
   finished_seqs: jax.Array        # (B, W, C) finished hypotheses, best first
   finished_scores: jax.Array      # (B, W) their length-normalised scores
+  ancestry: jax.Array | None      # flat search: (B, W, W * C) the cache slots each live
+                                  # hypothesis reads (its ancestors'); None: caches reordered
 
   @property
   def capacity(self) -> int:
     return self.live_seqs.shape[-1]
 
 
-@stored_jit(static_argnames=("models", "beam_size"))
-def _start_beam(params, inputs_BS, caps_B, prefix_BP, *, models, beam_size: int):
+@stored_jit(static_argnames=("models", "beam_size", "flat"))
+def _start_beam(params, inputs_BS, caps_B, prefix_BP, *, models, beam_size: int,
+                flat: bool = False):
   B, W, C = inputs_BS.shape[0], beam_size, resizing.SEGMENT
   return BeamState(
       step=jnp.array(0, jnp.int32), caps=caps_B, inputs=inputs_BS, prefix=prefix_BP,
@@ -203,7 +212,8 @@ def _start_beam(params, inputs_BS, caps_B, prefix_BP, *, models, beam_size: int)
       live_logprobs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (W - 1)), (B, 1)),
       finished_seqs=jnp.zeros((B, W, C), jnp.int32),
       finished_scores=jnp.full((B, W), NEG_INF),
-      cache=_caches(models, params, inputs_BS, W, C))
+      ancestry=jnp.zeros((B, W, W * C), bool) if flat else None,
+      cache=_caches(models, params, inputs_BS, W, C, flat))
 
 
 def _beam_active(s: BeamState, alpha: float, num_return: int):
@@ -218,7 +228,9 @@ def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_
   B, W = s.live_seqs.shape[:2]
   active = _beam_active(s, alpha, num_return)
   previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
-  log_probs, cache = _decoder_step(models, params, s.cache, s.inputs, _flat(previous))
+  reads_BWS = None if s.ancestry is None else _reads(s.ancestry, s.step)
+  log_probs, cache = _decoder_step(models, params, s.cache, s.inputs, _flat(previous),
+                                   reads_BWS)
   log_probs = _force_prefix(log_probs, s.prefix, s.step, W)
   if min_len:
     log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
@@ -244,9 +256,24 @@ def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_
   live_logprobs, keep = jax.lax.top_k(live_candidates, W)
   live_seqs = jnp.take_along_axis(seqs, keep[..., None], axis=1)
   live_beams = jnp.take_along_axis(beam_ids, keep, axis=1)
+  if reads_BWS is None:  # (each hypothesis's cache: its parent's)
+    cache, ancestry = _gather_beams(cache, live_beams, B), None
+  else:  # (its slots: its parent's, this step's included)
+    ancestry = jnp.take_along_axis(reads_BWS, live_beams[..., None], axis=1)
   return s.replace(step=s.step + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
                    finished_seqs=finished_seqs, finished_scores=finished_scores,
-                   cache=_gather_beams(cache, live_beams, B))
+                   cache=cache, ancestry=ancestry)
+
+
+def _reads(ancestry_BWS, step):
+  """Flat beam search (Praxis' flat_beam_search): a sentence's hypotheses share one
+  append-only cache, step i's keys/values at slots i * W + w (hypothesis w's), and none is
+  ever reordered; which slots a hypothesis attends to is its ancestry, its ancestors' slots,
+  a (B, W, W * C) mask that a step reorders instead of the caches. Returns the slots each
+  hypothesis reads at `step`: its ancestry and its own new slot."""
+  W, slots = ancestry_BWS.shape[1:]
+  own_BWS = jnp.arange(slots)[None, None, :] == (step * W + jnp.arange(W))[None, :, None]
+  return ancestry_BWS | own_BWS
 
 
 @stored_jit(static_argnames=("models", "alpha", "num_return", "min_len", "stop_at"))
@@ -268,7 +295,7 @@ BEAM_PROGRAMS = {"start": _start_beam, "loop": _advance_beam, "step": _beam_step
 
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
                 num_return: int = 1, min_len: int = 0, prefix_BP=None, caps=None,
-                unit: int = 1, counts=None):
+                unit: int = 1, counts=None, flat: bool = False):
   """Returns (sequences (B, W, max_len), scores (B, W)) as numpy arrays, best first;
   sequences end in EOS (or stop at their cap) and are padded with 0. The search of a
   sentence runs until its best `num_return` finished hypotheses can no longer change, so
@@ -288,7 +315,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
     scores[sentences] = mesh_lib.fetch(s.finished_scores)
 
   state = _start_beam(params, inputs_BS, _caps(caps, max_len, B), prefix_BP, models=models,
-                      beam_size=W)
+                      beam_size=W, flat=flat)
   advance = functools.partial(_advance_beam, params, models=models, alpha=alpha,
                               num_return=num_return, min_len=min_len)
   _run(state, advance, B, unit, store, counts)

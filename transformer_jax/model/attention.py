@@ -156,6 +156,14 @@ class MultiHeadAttention(nn.Module):
             k_BSHK, v_BSHK, mask_BHTS)
       if scheme == "relative":
         bias_BHTS = self._relative_bias(query_positions_BT, key_positions_BS)
+      if decode and k_BSHK.shape[0] < rows:
+        # A sentence's beams share one cache (flat beam search: `_update_self_attention_cache`)
+        # and query it as extra positions, each through its own ancestry mask:
+        # (B*W, 1) -> (B, W).
+        q_BTHK = q_BTHK.reshape((k_BSHK.shape[0], -1) + q_BTHK.shape[2:])
+        if bias_BHTS is not None:  # (B*W, H, 1, S) -> (B, H, W, S)
+          bias_BHTS = bias_BHTS.reshape((q_BTHK.shape[0], -1) + bias_BHTS.shape[1:]
+                                        ).squeeze(3).transpose(0, 2, 1, 3)
 
     dropout = None
     rate = cfg.attention_dropout_rate  # (a population's is traced: taken as not 0)
@@ -184,8 +192,10 @@ class MultiHeadAttention(nn.Module):
     B, T = q_BTHK.shape[:2]
     if decode and self.has_variable("cache", "index"):
       step = self.get_variable("cache", "index")
-      max_len = self.get_variable("cache", "cached_key").shape[2]
-      return jnp.full((B, T), step, jnp.int32), jnp.arange(max_len, dtype=jnp.int32)[None]
+      cached = self.get_variable("cache", "cached_key")
+      per_step = B // cached.shape[0]  # (slots a step fills: its beams', in a shared cache)
+      slots = jnp.arange(cached.shape[2], dtype=jnp.int32)
+      return jnp.full((B, T), step, jnp.int32), (slots // per_step)[None]
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     return positions_BT, positions_BT
@@ -206,7 +216,12 @@ class MultiHeadAttention(nn.Module):
     """Writes this step's key/value at the cache index; attends to positions <= index.
     Returns keys, values, mask and their layout: the cache is kept as (B, H, max_len, K), in
     the compute dtype (bf16 halves the cache traffic); each step writes one contiguous (H, K)
-    slice per row (the (B, H, K, max_len) layout wrote strided columns, 10% slower overall)."""
+    slice per row (the (B, H, K, max_len) layout wrote strided columns, 10% slower overall).
+
+    A cache of fewer rows than the step's is shared by each sentence's W hypotheses (flat
+    beam search, `decoding.search`): (B, H, W * C, K), step i's keys/values at slots
+    i * W .. i * W + W - 1, never reordered; `mask_BHTS` (B, 1, W, W * C) then says which slots
+    each hypothesis reads (its ancestors' and its own)."""
     initialized = self.has_variable("cache", "cached_key")
     B, L, H, K = k_B1HK.shape  # (when the cache is created: L = max_len)
     dtype = compute_dtype(self.config)
@@ -219,14 +234,19 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f"cached decoding takes one token per step, got {L}")
     i = index.value
 
-    def to_cache(x_B1HK):  # (B, 1, H, K) -> (B, H, 1, K), in the cache's dtype
-      return x_B1HK.transpose(0, 2, 1, 3).astype(dtype)
+    rows = cached_key.value.shape[0]
+    W = B // rows  # (1, or a sentence's hypotheses sharing its cache)
+
+    def to_cache(x_B1HK):  # (B*W, 1, H, K) -> (B, H, W, K), in the cache's dtype
+      return x_B1HK.reshape(rows, W, H, K).transpose(0, 2, 1, 3).astype(dtype)
 
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, to_cache(k_B1HK),
-                                                    (0, 0, i, 0))
+                                                    (0, 0, i * W, 0))
     cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, to_cache(v_B1HK),
-                                                      (0, 0, i, 0))
+                                                      (0, 0, i * W, 0))
     index.value = i + 1
+    if W > 1:
+      return cached_key.value, cached_value.value, mask_BHTS, "bhsk"
     max_len = cached_key.value.shape[2]
     causal_11TS = (jnp.arange(max_len) <= i)[None, None, None, :]
     return cached_key.value, cached_value.value, causal_11TS, "bhsk"

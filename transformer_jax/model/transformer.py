@@ -236,17 +236,20 @@ class Transformer(nn.Module):
   def decode(self, encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT=None,
              targets_positions_BT=None, inputs_segmentation_BS=None,
              targets_segmentation_BT=None, train: bool = False, decode: bool = False,
-             return_hidden: bool = False):
+             return_hidden: bool = False, ancestry_BWS=None):
     """Logits (B, T, V) over the next token given decoder inputs (the shifted targets).
 
     Teacher forcing needs `targets_BT` (for the padding mask). With `decode=True` it runs one
-    step (T == 1) against the cache: the position and the causal mask come from the cache.
+    step (T == 1) against the cache: the position and the causal mask come from the cache,
+    or, for hypotheses sharing their sentence's cache (flat beam search), which slots each
+    reads from `ancestry_BWS` (B, W, W * C).
     """
     cfg = self.config
     T = decoder_inputs_BT.shape[1]
     if decode:
       positions_BT = None  # kept in the cache by the positional encoding
-      self_mask_B1TT = causal_mask(T)  # used only when the cache is created
+      # (the causal mask: used only when the cache is created)
+      self_mask_B1TT = causal_mask(T) if ancestry_BWS is None else ancestry_BWS[:, None]
       cross_mask_B1TS = (inputs_BS > 0)[:, None, None, :]
     else:
       positions_BT = (default_positions(decoder_inputs_BT) if targets_positions_BT is None

@@ -61,7 +61,7 @@ def test_key_value_overrides_of_a_section():
                                                   "length_penalty=1"], "decode")
   assert (changed.beam_size, changed.greedy, changed.length_penalty) == (5, False, 1.0)
   with pytest.raises(ConfigError, match=r"--decode='beam=5': unknown key 'beam' \(did you "
-                                        r"mean beam_size\?\)"):
+                                        r"mean beam_size or beam_impl\?\)"):
     config_lib.replace_from_text(decode, ["beam=5"], "decode")
   with pytest.raises(ConfigError, match=r"'wide' is not a valid int"):
     config_lib.replace_from_text(decode, ["beam_size=wide"], "decode")

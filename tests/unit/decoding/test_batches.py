@@ -144,3 +144,22 @@ def test_a_set_decoded_with_stored_programs_equals_jax_jit(random_model, search,
       np.testing.assert_array_equal(rows, other_rows)
       np.testing.assert_array_equal(seqs, other_seqs)
       np.testing.assert_array_equal(scores, other_scores)
+
+
+def test_flat_beam_search_gives_the_reordering_search_s_n_best_and_scores(random_model):
+  """`decode.beam_impl="flat"` (one append-only cache per sentence, read through each
+  hypothesis's ancestry) finds what reordering each hypothesis's cache finds: the same 3-best
+  and scores, through two compactions and a growth (the cache's slots and the ancestry grow
+  by W per position)."""
+  model, params, sources = random_model
+  found = {}
+  for impl in ("gather", "flat"):
+    cfg = helpers.section("decode", beam_size=3, nbest=3, max_length=64, max_length_a=1.0,
+                          max_length_b=2, batch_size=len(sources), beam_impl=impl)
+    counts = collections.Counter()
+    found[impl] = [(seqs, scores) for _, seqs, scores in
+                   decode_batches(model, params, _eval_set(sources), cfg, counts=counts)]
+    assert counts["compactions"] >= 2 and counts["growths"] >= 1, counts
+  for (seqs, scores), (flat_seqs, flat_scores) in zip(found["gather"], found["flat"]):
+    np.testing.assert_array_equal(flat_seqs, seqs)
+    np.testing.assert_allclose(flat_scores, scores, rtol=1e-5)

@@ -194,3 +194,30 @@ def test_a_forced_prefix_starts_every_output_and_is_scored_as_teacher_forcing(ti
                              np.asarray(helpers.sequence_log_prob(model, params, inputs, seqs)),
                              rtol=1e-4, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("variant", [{"positional_encoding": "sinusoidal"},
+                                     {"positional_encoding": "relative"},
+                                     {"num_kv_heads": 1}])
+def test_flat_beam_search_equals_reordering_caches_in_each_attention_variant(variant):
+  """The flat search's shared cache read through an ancestry mask, with each way positions
+  and heads enter self-attention: relative biases by the slot's step, rotary keys rotated
+  before they are written (the default, also in test_batches), one key/value head shared.
+  The same 3-best and scores as reordering each hypothesis's cache, forced prefixes and
+  per-sentence caps included."""
+  cfg = helpers.section("model", vocab_size=12, d_model=16, num_heads=2, d_ff=32,
+                        num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0,
+                        max_len=48, dtype="float32", **variant)
+  model = Transformer(cfg)
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(2, 8, (6, 1))
+  inputs = jnp.asarray(rng.integers(2, 12, (6, 7)) * (np.arange(7)[None] < lengths), jnp.int32)
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(1), inputs,
+                                             inputs[:, :3])["params"])
+  params = jax.tree_util.tree_map(lambda x: x * 2.0, params)  # (longer outputs: a growth)
+  kw = dict(beam_size=3, alpha=0.6, max_len=40, num_return=3, caps=np.array([40, 3, 30, 0, 35, 20]),
+            prefix_BP=jnp.array([[5, 6], [0, 0], [7, 0], [3, 3], [0, 0], [4, 0]]))
+  seqs, scores = decode.beam_search(model, params, inputs, **kw)
+  flat_seqs, flat_scores = decode.beam_search(model, params, inputs, flat=True, **kw)
+  np.testing.assert_array_equal(flat_seqs, seqs)
+  np.testing.assert_allclose(flat_scores, scores, rtol=1e-5)

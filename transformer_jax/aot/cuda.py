@@ -67,7 +67,7 @@ def _exported(cfg: TrainConfig, mesh) -> dict[str, export.Exported]:
   stored = search.BEAM_PROGRAMS
   start = jax.jit(functools.partial(stored["start"].function, models=models,
                                     beam_size=cfg.decode.beam_size,
-                                    flat=cfg.decode.beam_impl == "flat"))
+                                    beam_impl=cfg.decode.beam_impl))
   out["beam_start"] = export.export(start, platforms=[PLATFORM])(params, inputs, caps, None)
   loop = jax.jit(functools.partial(stored["loop"].function, models=models,
                                    alpha=cfg.decode.length_penalty, num_return=1, min_len=0,

@@ -139,7 +139,7 @@ def beam_programs(cfg: TrainConfig, mesh) -> list[Program]:
   caps = _sds((rows,), jnp.int32, mesh_lib.batch_sharding(mesh))
   alpha, stored = cfg.decode.length_penalty, search.BEAM_PROGRAMS
   start = functools.partial(stored["start"].lower, params, inputs, caps, None, models=models,
-                            beam_size=W, flat=cfg.decode.beam_impl == "flat")
+                            beam_size=W, beam_impl=cfg.decode.beam_impl)
   state = functools.cache(lambda: start().compile().out_info)
   step = functools.partial(stored["step"], models, alpha=alpha, num_return=1, min_len=0)
   lowered = {"start": start, "step": lambda: jax.jit(step).lower(params, state()),

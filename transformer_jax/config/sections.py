@@ -243,9 +243,10 @@ class DecodeConfig:
   nbest: int                    # beam search: hypotheses returned per sentence (<= beam_size)
   min_length: int               # beam search: fewest tokens before EOS may end a hypothesis
   beam_impl: str                # beam search's self-attention caches: "gather" (a cache per
-                                # hypothesis, reordered to its parent's every step) or "flat"
+                                # hypothesis, reordered to its parent's every step), "flat"
                                 # (a sentence's hypotheses share one append-only cache, each
-                                # reading its ancestors' slots through a mask); same outputs
+                                # reading its ancestors' slots through a mask) or "auto"
+                                # (flat on accelerators, gather on CPUs); same outputs
   mbr: str                      # minimum-Bayes-risk choice among candidates by a sacreBLEU
                                 # utility: "chrf" or "bleu" (sentence level); "" = off
   mbr_candidates: int           # mbr: candidates per sentence: the beam's n-best (<= beam_size)
@@ -264,7 +265,7 @@ class DecodeConfig:
     if self.nbest > 1 and (self.greedy or self.sampling):
       raise ConfigError("config.decode.nbest > 1 needs beam search (greedy/sampling are off)")
     check_choice("config.decode.mbr", self.mbr, ("", "chrf", "bleu"))
-    check_choice("config.decode.beam_impl", self.beam_impl, ("gather", "flat"))
+    check_choice("config.decode.beam_impl", self.beam_impl, ("auto", "gather", "flat"))
     if self.mbr and (self.greedy or not 2 <= self.mbr_candidates <= (
         10**6 if self.sampling else self.beam_size)):
       raise ConfigError(f"config.decode.mbr={self.mbr!r} needs 2 or more mbr_candidates (got "
@@ -279,7 +280,7 @@ class DecodeConfig:
     # A setting the mode would leave unused is a mistake, not a no-op (beam_size,
     # length_penalty and seed, in every config and read by their mode only, aside).
     unused = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if not self.sampling else {}
-    unused.update({"min_length": 0, "beam_impl": "gather"} if self.greedy or self.sampling
+    unused.update({"min_length": 0, "beam_impl": "auto"} if self.greedy or self.sampling
                   else {})
     for key, off in unused.items():
       if getattr(self, key) != off:

@@ -133,8 +133,9 @@ def get_config():
   config.decode.seed = 0                # sampling: random seed
   config.decode.nbest = 1               # beam search: hypotheses returned per sentence
   config.decode.min_length = 0          # beam search: no EOS before this many tokens
-  config.decode.beam_impl = "gather"    # beam search: "gather" reorders each hypothesis's
-                                        # cache, "flat" shares a sentence's (same outputs)
+  config.decode.beam_impl = "auto"      # beam search: "gather" reorders each hypothesis's
+                                        # cache, "flat" shares a sentence's (same outputs);
+                                        # auto: flat on accelerators, gather on CPUs
   config.decode.mbr = ""                # "chrf" / "bleu": minimum-Bayes-risk choice of the output
   config.decode.mbr_candidates = 4      # mbr: n-best of the beam (<= beam_size), or samples
 

@@ -85,7 +85,7 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
                                  alpha=cfg.length_penalty, max_len=max_len,
                                  num_return=candidates, min_len=cfg.min_length,
                                  prefix_BP=prefixes, caps=caps, unit=unit, counts=counts,
-                                 flat=cfg.beam_impl == "flat")
+                                 beam_impl=cfg.beam_impl)
       seqs, scores = seqs[:, :candidates], scores[:, :candidates]
     yield rows, seqs, scores
 

@@ -32,6 +32,7 @@ from transformer_jax.decoding import resizing
 from transformer_jax.decoding.members import prepare
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.masking import NEG_INF
+from transformer_jax.ops.platform import traced_for
 from transformer_jax.ops.selection import top_k
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel.program_store import stored_jit
@@ -202,10 +203,20 @@ class BeamState(SearchState):
     return self.live_seqs.shape[-1]
 
 
-@stored_jit(static_argnames=("models", "beam_size", "flat"))
+def shares_caches(beam_impl: str) -> bool:
+  """Whether beam search runs flat (`_reads`) for `config.decode.beam_impl` on the platform
+  traced for. "auto": flat on accelerators, where it removes the loop's gathers (the compile
+  tool predicts a step 1.4x faster for the default config on a v5e chip, 1.8x for wmt_base,
+  in less memory); reordering on CPUs, where it measured as fast (XLA:CPU's batched products
+  of W queries cost what the gathers save; BENCHMARKS.md "Flat beam search")."""
+  return beam_impl == "flat" or (beam_impl == "auto" and traced_for() != "cpu")
+
+
+@stored_jit(static_argnames=("models", "beam_size", "beam_impl"))
 def _start_beam(params, inputs_BS, caps_B, prefix_BP, *, models, beam_size: int,
-                flat: bool = False):
+                beam_impl: str = "gather"):
   B, W, C = inputs_BS.shape[0], beam_size, resizing.SEGMENT
+  flat = shares_caches(beam_impl)
   return BeamState(
       step=jnp.array(0, jnp.int32), caps=caps_B, inputs=inputs_BS, prefix=prefix_BP,
       live_seqs=jnp.zeros((B, W, C), jnp.int32),
@@ -295,7 +306,7 @@ BEAM_PROGRAMS = {"start": _start_beam, "loop": _advance_beam, "step": _beam_step
 
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
                 num_return: int = 1, min_len: int = 0, prefix_BP=None, caps=None,
-                unit: int = 1, counts=None, flat: bool = False):
+                unit: int = 1, counts=None, beam_impl: str = "gather"):
   """Returns (sequences (B, W, max_len), scores (B, W)) as numpy arrays, best first;
   sequences end in EOS (or stop at their cap) and are padded with 0. The search of a
   sentence runs until its best `num_return` finished hypotheses can no longer change, so
@@ -303,7 +314,8 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   tokens. `caps`: each sentence's own cap (<= max_len; 0 = an empty row) instead of
   max_len for all. `model`/`params`: one model or tuples (an ensemble); `prefix_BP`: target
   prefixes to force (0-padded); `unit`: batch sizes stay multiples of it (the mesh's
-  data-parallel size); `counts`: a Counter that adds up the work done (see `_run`)."""
+  data-parallel size); `counts`: a Counter that adds up the work done (see `_run`);
+  `beam_impl`: how hypotheses keep their self-attention caches (`shares_caches`)."""
   B, W = inputs_BS.shape[0], beam_size
   members = prepare(model, params)
   models, params = members.models, members.params
@@ -315,7 +327,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
     scores[sentences] = mesh_lib.fetch(s.finished_scores)
 
   state = _start_beam(params, inputs_BS, _caps(caps, max_len, B), prefix_BP, models=models,
-                      beam_size=W, flat=flat)
+                      beam_size=W, beam_impl=beam_impl)
   advance = functools.partial(_advance_beam, params, models=models, alpha=alpha,
                               num_return=num_return, min_len=min_len)
   _run(state, advance, B, unit, store, counts)

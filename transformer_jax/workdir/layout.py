@@ -125,7 +125,7 @@ ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"):
               ("model", "relative_num_buckets"): 32, ("model", "relative_max_distance"): 128,
               ("optimizer", "schedule"): "inverse_sqrt", ("optimizer", "ema_decay"): 0.0,
               ("decode", "mbr"): "", ("decode", "mbr_candidates"): 4,
-              ("decode", "beam_impl"): "gather",
+              ("decode", "beam_impl"): "auto",
               ("init_from", "workdir"): "", ("init_from", "checkpoint"): "best",
               ("model", "norm_epsilon"): 1e-6, ("model", "scale_embeddings"): True,
               ("model", "output_bias"): False, ("data_seed",): -1,

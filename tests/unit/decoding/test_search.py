@@ -13,6 +13,7 @@ from transformer_jax.data.tokenizer import EOS_ID
 from transformer_jax.decoding import search as decode
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.masking import NEG_INF
+from transformer_jax.ops.platform import tracing_for
 
 VOCAB = 5  # PAD, EOS, UNK and two more: small enough to enumerate every output
 
@@ -218,6 +219,12 @@ def test_flat_beam_search_equals_reordering_caches_in_each_attention_variant(var
   kw = dict(beam_size=3, alpha=0.6, max_len=40, num_return=3, caps=np.array([40, 3, 30, 0, 35, 20]),
             prefix_BP=jnp.array([[5, 6], [0, 0], [7, 0], [3, 3], [0, 0], [4, 0]]))
   seqs, scores = decode.beam_search(model, params, inputs, **kw)
-  flat_seqs, flat_scores = decode.beam_search(model, params, inputs, flat=True, **kw)
+  flat_seqs, flat_scores = decode.beam_search(model, params, inputs, beam_impl="flat", **kw)
   np.testing.assert_array_equal(flat_seqs, seqs)
   np.testing.assert_allclose(flat_scores, scores, rtol=1e-5)
+
+
+def test_auto_shares_caches_on_accelerators_and_reorders_them_on_cpus():
+  assert not decode.shares_caches("auto") and decode.shares_caches("flat")
+  with tracing_for("tpu"):
+    assert decode.shares_caches("auto") and not decode.shares_caches("gather")

@@ -2,9 +2,11 @@
 sentences/s on this machine, the same run, alternating rounds; and the export's agreement
 (greedy translations equal, beam BLEU at the same length cap, float32 on both sides).
 
-  python benchmarks/export_speed.py --workdir=runs/default [--checkpoint=latest] [--rounds=3]
+  python benchmarks/export_speed.py --workdir=runs/default [--checkpoint=latest] [--rounds=3] \
+      [--decode=beam_impl=flat]
 
-Ours decodes as `transformer-jax-translate` does (the run's dtype and decoding settings);
+Ours decodes as `transformer-jax-translate` does (the run's dtype and decoding settings, with
+`--decode`'s overrides);
 CTranslate2 with those settings as `translate_batch` arguments (export.json's), on
 `--threads` threads (intra_threads; one translator). Sentences/s is the median round's, warm
 (our first, compiling round is reported apart). Prints a BENCHMARKS.md entry.
@@ -33,6 +35,8 @@ flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
 flags.DEFINE_string("split", "", "Split to translate (default: the run's test split).")
 flags.DEFINE_integer("rounds", 3, "Timed rounds of each system (alternating).")
 flags.DEFINE_integer("threads", 2, "CTranslate2's intra_threads.")
+flags.DEFINE_multi_string("decode", [], "Our search's config.decode overrides (KEY=VALUE), "
+                          "e.g. beam_impl=flat.")
 
 
 def _timed(fn):
@@ -47,7 +51,7 @@ def _bleu(hyps, refs) -> float:
 
 def main(_):
   checkpoint = FLAGS.checkpoint
-  ours = Translator(FLAGS.workdir, checkpoint)
+  ours = Translator(FLAGS.workdir, checkpoint, FLAGS.decode)
   run = ours.run
   split = FLAGS.split or run.cfg.data.test_split
   eval_set = load_eval_set(run.cfg.data, split, run.tokenizer, dataset=run.cfg.data.test_dataset)
@@ -99,7 +103,8 @@ def main(_):
   print(f"- machine: {hardware.describe_machine()}; {time.strftime('%Y-%m-%d %H:%M')}; commit "
         f"{commit}; ctranslate2 {ctranslate2.__version__} (intra_threads={FLAGS.threads})")
   print(f"- command: `python benchmarks/export_speed.py --workdir={FLAGS.workdir} "
-        f"--checkpoint={checkpoint} --rounds={FLAGS.rounds}`; run's checkpoint "
+        f"--checkpoint={checkpoint} --rounds={FLAGS.rounds}"
+        f"{''.join(f' --decode={d}' for d in FLAGS.decode)}`; run's checkpoint "
         f"{ours.labels[0]}")
   print(f"- {split}: {len(sources)} sentences, beam {ours.decode.beam_size}, length penalty "
         f"{ours.decode.length_penalty} (ours GNMT, CTranslate2 length ** alpha), our cap "

@@ -1,6 +1,7 @@
 """Where a beam step's time goes: a profile of the compiled search loop, by part of the model.
 
-  python benchmarks/decode_profile.py --workdir=runs/default [--sentences=128] [--beam_size=4]
+  python benchmarks/decode_profile.py --workdir=runs/default [--sentences=128] [--beam_size=4] \
+      [--beam_impl=flat]
 
 Beam-searches one batch of the split (`--batch`, of `--sentences` sentences, batched as
 `evaluate` does: length-sorted) three times: the first
@@ -45,6 +46,8 @@ flags.DEFINE_integer("sentences", 128, "Sentences in the batch.")
 flags.DEFINE_integer("batch", 0, "Which batch of the length-sorted split (0: the shortest "
                      "sources).")
 flags.DEFINE_integer("beam_size", 4, "Beam size.")
+flags.DEFINE_enum("beam_impl", "gather", ["gather", "flat"], "How hypotheses keep their "
+                  "caches (config.decode.beam_impl).")
 flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
 
 LOOP = "jit__advance_beam"
@@ -141,7 +144,7 @@ def main(_):
   def decode():
     start = time.perf_counter()
     beam_search(run.model, params, inputs, beam_size=cfg.beam_size, alpha=cfg.length_penalty,
-                max_len=int(caps.max()), caps=caps)
+                max_len=int(caps.max()), caps=caps, beam_impl=FLAGS.beam_impl)
     return time.perf_counter() - start
 
   cold, warm = decode(), decode()
@@ -165,7 +168,8 @@ def main(_):
   total = sum(per_part.values())
   print(f"machine: {hardware.describe_machine()}; dtype {run.cfg.model.dtype}; {split}: "
         f"batch {FLAGS.batch}, {len(rows)} sentences (sources of {inputs.shape[1]} positions), "
-        f"beam {cfg.beam_size}: cold {cold:.1f} s, warm {warm:.2f} s, traced {traced:.2f} s")
+        f"beam {cfg.beam_size} ({FLAGS.beam_impl}): cold {cold:.1f} s, warm {warm:.2f} s, "
+        f"traced {traced:.2f} s")
   print(f"the loop's full-size run ({len(rows)} x {cfg.beam_size} rows): {steps} steps, "
         f"{span / steps / 1e3:.1f} ms a step (wall), {total / steps / 1e3:.1f} ms of operations")
   print(f"the loop body: {sum(body.values())} HLO instructions, {running} that run code "

@@ -30,9 +30,9 @@ def define_flags(fv: flags.FlagValues):
   flags.DEFINE_float("max_wait_ms", 50.0, "Longest a batch waits for more requests (from its "
                      "first, or from the last answer: for its clients to send again).",
                      flag_values=fv)
-  flags.DEFINE_integer("workers", 2, "Batches translated at once, each a share of the "
-                       "requests held (two use a CPU's cores better than one batch of both).",
-                       lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("workers", 0, "Batches translated at once, each a share of the "
+                       "requests held; 0: two on a CPU (they use its cores better than one "
+                       "batch of both), one on an accelerator.", lower_bound=0, flag_values=fv)
   flags.DEFINE_integer("max_queue", 1024, "Most sentences waiting (then 503).", flag_values=fv)
   flags.DEFINE_integer("max_request_sentences", 256, "Most sentences per request (413).",
                        flag_values=fv)

@@ -278,10 +278,10 @@ class DecodeConfig:
       if getattr(self, key) < 0:
         raise ConfigError(f"config.decode.{key}={getattr(self, key)} must be >= 0")
     # A setting the mode would leave unused is a mistake, not a no-op (beam_size,
-    # length_penalty and seed, in every config and read by their mode only, aside).
+    # length_penalty, seed and beam_impl, in every config and read by their mode only, aside:
+    # a request for sampling from a run set to flat beam search is not refused).
     unused = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if not self.sampling else {}
-    unused.update({"min_length": 0, "beam_impl": "auto"} if self.greedy or self.sampling
-                  else {})
+    unused.update({"min_length": 0} if self.greedy or self.sampling else {})
     for key, off in unused.items():
       if getattr(self, key) != off:
         mode = "sampling" if self.sampling else "greedy decoding" if self.greedy else "beam search"

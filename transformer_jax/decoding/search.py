@@ -28,11 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
-from transformer_jax.decoding import resizing
+from transformer_jax.decoding import beam_caches, resizing
 from transformer_jax.decoding.members import prepare
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.masking import NEG_INF
-from transformer_jax.ops.platform import traced_for
 from transformer_jax.ops.selection import top_k
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel.program_store import stored_jit
@@ -51,26 +50,10 @@ def _unflat(x, batch_size):  # (B*W, ...) -> (B, W, ...)
   return x.reshape((batch_size, -1) + x.shape[1:])
 
 
-def _gather_beams(tree, beam_indices_BW, batch_size):
-  """Picks, for each sentence, the beams `beam_indices_BW` from every (B*W, ...) leaf.
-
-  The encoder's keys/values cached for cross-attention are kept once per sentence (B rows,
-  shared by its beams), so they are left as they are.
-  """
-  def gather(path, x):
-    if x.ndim == 0:  # cache step counters are shared by all beams
-      return x
-    if any(getattr(k, "key", None) == "cross_attention" for k in path):
-      return x
-    x = _unflat(x, batch_size)
-    idx = beam_indices_BW.reshape(beam_indices_BW.shape + (1,) * (x.ndim - 2))
-    return _flat(jnp.take_along_axis(x, idx, axis=1))
-  return jax.tree_util.tree_map_with_path(gather, tree)
-
-
 def _decoder_step(models, params, caches, inputs, tokens_N, ancestry_BWS=None):
   """Log-probabilities (N, V) of the next token after `tokens_N`, averaged over the ensemble's
-  members; PAD is never generated. `ancestry_BWS`: flat beam search's (see `_flat_step`)."""
+  members; PAD is never generated. `ancestry_BWS`: the cache slots each row reads, when a
+  sentence's hypotheses share one (`beam_caches.reads`)."""
   member_log_probs, new_caches = [], []
   for model, p, cache in zip(models, params, caches):
     # (the encoder's output is in the cache already, as cross-attention keys/values)
@@ -100,18 +83,14 @@ def _force_prefix(log_probs_NV, prefix_BP, step, rows_per_sentence: int):
 def _caches(models, params, inputs_BS, beams: int, capacity: int, flat: bool = False):
   """Encodes each sentence once (per member) and creates the caches for `beams` hypotheses of
   each, `capacity` positions long; `flat`: one self-attention cache per sentence that its
-  hypotheses share, `beams` slots a step (see `_flat_step`)."""
+  hypotheses share (`beam_caches`)."""
   caches = []
   for model, p in zip(models, params):
     enc = model.apply({"params": p}, inputs_BS, method=Transformer.encode)
     _, mutated = model.apply({"params": p}, enc, inputs_BS, capacity, 1 if flat else beams,
                              method=Transformer.init_cache, mutable=["cache"])
     cache = mutated["cache"]
-    if flat:  # (B, H, C, K) -> (B, H, beams * C, K), empty as made
-      cache = jax.tree_util.tree_map_with_path(
-          lambda path, x: jnp.zeros(x.shape[:2] + (beams * x.shape[2],) + x.shape[3:], x.dtype)
-          if resizing.is_self_attention_cache(path) else x, cache)
-    caches.append(cache)
+    caches.append(beam_caches.shared(cache, beams) if flat else cache)
   return tuple(caches)
 
 
@@ -203,21 +182,11 @@ class BeamState(SearchState):
     return self.live_seqs.shape[-1]
 
 
-def shares_caches(beam_impl: str) -> bool:
-  """Whether beam search runs flat (`_reads`) for `config.decode.beam_impl` on the platform
-  traced for. "auto": flat on accelerators, where it removes the loop's gathers (the compile
-  tool predicts a step 1.4x faster for the default config on a v5e chip, 1.8x for wmt_base,
-  in less memory); reordering on CPUs, where flat measured as fast in f32 and 0.91x in bf16
-  (XLA:CPU's batched products of W queries cost what the gathers save; BENCHMARKS.md "Flat
-  beam search")."""
-  return beam_impl == "flat" or (beam_impl == "auto" and traced_for() != "cpu")
-
-
 @stored_jit(static_argnames=("models", "beam_size", "beam_impl"))
 def _start_beam(params, inputs_BS, caps_B, prefix_BP, *, models, beam_size: int,
-                beam_impl: str = "gather"):
+                beam_impl: str = "auto"):
   B, W, C = inputs_BS.shape[0], beam_size, resizing.SEGMENT
-  flat = shares_caches(beam_impl)
+  flat = beam_caches.shares_caches(beam_impl)
   return BeamState(
       step=jnp.array(0, jnp.int32), caps=caps_B, inputs=inputs_BS, prefix=prefix_BP,
       live_seqs=jnp.zeros((B, W, C), jnp.int32),
@@ -240,7 +209,7 @@ def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_
   B, W = s.live_seqs.shape[:2]
   active = _beam_active(s, alpha, num_return)
   previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
-  reads_BWS = None if s.ancestry is None else _reads(s.ancestry, s.step)
+  reads_BWS = None if s.ancestry is None else beam_caches.reads(s.ancestry, s.step)
   log_probs, cache = _decoder_step(models, params, s.cache, s.inputs, _flat(previous),
                                    reads_BWS)
   log_probs = _force_prefix(log_probs, s.prefix, s.step, W)
@@ -269,23 +238,12 @@ def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_
   live_seqs = jnp.take_along_axis(seqs, keep[..., None], axis=1)
   live_beams = jnp.take_along_axis(beam_ids, keep, axis=1)
   if reads_BWS is None:  # (each hypothesis's cache: its parent's)
-    cache, ancestry = _gather_beams(cache, live_beams, B), None
+    cache, ancestry = beam_caches.reorder(cache, live_beams, B), None
   else:  # (its slots: its parent's, this step's included)
     ancestry = jnp.take_along_axis(reads_BWS, live_beams[..., None], axis=1)
   return s.replace(step=s.step + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
                    finished_seqs=finished_seqs, finished_scores=finished_scores,
                    cache=cache, ancestry=ancestry)
-
-
-def _reads(ancestry_BWS, step):
-  """Flat beam search (Praxis' flat_beam_search): a sentence's hypotheses share one
-  append-only cache, step i's keys/values at slots i * W + w (hypothesis w's), and none is
-  ever reordered; which slots a hypothesis attends to is its ancestry, its ancestors' slots,
-  a (B, W, W * C) mask that a step reorders instead of the caches. Returns the slots each
-  hypothesis reads at `step`: its ancestry and its own new slot."""
-  W, slots = ancestry_BWS.shape[1:]
-  own_BWS = jnp.arange(slots)[None, None, :] == (step * W + jnp.arange(W))[None, :, None]
-  return ancestry_BWS | own_BWS
 
 
 @stored_jit(static_argnames=("models", "alpha", "num_return", "min_len", "stop_at"))
@@ -307,7 +265,7 @@ BEAM_PROGRAMS = {"start": _start_beam, "loop": _advance_beam, "step": _beam_step
 
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
                 num_return: int = 1, min_len: int = 0, prefix_BP=None, caps=None,
-                unit: int = 1, counts=None, beam_impl: str = "gather"):
+                unit: int = 1, counts=None, beam_impl: str = "auto"):
   """Returns (sequences (B, W, max_len), scores (B, W)) as numpy arrays, best first;
   sequences end in EOS (or stop at their cap) and are padded with 0. The search of a
   sentence runs until its best `num_return` finished hypotheses can no longer change, so
@@ -316,7 +274,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   max_len for all. `model`/`params`: one model or tuples (an ensemble); `prefix_BP`: target
   prefixes to force (0-padded); `unit`: batch sizes stay multiples of it (the mesh's
   data-parallel size); `counts`: a Counter that adds up the work done (see `_run`);
-  `beam_impl`: how hypotheses keep their self-attention caches (`shares_caches`)."""
+  `beam_impl`: how hypotheses keep their self-attention caches (`beam_caches`)."""
   B, W = inputs_BS.shape[0], beam_size
   members = prepare(model, params)
   models, params = members.models, members.params

@@ -32,6 +32,7 @@ from transformer_jax import atomic
 from transformer_jax.errors import DataError, Interrupted, UsageError
 from transformer_jax.inference.translator import Translator
 from transformer_jax.reporting.progress import hms
+from transformer_jax.workdir import layout
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +216,9 @@ def _engine(translator: Translator) -> str:
 
 
 def _changed(recorded: dict, settings: dict) -> list[str]:
-  """The settings whose recorded values differ."""
+  """The settings whose recorded values differ (decoding keys added since the record was
+  written count at their values for older runs)."""
+  recorded = {**recorded, "decode": layout.with_added_decode_keys(recorded.get("decode", {}))}
   return [k for k in settings if recorded.get(k, ADDED_SETTINGS.get(k)) != settings[k]]
 
 

@@ -234,10 +234,13 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f"cached decoding takes one token per step, got {L}")
     i = index.value
 
-    rows = cached_key.value.shape[0]
-    W = B // rows  # (1, or a sentence's hypotheses sharing its cache)
+    rows = cached_key.value.shape[0]  # (the step's B rows, or B / W sentences' shared caches)
+    W = B // rows
+    if W > 1 and mask_BHTS.shape != (rows, 1, W, cached_key.value.shape[2]):
+      raise ValueError(f"a cache shared by {W} hypotheses is read through their ancestry "
+                       f"({rows}, 1, {W}, {cached_key.value.shape[2]}), got {mask_BHTS.shape}")
 
-    def to_cache(x_B1HK):  # (B*W, 1, H, K) -> (B, H, W, K), in the cache's dtype
+    def to_cache(x_B1HK):  # (rows * W, 1, H, K) -> (rows, H, W, K), in the cache's dtype
       return x_B1HK.reshape(rows, W, H, K).transpose(0, 2, 1, 3).astype(dtype)
 
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, to_cache(k_B1HK),

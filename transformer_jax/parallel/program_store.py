@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 
 LOAD_EVENT = "/transformer_jax/program_store/load_duration"  # (counted as preparing programs)
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+# (one program found or compiled at a time: two threads meeting one new shape compile it once,
+# and the persistent cache's hit counter, read around each compile, is not shared)
+_FIRST_CALLS = threading.RLock()
 MAX_BYTES = 1 << 30  # the store's size, beyond which the programs used least recently go
 # (JAX settings that change what a function traces to, or where it runs)
 _TRACING_SETTINGS = ("jax_enable_x64", "jax_explicit_x64_dtypes", "jax_default_matmul_precision",
@@ -152,7 +155,6 @@ class StoredJit:
     self._jitted = jax.jit(fun, static_argnames=static_argnames)
     self._programs = {}  # signature -> compiled program (this process)
     self._preloaded = {}  # signature -> loaded program, not yet run
-    self._missing = threading.Lock()
 
   def __call__(self, *args, **kwargs):
     where = folder()
@@ -162,7 +164,7 @@ class StoredJit:
     program = self._programs.get(signature)
     if program is not None:
       return program(*args)
-    with self._missing:  # (threads of a server meeting one new shape: one compiles it)
+    with _FIRST_CALLS:  # (a server's threads meeting one new shape: one compiles it)
       program = self._programs.get(signature)
       if program is not None:
         return program(*args)

@@ -1,12 +1,12 @@
 """Dynamic micro-batching: concurrent requests' sentences gathered into engine calls, run by
 `workers` threads of their own so that the event loop keeps accepting. Each worker takes its
-share of the sentences the server holds (up to `max_sentences`), waiting up to `max_wait_s` for
-the clients its last batch answered (`_next_batch`). Two batches at once use a CPU's cores
-better than one batch of both: a small batch's operations are too small to split between
-cores, while two programs each keep one busy. Requests with different decoding options never
-share a batch, and a request with a sampling seed has one of its own (its samples then depend
-on nothing else). The queue is bounded (`QueueFull`: the server answers 503), and `close()`
-stops taking requests and answers every one already taken."""
+share of the sentences the server holds (up to `max_sentences`), waiting up to `max_wait_s`
+for its share of those held at the engine's last answer (`_next_batch`). Two batches at once
+use a CPU's cores better than one batch of both: a small batch's operations are too small to
+split between cores, while two programs each keep one busy. Requests with different decoding
+options never share a batch, and a request with a sampling seed has one of its own (its
+samples then depend on nothing else). The queue is bounded (`QueueFull`: the server answers
+503), and `close()` stops taking requests and answers every one already taken."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class Batcher:
       raise
 
   def close(self):
-    """No more requests; those taken are answered before the thread ends."""
+    """No more requests; those taken are answered before the workers end."""
     with self.cond:
       self.closed = True
       self.cond.notify_all()

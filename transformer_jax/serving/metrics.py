@@ -1,7 +1,7 @@
 """The server's counters in Prometheus' text format (`GET /metrics`): requests and errors
 by endpoint and status, request latency and batch sizes as histograms, the queue's depth and
 sentences translated (a counter, and per second over the last minute), and the engine's
-seconds per batch (their sum over the wall time: how busy the model is)."""
+seconds per batch (their sum over the wall time: how many workers were busy, on average)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import time
 
+import jax
 import uvicorn
 
 from transformer_jax.errors import UsageError
@@ -24,11 +25,13 @@ log = logging.getLogger(__name__)
 def serve(args):
   """Runs the server of the `transformer-jax-serve` flags until SIGTERM or Ctrl-C."""
   sock = _bound(args.host, args.port)  # (a port in use said now, not after the warm-up)
+  workers = args.workers or (2 if args.engine == "ctranslate2" or jax.default_backend() == "cpu"
+                             else 1)
   # (batches of at most the server's size; our search aligns on request)
   engine = Engine(engines.translator(
       args.engine, args.workdir, args.checkpoint, [f"batch_size={args.max_batch_sentences}"],
       args.source_tag, args.dtype, args.compute_type, alignments=args.engine == "jax",
-      calls_at_once=args.workers))
+      calls_at_once=workers))
   start = time.monotonic()
   log.info("Warming up (%s -> %s): compiling the programs requests will need",
            engine.source_lang, engine.target_lang)
@@ -36,13 +39,13 @@ def serve(args):
   log.info("Warmed up on %d sentences in %.1f s", sentences, time.monotonic() - start)
   metrics = Metrics()
   batcher = Batcher(engine, metrics, args.max_batch_sentences, args.max_wait_ms / 1000,
-                    args.max_queue, args.workers)
+                    args.max_queue, workers)
   app = make_app(engine, batcher, metrics, Limits(args.max_body_bytes,
                                                   args.max_request_sentences,
                                                   timeout_s=args.timeout_s))
   sock.listen(2048)  # (from now on connections wait for uvicorn's accept: none is refused)
-  log.info("Serving on http://%s:%d (engine %s)", args.host, sock.getsockname()[1],
-           engine.name)
+  log.info("Serving on http://%s:%d (engine %s, %d worker%s)", args.host,
+           sock.getsockname()[1], engine.name, workers, "s" * (workers > 1))
   # (httptools: the parser in C; h11's pure Python took a core's tenth at 200 requests/s)
   server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning",
                                          access_log=False))

@@ -256,10 +256,18 @@ def read_results(out_dir: Path) -> list[dict]:
   return json.loads(path.read_text()) if path.is_file() else []
 
 
+def with_added_decode_keys(decode: dict) -> dict:
+  """A recorded config.decode with the keys added since it was written, at their values for
+  older runs (so that the same settings compare equal across versions)."""
+  return {**{key[1]: value for key, value in ADDED_KEYS.items() if key[0] == "decode"},
+          **decode}
+
+
 def write_results(out_dir: Path, records: list[dict]) -> Path:
   """Adds `records` to `out_dir`/results.json; a record of the same checkpoint label, set and
   decoding settings replaces the earlier one, all others are kept."""
-  key = lambda r: (r["label"], r["data"], json.dumps(r["decode"], sort_keys=True))  # noqa: E731
+  key = lambda r: (r["label"], r["data"],  # noqa: E731
+                   json.dumps(with_added_decode_keys(r["decode"]), sort_keys=True))
   new = {key(r) for r in records}
   kept = [r for r in read_results(out_dir) if key(r) not in new]
   path = Path(out_dir) / RESULTS

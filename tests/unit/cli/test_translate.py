@@ -62,7 +62,7 @@ def test_translate_files_and_bad_input_are_named(tiny_run, tmp_path):
   status, _, err = _translate(tiny_run, b"", f"--input={tmp_path / 'nowhere.de'}")
   assert status == 1 and "nowhere.de does not exist" in helpers.one_line_error(err)
   status, _, err = _translate(tiny_run, b"x\n", "--decode=beam=3")
-  assert status == 2 and "unknown key 'beam' (did you mean beam_size?)" in err
+  assert status == 2 and "unknown key 'beam' (did you mean beam_size or beam_impl?)" in err
 
 
 def test_prefixes_and_an_ensemble_of_two_copies(tiny_run, tmp_path):

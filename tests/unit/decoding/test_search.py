@@ -1,5 +1,6 @@
 """Beam search and greedy decoding against brute force on a tiny random model."""
 
+import collections
 import itertools
 
 import flax.linen as nn
@@ -10,6 +11,7 @@ import pytest
 
 from tests import helpers
 from transformer_jax.data.tokenizer import EOS_ID
+from transformer_jax.decoding import beam_caches
 from transformer_jax.decoding import search as decode
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.masking import NEG_INF
@@ -196,7 +198,6 @@ def test_a_forced_prefix_starts_every_output_and_is_scored_as_teacher_forcing(ti
                              rtol=1e-4, atol=1e-5)
 
 
-
 @pytest.mark.parametrize("variant", [{"positional_encoding": "sinusoidal"},
                                      {"positional_encoding": "relative"},
                                      {"num_kv_heads": 1}])
@@ -216,15 +217,21 @@ def test_flat_beam_search_equals_reordering_caches_in_each_attention_variant(var
   params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(1), inputs,
                                              inputs[:, :3])["params"])
   params = jax.tree_util.tree_map(lambda x: x * 2.0, params)  # (longer outputs: a growth)
-  kw = dict(beam_size=3, alpha=0.6, max_len=40, num_return=3, caps=np.array([40, 3, 30, 0, 35, 20]),
+  kw = dict(beam_size=3, alpha=0.6, max_len=40, num_return=3,
+            caps=np.array([40, 3, 30, 0, 35, 20]),
             prefix_BP=jnp.array([[5, 6], [0, 0], [7, 0], [3, 3], [0, 0], [4, 0]]))
-  seqs, scores = decode.beam_search(model, params, inputs, **kw)
-  flat_seqs, flat_scores = decode.beam_search(model, params, inputs, beam_impl="flat", **kw)
+  counts = collections.Counter()
+  seqs, scores = decode.beam_search(model, params, inputs, beam_impl="gather", **kw)
+  flat_seqs, flat_scores = decode.beam_search(model, params, inputs, beam_impl="flat",
+                                              counts=counts, **kw)
+  assert counts["growths"] >= 1, counts
   np.testing.assert_array_equal(flat_seqs, seqs)
   np.testing.assert_allclose(flat_scores, scores, rtol=1e-5)
 
 
-def test_auto_shares_caches_on_accelerators_and_reorders_them_on_cpus():
-  assert not decode.shares_caches("auto") and decode.shares_caches("flat")
+def test_auto_shares_caches_on_tpus_and_reorders_them_elsewhere():
+  assert not beam_caches.shares_caches("auto") and beam_caches.shares_caches("flat")
+  with tracing_for("gpu"):
+    assert not beam_caches.shares_caches("auto")
   with tracing_for("tpu"):
-    assert decode.shares_caches("auto") and not decode.shares_caches("gather")
+    assert beam_caches.shares_caches("auto") and not beam_caches.shares_caches("gather")

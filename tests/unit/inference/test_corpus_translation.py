@@ -92,6 +92,13 @@ def test_a_rerun_after_a_crash_mid_block_ends_with_the_uninterrupted_files(tiny_
 def test_a_rerun_with_other_settings_is_refused_naming_them(tiny_run, tmp_path):
   args = ([str(tiny_run)], "latest", str(_input(tmp_path)), str(tmp_path / "out"))
   translate_corpus(Translator(str(tiny_run), "latest"), *args, block_lines=4)
+  # (a folder from before a decoding key existed has the same settings: its value for older
+  # runs is taken)
+  record = tmp_path / "out" / "translation.json"
+  older = json.loads(record.read_text())
+  del older["decode"]["beam_impl"]
+  record.write_text(json.dumps(older))
+  translate_corpus(Translator(str(tiny_run), "latest"), *args, block_lines=4)
   with pytest.raises(UsageError, match=r"other decode, block_lines"):
     translate_corpus(Translator(str(tiny_run), "latest", ["beam_size=1"]), *args, block_lines=2)
   foreign = tmp_path / "foreign"

@@ -32,3 +32,12 @@ def test_a_population_s_workdir_is_refused_by_the_tools_naming_its_members(tmp_p
   layout.save_config(helpers.tiny_config().to_dict(), member)
   assert layout.load_config(member).population.size == 0
   assert layout.members(tmp_path) == [member]
+
+
+def test_a_result_replaces_one_recorded_before_a_decoding_key_existed(tmp_path):
+  decode = {"beam_size": 4, "beam_impl": "auto"}
+  older = {"label": "step_3", "data": "test", "decode": {"beam_size": 4}, "bleu": 1.0}
+  layout.write_results(tmp_path, [older])
+  layout.write_results(tmp_path, [{**older, "decode": decode, "bleu": 2.0}])
+  layout.write_results(tmp_path, [{**older, "decode": {**decode, "beam_size": 5}}])
+  assert [r["bleu"] for r in layout.read_results(tmp_path)] == [2.0, 1.0]

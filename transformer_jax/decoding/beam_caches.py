@@ -1,0 +1,63 @@
+"""How a beam's hypotheses keep their self-attention caches (`config.decode.beam_impl`).
+
+- "gather": each hypothesis has its own cache, reordered every step to its parent's (two
+  gathers per layer and step: `reorder`).
+- "flat" (Praxis' flat_beam_search): a sentence's W hypotheses share one append-only cache,
+  step i's keys/values at slots i * W + w (hypothesis w's), and none is ever reordered; which
+  slots a hypothesis attends to is its ancestry, its ancestors' slots, a (B, W, W * C) mask
+  that a step reorders instead of the caches (`reads`; the model's attention reads a shared
+  cache through it: `model.attention`).
+
+The outputs are the same (bit-equal tokens in f32, tested; in bf16 a product of other shapes
+rounds differently). `shares_caches` decides per platform.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.decoding import resizing
+from transformer_jax.ops.platform import traced_for
+
+
+def shares_caches(beam_impl: str) -> bool:
+  """Whether beam search runs flat for `beam_impl` on the platform traced for. "auto": flat
+  on TPUs, where it removes the loop's gathers (the compile tool predicts a step 1.4x faster
+  for the default config on a v5e chip, 1.8x for wmt_base, in less memory); reordering on
+  CPUs, where flat measured no faster (XLA:CPU's batched products of W queries cost what the
+  gathers save), and on GPUs, not measured yet (BENCHMARKS.md "Flat beam search")."""
+  return beam_impl == "flat" or (beam_impl == "auto" and traced_for() == "tpu")
+
+
+def shared(cache, beams: int):
+  """A cache made for one hypothesis per sentence, its self-attention caches widened to the
+  `beams` hypotheses' shared slots: (B, H, C, K) -> (B, H, beams * C, K), empty as made."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: jnp.zeros(x.shape[:2] + (beams * x.shape[2],) + x.shape[3:], x.dtype)
+      if resizing.is_self_attention_cache(path) else x, cache)
+
+
+def reads(ancestry_BWS, step):
+  """The slots each hypothesis reads at `step`: its ancestry and its own new slot."""
+  W, slots = ancestry_BWS.shape[1:]
+  own_BWS = jnp.arange(slots)[None, None, :] == (step * W + jnp.arange(W))[None, :, None]
+  return ancestry_BWS | own_BWS
+
+
+def reorder(tree, beam_indices_BW, batch_size):
+  """Picks, for each sentence, the beams `beam_indices_BW` from every (B*W, ...) leaf.
+
+  The encoder's keys/values cached for cross-attention are kept once per sentence (B rows,
+  shared by its beams), so they are left as they are.
+  """
+  def gather(path, x):
+    if x.ndim == 0:  # cache step counters are shared by all beams
+      return x
+    if any(getattr(k, "key", None) == "cross_attention" for k in path):
+      return x
+    x = x.reshape((batch_size, -1) + x.shape[1:])
+    idx = beam_indices_BW.reshape(beam_indices_BW.shape + (1,) * (x.ndim - 2))
+    taken = jnp.take_along_axis(x, idx, axis=1)
+    return taken.reshape((-1,) + taken.shape[2:])
+  return jax.tree_util.tree_map_with_path(gather, tree)

@@ -8,8 +8,9 @@ sentences/s on this machine, the same run, alternating rounds; and the export's 
 Ours decodes as `transformer-jax-translate` does (the run's dtype and decoding settings, with
 `--decode`'s overrides);
 CTranslate2 with those settings as `translate_batch` arguments (export.json's), on
-`--threads` threads (intra_threads; one translator). Sentences/s is the median round's, warm
-(our first, compiling round is reported apart). Prints a BENCHMARKS.md entry.
+`--threads` threads (intra_threads; one translator; int8's rounds after the others).
+Sentences/s is the median round's, warm (our first, compiling round is reported apart).
+Prints a BENCHMARKS.md entry.
 """
 
 import statistics
@@ -67,24 +68,32 @@ def main(_):
           file=sys.stderr)
   sp = run.tokenizer.sp
   options = ctranslate2_decoding.translate_options(ours.decode, run.cfg.model.max_len)
-  translators = {q: ctranslate2.Translator(str(f), device="cpu", inter_threads=1,
-                                           intra_threads=FLAGS.threads)
-                 for q, f in folders.items()}
+
+  def translator(quantization: str) -> ctranslate2.Translator:
+    return ctranslate2.Translator(str(folders[quantization]), device="cpu", inter_threads=1,
+                                  intra_threads=FLAGS.threads)
 
   def ours_fn():
-    return [h[0].text if h else "" for h in ours.translate(sources)]
+    return _timed(lambda: [h[0].text if h else "" for h in ours.translate(sources)])
 
-  systems = {f"ours ({run.cfg.model.dtype})": ours_fn}
-  for q, translator in translators.items():
-    systems[f"CTranslate2 {q}"] = (
-        lambda t=translator: ctranslate2_decoding.translate(t, sp, sources, options))
-  _, cold = _timed(ours_fn)
-  times = {name: [] for name in systems}
+  def ctranslate2_fn(quantization: str):
+    loaded = translator(quantization)  # (made for its round, not timed)
+    return _timed(lambda: ctranslate2_decoding.translate(loaded, sp, sources, options))
+
+  # Ours and CTranslate2 float32 alternate; int8's rounds come after them: once an int8
+  # translator has run, its threads stay in the process and slowed float32 by a quarter to a
+  # third on 2 cores (measured; freeing the translator did not help).
+  ours_name = f"ours ({run.cfg.model.dtype})"
+  phases = [{ours_name: ours_fn, "CTranslate2 float32": lambda: ctranslate2_fn("float32")},
+            {"CTranslate2 int8": lambda: ctranslate2_fn("int8")}]
+  _, cold = ours_fn()
+  times = {name: [] for phase in phases for name in phase}
   outputs = {}
-  for _ in range(FLAGS.rounds):
-    for name, fn in systems.items():
-      outputs[name], seconds = _timed(fn)
-      times[name].append(seconds)
+  for phase in phases:
+    for _ in range(FLAGS.rounds):
+      for name, fn in phase.items():
+        outputs[name], seconds = fn()
+        times[name].append(seconds)
 
   # Agreement, float32 on both sides at the same fixed length cap (as tests/integration).
   cap = ["max_length_a=0", f"max_length_b={ours.decode.max_length}"]
@@ -93,7 +102,7 @@ def main(_):
     exact = Translator(FLAGS.workdir, checkpoint, [*decode, *cap], dtype="float32")
     mine = [h[0].text if h else "" for h in exact.translate(sources)]
     theirs = ctranslate2_decoding.translate(
-        translators["float32"], sp, sources,
+        translator("float32"), sp, sources,
         ctranslate2_decoding.translate_options(exact.decode, run.cfg.model.max_len))
     agreement[mode] = (sum(a == b for a, b in zip(mine, theirs)), _bleu(mine, refs),
                        _bleu(theirs, refs))

@@ -140,7 +140,12 @@ def read_config(workdir: str | Path) -> dict:
   if not path.is_file():
     raise CheckpointError(
         f"{workdir} has no {CONFIG}: not a transformer_jax workdir (training writes it)")
-  config = json.loads(path.read_text())
+  return _with_added_keys(json.loads(path.read_text()))
+
+
+def _with_added_keys(config: dict) -> dict:
+  """`config` (a config.json's dict, or its sections wanted) with the keys added since it was
+  written, at their values for older runs (ADDED_KEYS), set in place."""
   for (*sections, key), value in ADDED_KEYS.items():
     node = config
     for name in sections:
@@ -259,8 +264,7 @@ def read_results(out_dir: Path) -> list[dict]:
 def with_added_decode_keys(decode: dict) -> dict:
   """A recorded config.decode with the keys added since it was written, at their values for
   older runs (so that the same settings compare equal across versions)."""
-  return {**{key[1]: value for key, value in ADDED_KEYS.items() if key[0] == "decode"},
-          **decode}
+  return _with_added_keys({"decode": dict(decode)})["decode"]
 
 
 def write_results(out_dir: Path, records: list[dict]) -> Path:

@@ -63,9 +63,9 @@ PARTS = (  # (part, a pattern of the operation's op_name), the first that matche
 )
 
 
-def _instructions(dump: Path) -> dict[str, str]:
-  """XLA operation -> its HLO line, from the first search loop compiled (the full size)."""
-  return dict(re.findall(r"^\s*(?:ROOT )?%(\S+) = (.*)$", _first_hlo(dump).read_text(), re.M))
+def _instructions(hlo: str) -> dict[str, str]:
+  """XLA operation -> its HLO line."""
+  return dict(re.findall(r"^\s*(?:ROOT )?%(\S+) = (.*)$", hlo, re.M))
 
 
 def _first_hlo(dump: Path) -> Path:
@@ -78,20 +78,18 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
 
 
 def _computations(hlo: str) -> dict[str, list[str]]:
-  """Computation name -> its instructions' opcodes (a while's with its body's name), from
-  HLO text."""
+  """Computation name -> its instructions' opcodes, from HLO text."""
   out, current = {}, None
   for line in hlo.splitlines():
-    header = re.match(r"^(ENTRY )?%(\S+) .*\{$", line)
+    header = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
     if header:
-      current = out.setdefault("ENTRY" if header.group(1) else header.group(2), [])
+      current = out.setdefault(header.group(1), [])
     elif line.startswith("}"):
       current = None
     elif current is not None:
       opcode = re.search(r" = .*?\s([a-z][a-z0-9-]*)\(", line)
       if opcode:
-        current.append(opcode.group(1) + (f" body={m.group(1)}" if (
-            m := re.search(r"body=%([\w.-]+)", line)) else ""))
+        current.append(opcode.group(1))
   return out
 
 
@@ -99,10 +97,8 @@ def loop_body_instructions(hlo: str) -> collections.Counter:
   """The opcodes of the search loop's body, counted: what each step runs (the body of the
   largest while loop of the program; XLA:CPU puts the loop in a computation it calls)."""
   computations = _computations(hlo)
-  bodies = [op.split("body=")[1] for ops in computations.values() for op in ops
-            if op.startswith("while ")]
-  body = max(bodies, key=lambda name: len(computations[name]))
-  return collections.Counter(op.split(" ")[0] for op in computations[body])
+  bodies = re.findall(r" while\(.*?body=%([\w.-]+)", hlo)
+  return collections.Counter(max((computations[b] for b in bodies), key=len))
 
 
 def _part(op: str, instruction: str) -> str:
@@ -152,8 +148,8 @@ def main(_):
   traced = decode()
   jax.profiler.stop_trace()
 
-  instructions = _instructions(work / "hlo")
-  body = loop_body_instructions(_first_hlo(work / "hlo").read_text())
+  hlo = _first_hlo(work / "hlo").read_text()
+  instructions, body = _instructions(hlo), loop_body_instructions(hlo)
   running = sum(n for op, n in body.items() if op not in _FREE)
   events = _first_loop_run(work / "trace")
   # (most operations of the loop's body run once a step: the commonest count is the steps)

@@ -76,24 +76,24 @@ def main(_):
   def ours_fn():
     return _timed(lambda: [h[0].text if h else "" for h in ours.translate(sources)])
 
-  def ctranslate2_fn(quantization: str):
-    loaded = translator(quantization)  # (made for its round, not timed)
-    return _timed(lambda: ctranslate2_decoding.translate(loaded, sp, sources, options))
+  def timed_translation(loaded: ctranslate2.Translator):
+    return lambda: _timed(lambda: ctranslate2_decoding.translate(loaded, sp, sources, options))
 
-  # Ours and CTranslate2 float32 alternate; int8's rounds come after them: once an int8
-  # translator has run, its threads stay in the process and slowed float32 by a quarter to a
+  # Ours and CTranslate2 float32 alternate; the int8 translator is made after their rounds:
+  # once one has run, its threads stay in the process and slowed float32 by a quarter to a
   # third on 2 cores (measured; freeing the translator did not help).
-  ours_name = f"ours ({run.cfg.model.dtype})"
-  phases = [{ours_name: ours_fn, "CTranslate2 float32": lambda: ctranslate2_fn("float32")},
-            {"CTranslate2 int8": lambda: ctranslate2_fn("int8")}]
+  float32 = translator("float32")
+  phases = [lambda: {f"ours ({run.cfg.model.dtype})": ours_fn,
+                     "CTranslate2 float32": timed_translation(float32)},
+            lambda: {"CTranslate2 int8": timed_translation(translator("int8"))}]
   _, cold = ours_fn()
-  times = {name: [] for phase in phases for name in phase}
-  outputs = {}
-  for phase in phases:
+  times, outputs = {}, {}
+  for make_phase in phases:
+    phase = make_phase()
     for _ in range(FLAGS.rounds):
       for name, fn in phase.items():
         outputs[name], seconds = fn()
-        times[name].append(seconds)
+        times.setdefault(name, []).append(seconds)
 
   # Agreement, float32 on both sides at the same fixed length cap (as tests/integration).
   cap = ["max_length_a=0", f"max_length_b={ours.decode.max_length}"]
@@ -102,7 +102,7 @@ def main(_):
     exact = Translator(FLAGS.workdir, checkpoint, [*decode, *cap], dtype="float32")
     mine = [h[0].text if h else "" for h in exact.translate(sources)]
     theirs = ctranslate2_decoding.translate(
-        translator("float32"), sp, sources,
+        float32, sp, sources,
         ctranslate2_decoding.translate_options(exact.decode, run.cfg.model.max_len))
     agreement[mode] = (sum(a == b for a, b in zip(mine, theirs)), _bleu(mine, refs),
                        _bleu(theirs, refs))

@@ -13,7 +13,8 @@ Prints one JSON object per line (and writes them to OUT/gpu_check.jsonl), each w
   between matmuls (`config.model.activation_dtype`): compile time,
   step time, real tokens/s, analytic model FLOPs per token and MFU against the bf16 peak, peak
   device memory (host RSS on CPU);
-- "decode": beam-4 sentences/s of the same model (random weights, fixed-length outputs);
+- "decode": beam-4 sentences/s of the same model (random weights, fixed-length outputs) for
+  each `config.decode.beam_impl` at two batch sizes, and whether flat's outputs equal gather's;
 - "determinism": whether two identical steps (same state, batch and key) give bit-identical
   parameters, with the XLA_FLAGS in effect (on GPUs: pass `--deterministic` to set
   `--xla_gpu_deterministic_ops=true` before JAX starts).
@@ -128,21 +129,31 @@ def check_train_step(cfg, steps: int, peak_bf16: float) -> dict:
 
 
 def check_decode(cfg) -> dict:
+  """Both ways of keeping the beam's caches (`config.decode.beam_impl`) on the same sources
+  and weights, at two batch sizes: sentences/s and whether their outputs agree."""
   model = Transformer(cfg.model)
-  rows, length = (8, 16) if cfg.model.d_model < 128 else (64, 32)
-  src = np.random.default_rng(2).integers(3, cfg.model.vocab_size, (rows, length)).astype(
+  length = 16 if cfg.model.d_model < 128 else 32
+  sizes = (4, 8) if cfg.model.d_model < 128 else (64, 512)
+  src = np.random.default_rng(2).integers(3, cfg.model.vocab_size, (max(sizes), length)).astype(
       np.int32)
   params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), src[:1], src[:1, :4])["params"])
-  search = functools.partial(beam_search, model, beam_size=4, alpha=0.6, max_len=length,
-                             min_len=length)  # (one compiled program per batch shape)
-  t = time.perf_counter()
-  jax.block_until_ready(search(params, src))
-  cold_s = time.perf_counter() - t
-  t = time.perf_counter()
-  jax.block_until_ready(search(params, src))
-  warm_s = time.perf_counter() - t
-  return {"beam": 4, "sentences": rows, "new_tokens": length, "first_call_s": round(cold_s, 2),
-          "sentences_per_s": round(rows / warm_s, 1)}
+  runs, outputs = [], {}
+  for rows in sizes:
+    for impl in ("gather", "flat"):
+      search = functools.partial(beam_search, model, beam_size=4, alpha=0.6, max_len=length,
+                                 min_len=length, beam_impl=impl)  # (one program per shape)
+      t = time.perf_counter()
+      jax.block_until_ready(search(params, src[:rows]))
+      cold_s = time.perf_counter() - t
+      t = time.perf_counter()
+      outputs[rows, impl] = search(params, src[:rows])
+      warm_s = time.perf_counter() - t
+      runs.append({"beam_impl": impl, "sentences": rows, "first_call_s": round(cold_s, 2),
+                   "sentences_per_s": round(rows / warm_s, 1)})
+    (g_seqs, g_scores), (f_seqs, f_scores) = outputs[rows, "gather"], outputs[rows, "flat"]
+    runs[-1]["same_best_as_gather"] = float(np.mean(np.all(g_seqs[:, 0] == f_seqs[:, 0], -1)))
+    runs[-1]["max_score_difference"] = float(np.max(np.abs(g_scores - f_scores)))
+  return {"beam": 4, "new_tokens": length, "runs": runs}
 
 
 def check_determinism(cfg) -> dict:

@@ -30,5 +30,9 @@ def test_gpu_check_runs_on_cpu_with_the_tiny_shape(tmp_path):
   assert all(s["tokens_per_s"] > 0 for s in steps.values())
   first = steps["einsum", 256, "float32"]["loss"]
   assert all(abs(s["loss"] - first) < 1e-2 * first for s in steps.values())
-  assert by_check["decode"]["sentences_per_s"] > 0
+  decodes = by_check["decode"]["runs"]
+  assert [(r["beam_impl"], r["sentences"]) for r in decodes] == [
+      ("gather", 4), ("flat", 4), ("gather", 8), ("flat", 8)]
+  assert all(r["sentences_per_s"] > 0 for r in decodes)
+  assert all(r["same_best_as_gather"] == 1.0 for r in decodes if r["beam_impl"] == "flat")
   assert by_check["determinism"]["bit_identical"] is True  # CPU steps are deterministic

@@ -229,9 +229,8 @@ def test_flat_beam_search_equals_reordering_caches_in_each_attention_variant(var
   np.testing.assert_allclose(flat_scores, scores, rtol=1e-5)
 
 
-def test_auto_shares_caches_on_tpus_and_reorders_them_elsewhere():
+def test_auto_shares_caches_on_accelerators_and_reorders_them_on_cpus():
   assert not beam_caches.shares_caches("auto") and beam_caches.shares_caches("flat")
-  with tracing_for("gpu"):
-    assert not beam_caches.shares_caches("auto")
-  with tracing_for("tpu"):
-    assert beam_caches.shares_caches("auto") and not beam_caches.shares_caches("gather")
+  for accelerator in ("gpu", "tpu"):
+    with tracing_for(accelerator):
+      assert beam_caches.shares_caches("auto") and not beam_caches.shares_caches("gather")

@@ -11,8 +11,13 @@ functions change its shape between runs of the compiled search loop:
   instead of a cache allocated at the longest possible output.
 
 Each (rows, length) pair is one compiled program per batch shape; the ladders keep them few
-(powers of two for rows, down to FEWEST_ROWS; multiples of SEGMENT for length), and the
-program store (`parallel.program_store`) keeps them, compiled, across processes.
+(a batch starts at a power of two and compacts into powers of four and FEWEST_ROWS; lengths
+are multiples of SEGMENT), and the program store (`parallel.program_store`) keeps them,
+compiled, across processes. The ladders trade the first decode's compiling against the warm
+speed: on test2016 (the default config, 2 CPU cores) compacting by fours with 16-position
+segments compiled 3-5 s less than by twos with 32 positions and ran ~1.2x as fast warm (a
+shorter cache is copied and attended over with fewer empty positions; fewer compactions stop
+the loop less often). BENCHMARKS.md "Fewer, cheaper shapes".
 """
 
 from __future__ import annotations
@@ -23,18 +28,22 @@ import numpy as np
 
 from transformer_jax.parallel.program_store import stored_jit
 
-SEGMENT = 32  # cache positions (and token slots) added at a time
+SEGMENT = 16  # cache positions (and token slots) added at a time
 FEWEST_ROWS = 8  # a search is not compacted below this many rows (each size is more programs)
 
 
-def row_sizes(batch_rows: int, unit: int = 1) -> list[int]:
-  """The batch sizes a search may run at, largest first: `batch_rows`, then the powers of two
-  below it, each rounded up to a multiple of `unit` (the mesh's data-parallel size)."""
-  sizes, power = {batch_rows}, 1
+COMPACTION_RATIO = 4  # a search's sizes: its first, then powers of four (and FEWEST_ROWS)
+
+
+def row_sizes(batch_rows: int, unit: int = 1, ratio: int = 2) -> list[int]:
+  """Batch sizes, largest first: `batch_rows`, the powers of `ratio` below it (2: the sizes a
+  batch may start at; COMPACTION_RATIO: those a search compacts into) and FEWEST_ROWS, each
+  rounded up to a multiple of `unit` (the mesh's data-parallel size)."""
+  sizes, power = {batch_rows, FEWEST_ROWS}, 1
   while power < batch_rows:
-    sizes.add(-(-power // unit) * unit)
-    power *= 2
-  return sorted((s for s in sizes if s <= batch_rows), reverse=True)
+    sizes.add(power)
+    power *= ratio
+  return sorted({-(-s // unit) * unit for s in sizes if s <= batch_rows}, reverse=True)
 
 
 def fitting_size(rows: int, sizes: list[int]) -> int:

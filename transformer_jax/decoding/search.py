@@ -113,7 +113,7 @@ def _run(state, advance, rows: int, unit: int, store, counts=None):
   its last step would have run ("batch_steps"), the times the state was compacted
   ("compactions") and grown ("growths"), and collects the (rows, cache length) shapes run
   ("shapes")."""
-  sizes = resizing.row_sizes(rows, unit)
+  sizes = resizing.row_sizes(rows, unit, resizing.COMPACTION_RATIO)
   sentences, step = np.arange(rows), 0
   while True:
     stop_at = resizing.smaller_size(len(sentences), sizes)

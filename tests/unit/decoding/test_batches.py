@@ -82,11 +82,16 @@ def test_the_batch_sizes_a_search_steps_down_through():
   assert resizing.row_sizes(100) == [100, 64, 32, 16, 8, 4, 2, 1]
   assert resizing.row_sizes(16, unit=8) == [16, 8]
   assert resizing.row_sizes(24, unit=6) == [24, 18, 12, 6]
-  sizes = resizing.row_sizes(100)
+  # (a search compacts by fours: each size is a program per source width and cache length)
+  assert resizing.row_sizes(128, ratio=4) == [128, 64, 16, 8, 4, 1]
+  assert resizing.row_sizes(32, ratio=4) == [32, 16, 8, 4, 1]
+  sizes = resizing.row_sizes(100, ratio=4)
+  assert sizes == [100, 64, 16, 8, 4, 1]
   assert resizing.fitting_size(65, sizes) == 100 and resizing.fitting_size(3, sizes) == 4
-  assert resizing.smaller_size(100, sizes) == 64 and resizing.smaller_size(16, sizes) == 8
+  assert resizing.smaller_size(100, sizes) == 64 and resizing.smaller_size(64, sizes) == 16
+  assert resizing.smaller_size(16, sizes) == 8
   assert resizing.smaller_size(8, sizes) == 0  # (no compaction below FEWEST_ROWS = 8 rows)
-  assert resizing.compacted_size(3, sizes) == 8 and resizing.compacted_size(20, sizes) == 32
+  assert resizing.compacted_size(3, sizes) == 8 and resizing.compacted_size(20, sizes) == 64
 
 
 @pytest.mark.parametrize("search", ["beam", "sampling"])

@@ -15,9 +15,9 @@ Each (rows, length) pair is one compiled program per batch shape; the ladders ke
 are multiples of SEGMENT), and the program store (`parallel.program_store`) keeps them,
 compiled, across processes. The ladders trade the first decode's compiling against the warm
 speed: on test2016 (the default config, 2 CPU cores) compacting by fours with 16-position
-segments compiled 3-5 s less than by twos with 32 positions and ran ~1.2x as fast warm (a
-shorter cache is copied and attended over with fewer empty positions; fewer compactions stop
-the loop less often). BENCHMARKS.md "Fewer, cheaper shapes".
+segments ran 1.05-1.3x as fast warm as by twos with 32 positions (a shorter cache is copied
+and attended over with fewer empty positions), for about as much compiling (fewer sizes,
+more lengths: 39 programs instead of 32). BENCHMARKS.md "Fewer, cheaper shapes".
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ functions change its shape between runs of the compiled search loop:
   instead of a cache allocated at the longest possible output.
 
 Each (rows, length) pair is one compiled program per batch shape; the ladders keep them few
-(a batch starts at a power of two and compacts into powers of four and FEWEST_ROWS; lengths
+(a batch starts at its size or a smaller power of two and compacts into powers of four and
+FEWEST_ROWS; lengths
 are multiples of SEGMENT), and the program store (`parallel.program_store`) keeps them,
 compiled, across processes. The ladders trade the first decode's compiling against the warm
 speed: on test2016 (the default config, 2 CPU cores) compacting by fours with 16-position
-segments ran 1.05-1.3x as fast warm as by twos with 32 positions (a shorter cache is copied
+segments ran 1.03-1.34x as fast warm as by twos with 32 positions (a shorter cache is copied
 and attended over with fewer empty positions), for about as much compiling (fewer sizes,
 more lengths: 39 programs instead of 32). BENCHMARKS.md "Fewer, cheaper shapes".
 """
@@ -39,11 +40,12 @@ def row_sizes(batch_rows: int, unit: int = 1, ratio: int = 2) -> list[int]:
   """Batch sizes, largest first: `batch_rows`, the powers of `ratio` below it (2: the sizes a
   batch may start at; COMPACTION_RATIO: those a search compacts into) and FEWEST_ROWS, each
   rounded up to a multiple of `unit` (the mesh's data-parallel size)."""
-  sizes, power = {batch_rows, FEWEST_ROWS}, 1
+  smaller, power = {FEWEST_ROWS}, 1
   while power < batch_rows:
-    sizes.add(power)
+    smaller.add(power)
     power *= ratio
-  return sorted({-(-s // unit) * unit for s in sizes if s <= batch_rows}, reverse=True)
+  sizes = {batch_rows} | {-(-s // unit) * unit for s in smaller}
+  return sorted((s for s in sizes if s <= batch_rows), reverse=True)
 
 
 def fitting_size(rows: int, sizes: list[int]) -> int:

@@ -19,7 +19,7 @@ from transformer_jax.parallel import program_store
 
 # 32 source lengths from 1 to 40 tokens: a batch of them spans three 16-token buckets; their
 # caps (length + 2) end the short ones early, so that the search compacts 32 -> 16 -> 8 rows,
-# and the long ones pass the cache's first segment (32 positions), so that it grows.
+# and the long ones pass the cache's first segment (16 positions), so that it grows.
 LENGTHS = tuple(1 + i * 39 // 31 for i in range(32))
 
 
@@ -85,6 +85,7 @@ def test_the_batch_sizes_a_search_steps_down_through():
   # (a search compacts by fours: each size is a program per source width and cache length)
   assert resizing.row_sizes(128, ratio=4) == [128, 64, 16, 8, 4, 1]
   assert resizing.row_sizes(32, ratio=4) == [32, 16, 8, 4, 1]
+  assert resizing.row_sizes(20, unit=8, ratio=4) == [20, 16, 8]  # (the batch's own size)
   sizes = resizing.row_sizes(100, ratio=4)
   assert sizes == [100, 64, 16, 8, 4, 1]
   assert resizing.fitting_size(65, sizes) == 100 and resizing.fitting_size(3, sizes) == 4

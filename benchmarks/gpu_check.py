@@ -69,7 +69,7 @@ RNG = jax.random.PRNGKey(1)  # the dropout key of every measured step
 def run_config(tiny_shape: bool):
   """The config measured: wmt_base (the tiny config with --tiny), one device, auto numerics."""
   config = tiny.get_config() if tiny_shape else wmt_base.get_config()
-  if tiny_shape:  # (one layer per stack: the test suite runs it, compiling 4 programs)
+  if tiny_shape:  # (one layer per stack: the test suite runs it, compiling its programs)
     config.data.batch_size, config.data.max_source_length = 8, 16
     config.data.max_target_length = 16
     config.model.num_encoder_layers = config.model.num_decoder_layers = 1

@@ -85,6 +85,12 @@ def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
   logits_BHTS = jnp.where(mask_BHTS, logits_BHTS, NEG_INF)
   weights_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)
   dropped_BHTS = weights_BHTS if dropout is None else dropout(weights_BHTS)
+  if kv_layout == "bhsk":
+    # (the head-major product, then the small output transposed: asked for (B, T, H, K)
+    # directly, XLA:CPU runs the product with its operands swapped, 7x slower for a beam's
+    # queries of the encoder's keys)
+    out_BHTK = attention_matmul("bhts,bhsk->bhtk", dropped_BHTS, v_BSHK, dtype)
+    return out_BHTK.transpose(0, 2, 1, 3), weights_BHTS
   out_BTHK = attention_matmul(f"bhts,{kv_layout}->bthk", dropped_BHTS, v_BSHK, dtype,
                               b_grad_input_first=True)
   return out_BTHK, weights_BHTS

@@ -95,6 +95,21 @@ def test_the_batch_sizes_a_search_steps_down_through():
   assert resizing.compacted_size(3, sizes) == 8 and resizing.compacted_size(20, sizes) == 64
 
 
+def test_a_search_compacts_by_fours(random_model):
+  """128 sentences (the sources four times over, finishing at their own caps) step down
+  through 64, 16 and 8 rows, not through every power of two: each size a search visits is
+  programs to compile."""
+  model, params, sources = random_model
+  inputs = np.zeros((128, max(LENGTHS)), np.int32)
+  for row, source in enumerate(sources * 4):
+    inputs[row, :len(source)] = source
+  counts = collections.Counter()
+  search_lib.greedy_search(model, params, inputs, max_len=64, caps=np.array(LENGTHS * 4) + 2,
+                           counts=counts)
+  visited = {rows for rows, _ in counts["shapes"]}
+  assert visited == {128, 64, 16, 8}, counts
+
+
 @pytest.mark.parametrize("search", ["beam", "sampling"])
 def test_a_set_decoded_with_stored_programs_equals_jax_jit(random_model, search, tmp_path,
                                                           monkeypatch):

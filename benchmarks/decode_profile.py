@@ -1,7 +1,7 @@
 """Where a beam step's time goes: a profile of the compiled search loop, by part of the model.
 
   python benchmarks/decode_profile.py --workdir=runs/default [--sentences=128] [--beam_size=4] \
-      [--beam_impl=flat]
+      [--beam_impl=gather]
 
 Beam-searches one batch of the split (`--batch`, of `--sentences` sentences, batched as
 `evaluate` does: length-sorted) three times: the first
@@ -46,8 +46,8 @@ flags.DEFINE_integer("sentences", 128, "Sentences in the batch.")
 flags.DEFINE_integer("batch", 0, "Which batch of the length-sorted split (0: the shortest "
                      "sources).")
 flags.DEFINE_integer("beam_size", 4, "Beam size.")
-flags.DEFINE_enum("beam_impl", "gather", ["gather", "flat"], "How hypotheses keep their "
-                  "caches (config.decode.beam_impl).")
+flags.DEFINE_enum("beam_impl", "flat", ["gather", "flat"], "How hypotheses keep their "
+                  "caches (config.decode.beam_impl; flat: what auto runs).")
 flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
 
 LOOP = "jit__advance_beam"

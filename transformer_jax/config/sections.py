@@ -246,7 +246,7 @@ class DecodeConfig:
                                 # hypothesis, reordered to its parent's every step), "flat"
                                 # (a sentence's hypotheses share one append-only cache, each
                                 # reading its ancestors' slots through a mask) or "auto"
-                                # (flat: measured faster on CPUs and GPUs); same outputs
+                                # (flat: faster on a CPU and a GPU measured); same outputs
   mbr: str                      # minimum-Bayes-risk choice among candidates by a sacreBLEU
                                 # utility: "chrf" or "bleu" (sentence level); "" = off
   mbr_candidates: int           # mbr: candidates per sentence: the beam's n-best (<= beam_size)

@@ -23,10 +23,11 @@ from transformer_jax.decoding import resizing
 def shares_caches(beam_impl: str) -> bool:
   """Whether beam search runs flat for `beam_impl`: "flat" and "auto". Flat removes the
   loop's gathers and casts of the caches, for products of W queries over W times the keys:
-  measured 1.1-1.3x the sentences/s of gather on a 2-core AVX-512 EPYC (test2016, bf16, f32)
+  measured 1.2x the sentences/s of gather on a 2-core AVX-512 EPYC (test2016, bf16 and f32)
   and 1.3-1.6x on an H200 (bf16); the compile tool predicts a v5e step 1.4x faster for the
-  default config, 1.8x for wmt_base, in less memory. BENCHMARKS.md "Flat beam search"."""
-  return beam_impl != "gather"
+  default config, 1.8x for wmt_base, in less memory. BENCHMARKS.md "Flat beam search" and
+  "Flat beam search on CPUs too"."""
+  return beam_impl in ("flat", "auto")
 
 
 def shared(cache, beams: int):

@@ -76,8 +76,8 @@ def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
   """softmax(Q K^T / sqrt(d_k) + bias) V over each head; returns (output_BTHK, weights_BHTS).
 
   Keys and values are (B, S, H, K), or (B, H, S, K) with `kv_layout="bhsk"` (the decoding
-  cache, kept head-major so that no step transposes the whole cache). `bias_BHTS`: relative
-  position biases (None: none)."""
+  cache, kept head-major so that no step transposes the whole cache; no gradient).
+  `bias_BHTS`: relative position biases (None: none)."""
   q_BTHK = q_BTHK / math.sqrt(q_BTHK.shape[-1])
   logits_BHTS = attention_matmul(f"bthk,{kv_layout}->bhts", q_BTHK, k_BSHK, dtype)
   if bias_BHTS is not None:
@@ -87,8 +87,8 @@ def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
   dropped_BHTS = weights_BHTS if dropout is None else dropout(weights_BHTS)
   if kv_layout == "bhsk":
     # (the head-major product, then the small output transposed: asked for (B, T, H, K)
-    # directly, XLA:CPU runs the product with its operands swapped, 7x slower for a beam's
-    # queries of the encoder's keys)
+    # directly, XLA:CPU runs the product with its operands swapped, 10x slower for a beam's
+    # queries of the encoder's keys; decoding only: no backward order to keep)
     out_BHTK = attention_matmul("bhts,bhsk->bhtk", dropped_BHTS, v_BSHK, dtype)
     return out_BHTK.transpose(0, 2, 1, 3), weights_BHTS
   out_BTHK = attention_matmul(f"bhts,{kv_layout}->bthk", dropped_BHTS, v_BSHK, dtype,

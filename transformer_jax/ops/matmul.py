@@ -1,5 +1,5 @@
-"""Matmuls with f32 results and backward rules written for speed: the one place where the model's
-products are tuned to the backend.
+"""Matmuls with f32 results and backward rules written for speed: where the model's products
+are tuned to the backend (the decoding cache's attention products aside: model.attention).
 
 `matmul` is einsum with f32 accumulation: exact f32, or bf16 inputs (`dtype=jnp.bfloat16`) in
 both passes. On CPU its backward pass orders each product for XLA:CPU's kernels: the weight

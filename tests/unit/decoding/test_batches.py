@@ -96,7 +96,7 @@ def test_the_batch_sizes_a_search_steps_down_through():
 
 
 def test_a_search_compacts_by_fours(random_model):
-  """128 sentences (the sources four times over, finishing at their own caps) step down
+  """128 sentences (the sources four times over, finishing at or before their caps) step down
   through 64, 16 and 8 rows, not through every power of two: each size a search visits is
   programs to compile."""
   model, params, sources = random_model

@@ -30,6 +30,7 @@ def test_gpu_check_runs_on_cpu_with_the_tiny_shape(tmp_path):
   assert all(s["tokens_per_s"] > 0 for s in steps.values())
   first = steps["einsum", 256, "float32"]["loss"]
   assert all(abs(s["loss"] - first) < 1e-2 * first for s in steps.values())
+  assert by_check["decode"]["dtype"] == "float32"  # (exact agreement holds in f32)
   decodes = by_check["decode"]["runs"]
   assert [(r["beam_impl"], r["sentences"]) for r in decodes] == [
       ("gather", 4), ("flat", 4), ("gather", 8), ("flat", 8)]

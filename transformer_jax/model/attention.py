@@ -104,6 +104,22 @@ def repeat_kv_heads(x, groups: int, layout: str):
   return jnp.repeat(x, groups, axis=layout.index("h"))
 
 
+def write_slots(cache_BHSK, new_BHWK, first):
+  """The cache with slots first .. first + W - 1 replaced by `new_BHWK` (W slots).
+
+  A dynamic-update-slice writes in place, except where XLA:CPU has no 16-bit-float kernel for
+  it: it then runs the update in f32, converting the whole cache there and back every step
+  (about a tenth of a bf16 beam step). There a select of the new slots over the cache stays in
+  bf16 and costs about what reading the cache does."""
+  if traced_for() != "cpu" or jnp.dtype(cache_BHSK.dtype).itemsize != 2:
+    return jax.lax.dynamic_update_slice(cache_BHSK, new_BHWK, (0, 0, first, 0))
+  S, W = cache_BHSK.shape[2], new_BHWK.shape[2]
+  slot_S = jnp.arange(S)
+  written_11S1 = ((slot_S >= first) & (slot_S < first + W))[None, None, :, None]
+  # slot first + w holds new w: first is a multiple of W, so slot s takes new s % W
+  return jnp.where(written_11S1, jnp.tile(new_BHWK, (1, 1, S // W, 1)), cache_BHSK)
+
+
 class MultiHeadAttention(nn.Module):
   """Q/K/V projections split into heads, scaled dot-product attention, heads merged back.
 
@@ -249,10 +265,8 @@ class MultiHeadAttention(nn.Module):
     def to_cache(x_B1HK):  # (rows * W, 1, H, K) -> (rows, H, W, K), in the cache's dtype
       return x_B1HK.reshape(rows, W, H, K).transpose(0, 2, 1, 3).astype(dtype)
 
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, to_cache(k_B1HK),
-                                                    (0, 0, i * W, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, to_cache(v_B1HK),
-                                                      (0, 0, i * W, 0))
+    cached_key.value = write_slots(cached_key.value, to_cache(k_B1HK), i * W)
+    cached_value.value = write_slots(cached_value.value, to_cache(v_B1HK), i * W)
     index.value = i + 1
     if W > 1:
       return cached_key.value, cached_value.value, mask_BHTS, "bhsk"

@@ -171,8 +171,8 @@ class MultiHeadAttention(nn.Module):
       if scheme in ("rotary", "relative"):
         query_positions_BT, key_positions_BS = self._positions(positions_BT, q_BTHK, decode)
       if scheme == "rotary":
-        q_BTHK = rotary(q_BTHK, query_positions_BT)
-        k_BSHK = rotary(k_BSHK, query_positions_BT)  # (self-attention: the same positions)
+        q_BTHK = rotary(q_BTHK, query_positions_BT, self.config.max_len)
+        k_BSHK = rotary(k_BSHK, query_positions_BT, self.config.max_len)  # (the same positions)
       if decode:
         k_BSHK, v_BSHK, mask_BHTS, kv_layout = self._update_self_attention_cache(
             k_BSHK, v_BSHK, mask_BHTS)

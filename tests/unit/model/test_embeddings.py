@@ -2,11 +2,13 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from transformer_jax.model.embeddings import (
+  ROTARY_BASE,
   relative_position_bucket,
   rotary,
   sinusoidal_positions,
@@ -31,16 +33,40 @@ def test_rotary_query_key_products_depend_only_on_the_offset():
   positions = jnp.arange(6)[None]
 
   def logits(q_positions, k_positions):
-    return jnp.einsum("bthk,bshk->bhts", rotary(q, q_positions), rotary(k, k_positions))
+    return jnp.einsum("bthk,bshk->bhts", rotary(q, q_positions, 128),
+                      rotary(k, k_positions, 128))
 
   base = logits(positions, positions)
   for shift in (1, 7, 100):
     np.testing.assert_allclose(logits(positions + shift, positions + shift), base, atol=1e-4)
   assert not np.allclose(logits(positions, positions + 1), base, atol=1e-2)
   # A rotation: norms are kept, and position 0 is the identity.
-  np.testing.assert_allclose(np.linalg.norm(rotary(q, positions), axis=-1),
+  np.testing.assert_allclose(np.linalg.norm(rotary(q, positions, 128), axis=-1),
                              np.linalg.norm(q, axis=-1), rtol=1e-5)
-  np.testing.assert_allclose(rotary(q, 0 * positions), q)
+  np.testing.assert_allclose(rotary(q, 0 * positions, 128), q)
+
+
+def test_rotary_reads_the_bits_a_program_computes_and_nan_past_the_table():
+  """The table holds what sin and cos computed inside a jitted program give (so reading it
+  changes no output), for a decoding step's single position as for a sequence; a position
+  past the table is NaN, not a clamped angle."""
+  q = jnp.asarray(np.random.default_rng(0).normal(size=(3, 40, 2, 16)), jnp.float32)
+
+  @jax.jit
+  def computed(x_BTHK, positions_BT):
+    inverse_wavelengths = ROTARY_BASE ** (-jnp.arange(8, dtype=jnp.float32) / 8)
+    angles_BT1K = (positions_BT[..., None] * inverse_wavelengths)[:, :, None]
+    a, b = x_BTHK[..., :8], x_BTHK[..., 8:]
+    sin, cos = jnp.sin(angles_BT1K), jnp.cos(angles_BT1K)
+    return jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
+  looked_up = jax.jit(rotary, static_argnums=2)
+  sequence = jnp.broadcast_to(jnp.arange(40) * 3, (3, 40))
+  np.testing.assert_array_equal(looked_up(q, sequence, 128), computed(q, sequence))
+  for position in (0, 5, 127):
+    step = jnp.full((3, 1), position)
+    np.testing.assert_array_equal(looked_up(q[:, :1], step, 128), computed(q[:, :1], step))
+  assert np.isnan(looked_up(q[:, :1], jnp.full((3, 1), 128), 128)).all()
 
 
 def _t5_bucket(offset: int, bidirectional: bool, num_buckets: int = 32,

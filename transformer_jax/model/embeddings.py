@@ -13,6 +13,7 @@ import numpy as np
 
 from transformer_jax.config.sections import ModelConfig
 from transformer_jax.ops.matmul import matmul
+from transformer_jax.ops.platform import traced_for
 
 
 def compute_dtype(cfg: ModelConfig) -> Any:
@@ -86,27 +87,38 @@ def sinusoidal_positions(max_len: int, d_model: int, concat: bool = False) -> np
 ROTARY_BASE = 10000.0  # the wavelengths of rotary positions, as of the sinusoidal ones
 
 
+def _rotary_angles(positions, half: int):
+  inverse_wavelengths = ROTARY_BASE ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  return positions[..., None].astype(jnp.float32) * inverse_wavelengths
+
+
 @functools.lru_cache(maxsize=None)
 def rotary_table(length: int, half: int) -> tuple[np.ndarray, np.ndarray]:
-  """(sin, cos) of position * ROTARY_BASE^(-i/half), (length, half) f32, for positions
-  0..length-1: computed once, with XLA's own f32 sin and cos, so that a lookup gives the bits
-  computing them in the program would. Computed in the program, XLA:CPU fuses sin and cos
-  into each rotation and evaluates them per element: a decoding step spent about 8% there."""
+  """(sin, cos) of the rotary angles of positions 0..length-1, (length, half) f32, computed
+  once by XLA's own f32 sin and cos: a lookup gives the bits computing them in the program
+  would."""
   with jax.ensure_compile_time_eval():
-    inverse_wavelengths = ROTARY_BASE ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles_LK = jnp.arange(length, dtype=jnp.float32)[:, None] * inverse_wavelengths
+    angles_LK = _rotary_angles(jnp.arange(length), half)
     return np.asarray(jnp.sin(angles_LK)), np.asarray(jnp.cos(angles_LK))
 
 
 def rotary(x_BTHK, positions_BT, max_len: int):
   """Rotary position embedding (Su et al., RoFormer): each pair (x[i], x[i + K/2]) of a head
   rotated by position * ROTARY_BASE^(-2i/K), so that a query-key product depends on the two
-  positions only through their difference. In f32; returns x's dtype. Positions are below
-  `max_len` (at or past it the result is NaN, not a silently wrong angle)."""
+  positions only through their difference. In f32; returns x's dtype.
+
+  On CPUs sin and cos are looked up (`rotary_table`; positions below `max_len`, past it NaN,
+  not a silently wrong angle): computed in the program, XLA:CPU fuses them into each rotation
+  and evaluates them per element, about 8% of a decoding step. Elsewhere they are computed."""
   half = x_BTHK.shape[-1] // 2
-  sin_LK, cos_LK = rotary_table(max_len, half)
-  sin_BT1K, cos_BT1K = (jnp.take(table_LK, positions_BT, axis=0, mode="fill",
-                                 fill_value=np.nan)[:, :, None] for table_LK in (sin_LK, cos_LK))
+  if traced_for() == "cpu":
+    sin_LK, cos_LK = rotary_table(max_len, half)
+    sin_BTK, cos_BTK = (jnp.take(table_LK, positions_BT, axis=0, mode="fill",
+                                 fill_value=np.nan) for table_LK in (sin_LK, cos_LK))
+  else:
+    angles_BTK = _rotary_angles(positions_BT, half)
+    sin_BTK, cos_BTK = jnp.sin(angles_BTK), jnp.cos(angles_BTK)
+  sin_BT1K, cos_BT1K = sin_BTK[:, :, None], cos_BTK[:, :, None]
   x = x_BTHK.astype(jnp.float32)
   a, b = x[..., :half], x[..., half:]
   return jnp.concatenate([a * cos_BT1K - b * sin_BT1K, b * cos_BT1K + a * sin_BT1K],

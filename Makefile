@@ -4,9 +4,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= runs/default
 
-.PHONY: install install-test demo test test-fast bench bench-data lint clean tatoeba-data
+.PHONY: install install-test demo test test-fast bench bench-data lint lock clean tatoeba-data
 
 install: $(VENV)/.installed
+
+# Every install takes the versions the suite last passed with (constraints.txt, written by
+# `make lock`): a clone next year installs what was tested. To move to newer releases:
+# `make clean && make test CONSTRAINTS= && make lock`, then commit constraints.txt.
+CONSTRAINTS ?= constraints.txt
+PIN = $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
 # pip's own output (the index's and the build backend's lines) goes to $(PIP_LOG), shown when a
 # step fails; the targets print one line per step.
@@ -17,11 +23,11 @@ define pip_install
 	    echo "transformer_jax: pip failed (the whole log: $(PIP_LOG))"; exit 1; }
 endef
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	@echo "transformer_jax: creating $(VENV) ($(PYTHON) -m venv; pip's log: $(PIP_LOG))"
 	@$(PYTHON) -m venv $(VENV)
 	$(call pip_install,upgrading pip,--upgrade pip)
-	$(call pip_install,installing transformer_jax and its dependencies (pip install -e '.[test]'),-e '.[test]')
+	$(call pip_install,installing transformer_jax and its dependencies (pip install -e '.[test]' $(PIN)),-e '.[test]' $(PIN))
 	@touch $@
 
 # The tests also need the optional extras `wmt` (tensorflow-cpu: TFDS's WMT builders, mocked),
@@ -33,7 +39,7 @@ TEST_EXTRAS = test,wmt,postgres,beam,ctranslate2,hf,tpu
 install-test: $(VENV)/.installed-test
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(call pip_install,installing the test extras (pip install -e '.[$(TEST_EXTRAS)]'),-e '.[$(TEST_EXTRAS)]')
+	$(call pip_install,installing the test extras (pip install -e '.[$(TEST_EXTRAS)]' $(PIN)),-e '.[$(TEST_EXTRAS)]' $(PIN))
 	@touch $@
 
 # Train the default config (Multi30k de->en, embedded) and print test2016 BLEU + translations.
@@ -69,6 +75,14 @@ bench-data: install
 # ruff: pyflakes, pycodestyle errors and warnings, import order (pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check --quiet .
+
+# constraints.txt: every package of the test environment at the version installed, local
+# build labels dropped (torch's +cpu: `==2.13.0` admits it, and other machines' indexes name
+# it without one).
+lock: install-test
+	@{ echo "# The versions \`make test\` passed with (make lock; Makefile: how to refresh)."; \
+	  $(PY) -m pip freeze --exclude-editable | sed -E 's/\+[A-Za-z0-9.]+$$//'; } > constraints.txt
+	@echo "transformer_jax: wrote constraints.txt ($$(grep -c '==' constraints.txt) pins)"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .test-cache

@@ -3,7 +3,7 @@
   python benchmarks/beam_memory.py --pairs=20000      # then --pairs=200000 (10x), compare
 
 Writes `--pairs` gzipped Multi30k pairs (numbered, so that none repeats) to a temporary folder
-and prepares them with `data.beam.beam_writer` and the cleaning rules of the Beam test
+and prepares them with `data.apache_beam_prep.beam_writer` and the cleaning rules of the Beam test
 (duplicates included), then prints the seconds and the peak resident memory of this process
 (DirectRunner's driver) and of its largest worker. Run each size in its own process.
 """
@@ -19,7 +19,7 @@ from absl import app, flags
 
 from transformer_jax.config.corpora import CleaningConfig
 from transformer_jax.data import corpus
-from transformer_jax.data.beam import beam_writer
+from transformer_jax.data.apache_beam_prep import beam_writer
 from transformer_jax.parallel import hardware
 
 FLAGS = flags.FLAGS

@@ -23,7 +23,7 @@ from transformer_jax.ops.platform import tracing_for
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel import platforms
 from transformer_jax.training import step as step_lib
-from transformer_jax.training.resolution import make_mesh
+from transformer_jax.training.settled_config import make_mesh
 from transformer_jax.training.state import abstract_state
 
 config_flags.DEFINE_config_file("config", "configs/wmt_base.py", "Training config.")

@@ -95,7 +95,7 @@ def test_modules_are_small_and_entry_points_thin():
 
 
 def test_the_training_loop_is_a_small_driver_over_short_functions():
-  """No function in training/ over 60 lines: the loop's decisions live in schedule.py, where
+  """No function in training/ over 60 lines: the loop's decisions live in decisions.py, where
   they are tested without training."""
   for path in sorted((PACKAGE / "training").glob("*.py")):
     for node in ast.walk(ast.parse(path.read_text())):

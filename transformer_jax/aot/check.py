@@ -14,7 +14,7 @@ from transformer_jax.config.sections import TrainConfig
 from transformer_jax.errors import UsageError
 from transformer_jax.model.attention import attention_implementation
 from transformer_jax.parallel import numerics
-from transformer_jax.training.resolution import make_mesh
+from transformer_jax.training.settled_config import make_mesh
 
 PROGRAMS = ("train", "eval", "beam")
 

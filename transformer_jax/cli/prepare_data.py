@@ -8,7 +8,8 @@ prepare WMT into a shared `config.data.cache_dir` and train the tokenizer into t
 workdir on one machine, then start every host's training with the same flags (they read,
 nothing is written twice). Prints each split's size and the tokenizer's pieces. With
 --beam_runner, local corpora are cleaned and written, and training splits tokenized, by
-Apache Beam pipelines (the same files; see transformer_jax/data/beam.py), e.g. on a cluster:
+Apache Beam pipelines (the same files; see transformer_jax/data/apache_beam_prep.py), e.g.
+on a cluster:
   transformer-jax-prepare-data --config=... --workdir=... --beam_runner=FlinkRunner \
       --beam_option=--flink_master=HOST:8081 --beam_option=--environment_type=LOOPBACK
 """
@@ -19,7 +20,7 @@ from absl import flags
 
 from transformer_jax.cli import runner
 from transformer_jax.config.parse import from_config_dict
-from transformer_jax.data.beam import beam_tokenizer, beam_writer
+from transformer_jax.data.apache_beam_prep import beam_tokenizer, beam_writer
 from transformer_jax.workdir.preparation import prepare
 
 

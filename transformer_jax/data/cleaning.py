@@ -3,10 +3,10 @@
 
 Each pair is checked against the rules in `CleaningConfig.RULES` order and dropped by the
 first it breaks, which counts it (and keeps its first few as examples). The per-pair rules
-are pure functions of the pair (`broken_rule`), so a distributed preparation (`data.beam`)
-applies them alike; the duplicate rule keeps a pair's first occurrence in file order among
-the pairs that passed the rules before it. The report goes to `cleaning.json` beside the
-prepared data and into the log, counts and examples of every rule.
+are pure functions of the pair (`broken_rule`), so a distributed preparation
+(`data.apache_beam_prep`) applies them alike; the duplicate rule keeps a pair's first
+occurrence in file order among the pairs that passed the rules before it. The report goes to
+`cleaning.json` beside the prepared data and into the log, counts and examples of every rule.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def prepare_local(folder: str | Path, splits: tuple[str, ...], langs: tuple[str,
   dataset appears under its final name only when complete: an interrupted preparation is redone.
   With `cleaning` rules active, `clean_split` goes through them (`data.cleaning`), and their
   report is written beside the shards (`cleaning.json`) and logged. `write_splits` writes
-  the shards (default `write_splits`, in this process; `data.beam.beam_writer`: a Beam
+  the shards (default `write_splits`, in this process; `data.apache_beam_prep.beam_writer`: a Beam
   pipeline making the same files).
   """
   folder, langs = Path(folder), tuple(sorted(langs))

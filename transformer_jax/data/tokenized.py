@@ -108,7 +108,7 @@ def tokenized_split(cfg: DataConfig, tok: Tokenizer, split: str | None = None,
                     spec: corpus.CorpusSpec | None = None, write_ids=None) -> TokenizedSplit:
   """The split (default: the training split) of `spec` (default: the training corpus) as
   token ids, written on first use (by `write_ids`: default `_write_ids`, in this process;
-  `data.beam.beam_tokenizer`: a Beam pipeline writing the same files)."""
+  `data.apache_beam_prep.beam_tokenizer`: a Beam pipeline writing the same files)."""
   split = split or cfg.train_split
   spec = spec or corpus.corpus_spec(cfg)
   fp = fingerprint(spec, split, tok)  # (prepares the corpus, under the lock, first)

@@ -32,7 +32,7 @@ from transformer_jax.decoding import beam_caches, resizing
 from transformer_jax.decoding.members import prepare
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.masking import NEG_INF
-from transformer_jax.ops.selection import top_k
+from transformer_jax.ops.top_k import top_k
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel.program_store import stored_jit
 
@@ -217,7 +217,7 @@ def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_
     log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
   V = log_probs.shape[-1]
   candidates_BWV = s.live_logprobs[..., None] + _unflat(log_probs, B)
-  top_logprobs, top_ids = top_k(candidates_BWV.reshape(B, W * V), 2 * W)  # (ops.selection)
+  top_logprobs, top_ids = top_k(candidates_BWV.reshape(B, W * V), 2 * W)  # (ops.top_k)
   beam_ids, token_ids = top_ids // V, top_ids % V
   seqs = jnp.take_along_axis(s.live_seqs, beam_ids[..., None], axis=1)
   seqs = jax.lax.dynamic_update_slice(seqs, token_ids[..., None], (0, 0, s.step))

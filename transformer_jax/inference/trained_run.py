@@ -15,8 +15,8 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel import numerics
 from transformer_jax.training.state import abstract_state
-from transformer_jax.workdir import layout, selection
-from transformer_jax.workdir.selection import Selected
+from transformer_jax.workdir import checkpoint_selection, layout
+from transformer_jax.workdir.checkpoint_selection import Selected
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +31,14 @@ class TrainedRun:
   mesh: typing.Any
 
   def steps(self) -> list[int]:
-    return selection.steps(self.workdir)
+    return checkpoint_selection.steps(self.workdir)
 
   def best_step(self) -> int | None:
-    return selection.best_step(self.workdir)
+    return checkpoint_selection.best_step(self.workdir)
 
   def select(self, checkpoint: str) -> list[Selected]:
-    """Each model a selection string names (`workdir.selection.select`)."""
-    return selection.select(self.workdir, checkpoint, self.cfg.optimizer.ema_decay > 0)
+    """Each model a selection string names (`workdir.checkpoint_selection.select`)."""
+    return checkpoint_selection.select(self.workdir, checkpoint, self.cfg.optimizer.ema_decay > 0)
 
   def select_one(self, checkpoint: str, tool: str) -> Selected:
     chosen = self.select(checkpoint)
@@ -50,7 +50,7 @@ class TrainedRun:
   def state(self, selected: Selected, weights_only: bool = False):
     """The train state of a selection: one checkpoint's, or their parameters' mean
     (`weights_only`: only the weights `params` takes, the rest placeholders)."""
-    return selection.restore(self.workdir, selected,
+    return checkpoint_selection.restore(self.workdir, selected,
                              abstract_state(self.cfg, self.model, self.mesh), weights_only)
 
   def source_prefix(self, tag: str) -> list[int]:
@@ -70,7 +70,7 @@ class TrainedRun:
   def params(self, selected: Selected):
     """The weights of a selection: the moving average unless "raw" was asked for (or the run
     keeps none); only they are read from the checkpoints."""
-    return selection.weights(self.state(selected, weights_only=True), selected)
+    return checkpoint_selection.weights(self.state(selected, weights_only=True), selected)
 
 
 def load(workdir: str | Path, dtype: str = "") -> TrainedRun:

@@ -23,7 +23,7 @@ from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.state import abstract_state
-from transformer_jax.workdir import layout, preparation, selection
+from transformer_jax.workdir import checkpoint_selection, layout, preparation
 from transformer_jax.workdir.checkpoints import shapes_by_path
 
 log = logging.getLogger(__name__)
@@ -85,15 +85,16 @@ def initial_state(cfg: TrainConfig, workdir: Path, model: Transformer, mesh, sta
   # (laid out as ours, in our dtype: the source's may be "auto", as an imported run's is)
   src_cfg = dataclasses.replace(src_cfg, parallelism=cfg.parallelism,
                                 model=dataclasses.replace(src_cfg.model, dtype=cfg.model.dtype))
-  chosen = selection.select(src, cfg.init_from.checkpoint, src_cfg.optimizer.ema_decay > 0)
+  chosen = checkpoint_selection.select(src, cfg.init_from.checkpoint,
+                                       src_cfg.optimizer.ema_decay > 0)
   if len(chosen) != 1:
     raise CheckpointError(f"config.init_from.checkpoint={cfg.init_from.checkpoint} names "
                           f"{len(chosen)} models of {src}; fine-tuning starts from one")
   (selected,) = chosen
   abstract = abstract_state(src_cfg, Transformer(src_cfg.model), mesh)
   _check_shapes(shapes_by_path(abstract.params), shapes_by_path(state.params), src, selected)
-  params = selection.weights(selection.restore(src, selected, abstract, weights_only=True),
-                             selected)
+  restored = checkpoint_selection.restore(src, selected, abstract, weights_only=True)
+  params = checkpoint_selection.weights(restored, selected)
   params = jax.tree_util.tree_map(lambda new, old: new.astype(old.dtype), params, state.params)
   state = state.replace(params=params)
   if getattr(state, "ema_params", None) is not None:  # (buffers of their own: both donated)

@@ -28,7 +28,7 @@ def train_and_evaluate(cfg: TrainConfig, workdir: str | Path, config_dict: dict 
 
 def _train_and_evaluate(cfg: TrainConfig, workdir: Path, config_dict: dict | None
                         ) -> dict[str, float]:
-  """The driver: each step's update, then what `run.schedule` says follows it."""
+  """The driver: each step's update, then what `run.decisions` says follows it."""
   run_type = PopulationRun if cfg.population.size else Run
   with open_run(cfg, workdir, config_dict, run_type) as run:
     step, stop, actions = run.start_step, run.begin(), None

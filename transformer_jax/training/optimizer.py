@@ -1,6 +1,6 @@
 """AdamW with linear warmup and a decay (inverse square root, cosine, linear or none), plus
 gradient clipping (optax). The optional cooldown to 0 at the end of training is
-`schedule.cooldown_scale`, applied by the step as a factor on the update, since where
+`decisions.cooldown_scale`, applied by the step as a factor on the update, since where
 training ends may depend on the wall clock."""
 
 from __future__ import annotations

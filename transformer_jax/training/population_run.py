@@ -23,10 +23,10 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.evaluation.evaluator import ValidationCancelled
 from transformer_jax.reporting import plots
 from transformer_jax.reporting.metrics import METRICS_FILE, MetricWriter, truncate_metrics
-from transformer_jax.training import population, schedule, validation
+from transformer_jax.training import decisions, population, validation
+from transformer_jax.training.decisions import Outcome
 from transformer_jax.training.optimizer import learning_rate_schedule
 from transformer_jax.training.run import Run
-from transformer_jax.training.schedule import Outcome
 from transformer_jax.training.state import count_params
 from transformer_jax.training.train_metrics import train_metrics
 from transformer_jax.workdir import layout
@@ -44,7 +44,7 @@ class Member:
   writer: MetricWriter = None
   ckpt: Checkpointer = None
   best_ckpt: Checkpointer = None
-  stopper: schedule.EarlyStopping = None
+  stopper: decisions.EarlyStopping = None
   best_bleu: float = float("-inf")
   skipped: int = 0
   final: dict = dataclasses.field(default_factory=dict)
@@ -95,10 +95,10 @@ class PopulationRun(Run):
       m.writer = MetricWriter(m.workdir, resumed_at=self.start_step)
       m.ckpt = Checkpointer(m.workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep)
       m.best_ckpt = Checkpointer(m.workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu")
-      m.stopper = schedule.EarlyStopping(cfg.early_stopping_patience,
-                                         schedule.bleu_history(history))
+      m.stopper = decisions.EarlyStopping(cfg.early_stopping_patience,
+                                         decisions.bleu_history(history))
       m.best_bleu = m.best_ckpt.best_value()
-      m.skipped = int(schedule.last_logged(history, "train/skipped_steps", 0.0))
+      m.skipped = int(decisions.last_logged(history, "train/skipped_steps", 0.0))
       self.members.append(m)
     if self.start_step:
       self._save_members()

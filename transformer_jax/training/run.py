@@ -1,7 +1,7 @@
 """A training run's parts and what it does at each step: set-up (model, data, state restored
 from the workdir, evaluators, writers), one step's update, its logging, validation and save,
 and the tear-down (the test, plots, the checkpoints' last writes). When each happens is
-`schedule`'s decision; `loop` drives the two."""
+`decisions`' decision; `loop` drives the two."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from transformer_jax.reporting.metrics import (
   truncate_metrics,
 )
 from transformer_jax.reporting.progress import Progress
-from transformer_jax.training import init_from, resolution, schedule, validation
+from transformer_jax.training import decisions, init_from, settled_config, validation
+from transformer_jax.training.decisions import Actions, Decisions, Outcome
 from transformer_jax.training.optimizer import learning_rate_schedule
 from transformer_jax.training.preemption import Faults, Preemption
 from transformer_jax.training.prefetch import DevicePrefetch
-from transformer_jax.training.schedule import Actions, Outcome, Schedule
 from transformer_jax.training.state import count_params, initialise, state_init
 from transformer_jax.training.step import compile_step
 from transformer_jax.training.stopping import NonFiniteGuard, TimeBudget, WallClockIntervals
@@ -49,7 +49,7 @@ class Run:
   """A run's parts once set up (`open_run`), and the state that changes as it trains."""
   cfg: TrainConfig
   workdir: Path
-  schedule: Schedule
+  decisions: Decisions
   model: Any
   mesh: Any
   tok: Any
@@ -70,7 +70,7 @@ class Run:
   clock: WallClockIntervals = None
   budget: TimeBudget = None
   progress: Progress = None
-  stopper: schedule.EarlyStopping = None
+  stopper: decisions.EarlyStopping = None
   nonfinite: NonFiniteGuard = None
   dropout_rng: Any = None
   final: dict = dataclasses.field(default_factory=dict)
@@ -88,7 +88,7 @@ class Run:
   def begin(self) -> bool:
     """Before the first step: a validation that SIGTERM cut short is done first; a spent time
     budget trains no step. Returns whether training stops here."""
-    start = self.schedule.start(self.history, self.start_step,
+    start = self.decisions.start(self.history, self.start_step,
                                  self.budget.spent(self.start_step))
     stop = False
     if start.validate_first:
@@ -106,18 +106,18 @@ class Run:
     batch, real, stats = next(self.train_iter)
     self.real_tokens += real
     self.pipeline.count(stats)
-    self.lr_scale = self.schedule.learning_rate_scale(step, self.budget.minutes(step),
+    self.lr_scale = self.decisions.learning_rate_scale(step, self.budget.minutes(step),
                                                       self.resumed_factor)
-    cooling = [np.float32(self.lr_scale)] * (self.schedule.cooldown_fraction > 0)
+    cooling = [np.float32(self.lr_scale)] * (self.decisions.cooldown_fraction > 0)
     self.state, step_metrics = self.step_fn(self.state, batch, self.dropout_rng, *cooling)
     self.acc = sum_metrics(self.acc, step_metrics)
     self.faults.after_step(step)
     self.preempted = self.preemption.requested(step)
-    if step % self.schedule.log_every_steps == 0:  # (every process, at the same steps)
+    if step % self.decisions.log_every_steps == 0:  # (every process, at the same steps)
       self.budget.agree(step)
-    due = (self.clock.due() if self.schedule.asks_wall_clock(step, self.clock.active)
+    due = (self.clock.due() if self.decisions.asks_wall_clock(step, self.clock.active)
            else (False, False))
-    return self.schedule.actions(step, self.preempted, self.budget.spent(step), *due)
+    return self.decisions.actions(step, self.preempted, self.budget.spent(step), *due)
 
   def log_train(self, step: int, actions: Actions):
     """The train metrics of the steps since the last log (a non-finite step under 'stop'
@@ -168,7 +168,7 @@ class Run:
     """The validation of `step`, cut short by SIGTERM: recorded, to be done first on resume."""
     log.warning("SIGTERM during the validation of step %d: validation stopped (the resumed "
                 "run does it first)", step)
-    self.writer.write(step, {schedule.VALIDATION_CANCELLED: 1.0})
+    self.writer.write(step, {decisions.VALIDATION_CANCELLED: 1.0})
     self.preempted = True
     return Outcome.CANCELLED
 
@@ -231,8 +231,8 @@ def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None, run_type
   """The run of `cfg` in `workdir` (a `run_type`), set up and resumed from its latest
   checkpoint; on leaving, a save in flight completes (also on an error) before the process
   ends."""
-  cfg, config_dict = resolution.resolve_dtype(cfg, config_dict, workdir)
-  cfg, config_dict = resolution.keep_data_order(cfg, config_dict, workdir)
+  cfg, config_dict = settled_config.resolve_dtype(cfg, config_dict, workdir)
+  cfg, config_dict = settled_config.keep_data_order(cfg, config_dict, workdir)
   run = _model_and_data(cfg, workdir, run_type)
   try:
     _resume(run, config_dict)
@@ -245,7 +245,7 @@ def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None, run_type
 def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> Run:
   """The model, its mesh and initial state, the tokenizer, the training batches on their way
   to the devices, and the checkpointers."""
-  mesh = resolution.make_mesh(cfg)
+  mesh = settled_config.make_mesh(cfg)
   model = Transformer(cfg.model)
   state, state_sharding, dropout_rng = run_type.initial_state(cfg, model, mesh)
   # (fine-tuning's first start: the tokenizer of the run it starts from; once the run has a
@@ -265,7 +265,7 @@ def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> Run:
   if cfg.optimizer.ema_decay:
     log.info("Moving average of the parameters (decay %g): validation, the best checkpoint "
              "and the test use it", cfg.optimizer.ema_decay)
-  return run_type(cfg, workdir, Schedule.of(cfg), model, mesh, tok, pipeline, train_iter, state,
+  return run_type(cfg, workdir, Decisions.of(cfg), model, mesh, tok, pipeline, train_iter, state,
              Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep),
              Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu"),
              state_sharding, dropout_rng=dropout_rng)
@@ -295,16 +295,16 @@ def _resume(run: Run, config_dict: dict | None):
   _carry_counts(run.pipeline, run.history)
   run.clock = WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes)
   run.budget = TimeBudget(cfg.time_budget_minutes,
-                          schedule.last_logged(run.history, "time/train_minutes", 0.0),
+                          decisions.last_logged(run.history, "time/train_minutes", 0.0),
                           run.start_step, clock=run.faults.clock)
   run.resumed_factor = (run.start_step,
-                        schedule.last_logged(run.history, "train/lr_scale", 1.0))
+                        decisions.last_logged(run.history, "train/lr_scale", 1.0))
   run.progress = Progress(cfg.num_train_steps, run.start_step,
                           run.budget.seconds_left(run.start_step))
   run.t_last = time.time()
   run.nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
-  run.stopper = schedule.EarlyStopping(cfg.early_stopping_patience,
-                                       schedule.bleu_history(run.history))
+  run.stopper = decisions.EarlyStopping(cfg.early_stopping_patience,
+                                       decisions.bleu_history(run.history))
   # (the saved best's own BLEU, not the log's: a kill may have logged a validation whose
   # best checkpoint it never wrote)
   run.best_bleu = run.best_ckpt.best_value()
@@ -316,7 +316,7 @@ def _carry_counts(pipeline, history: list[dict]):
   path; the text path counts what grain reads, from 0 in each run)."""
   if pipeline.epochs is None:
     return
-  fields, corpus = schedule.carried_counts(history, pipeline.corpus_names)
+  fields, corpus = decisions.carried_counts(history, pipeline.corpus_names)
   for field, value in fields.items():
     setattr(pipeline.filter, field, value)
   for kind, values in corpus.items():

@@ -49,7 +49,7 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   """One optimizer step; returns the new state and metric sums with their denominators.
 
   `lr_scale` multiplies the update (for AdamW: the learning rate, weight decay included): the
-  cooldown factor of `schedule.cooldown_scale`.
+  cooldown factor of `decisions.cooldown_scale`.
 
   With `num_micro_batches` k > 1 the batch is processed as k micro-batches (gradient
   accumulation): the summed gradients over all of them, divided by the batch's token count,

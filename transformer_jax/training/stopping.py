@@ -1,6 +1,6 @@
 """The clocks and guards the training loop consults: a non-finite update under 'stop', the time
 budget's clock, and the wall-clock intervals of validation and checkpoints (agreed across
-hosts). What the loop does with their answers is `schedule`'s decision."""
+hosts). What the loop does with their answers is `decisions`' decision."""
 
 from __future__ import annotations
 

@@ -48,9 +48,9 @@ def _wait_for(path: Path, timeout_s: float = 600.0):
 def prepare(cfg: TrainConfig, workdir: str | Path, write_splits=None, write_ids=None
             ) -> tuple[dict[str, int], tokenizer.Tokenizer]:
   """Prepares every dataset the config reads (local ones' shards written by `write_splits`,
-  e.g. a Beam pipeline: `data.beam`), then its tokenizer, then (with config.data.pretokenize)
-  the training split(s) as token ids (by `write_ids`); returns the pairs in each
-  `dataset:split` (and in the tokenized splits) and the tokenizer."""
+  e.g. an Apache Beam pipeline: `data.apache_beam_prep`), then its tokenizer, then (with
+  config.data.pretokenize) the training split(s) as token ids (by `write_ids`); returns the
+  pairs in each `dataset:split` (and in the tokenized splits) and the tokenizer."""
   d = cfg.data
   specs = [corpus.corpus_spec(d, dataset) for dataset in dict.fromkeys(
       [d.dataset, d.eval_dataset or d.dataset, d.test_dataset or d.dataset])]

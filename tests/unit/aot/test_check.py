@@ -12,7 +12,7 @@ from transformer_jax.aot import check, hlo, programs, targets
 from transformer_jax.cli import compile as compile_cli
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel.platforms import libtpu_installed
-from transformer_jax.training.resolution import make_mesh
+from transformer_jax.training.settled_config import make_mesh
 from transformer_jax.training.state import abstract_state
 
 pytestmark = pytest.mark.skipif(

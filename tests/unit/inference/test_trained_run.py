@@ -12,7 +12,7 @@ from transformer_jax.data import text, tokenizer
 from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.inference import trained_run
 from transformer_jax.parallel import numerics
-from transformer_jax.workdir import selection
+from transformer_jax.workdir import checkpoint_selection
 
 
 def test_bad_checkpoint_selections_are_named(tiny_run):
@@ -33,14 +33,14 @@ def test_every_label_the_tools_print_names_its_model_back(tiny_run, has_ema):
   if has_ema:
     selections += ["latest:raw", "best:ema", "average:2:raw"]
   for given in selections:
-    for chosen in selection.select(tiny_run, given, has_ema):
-      (named,) = selection.select(tiny_run, chosen.label, has_ema)
+    for chosen in checkpoint_selection.select(tiny_run, given, has_ema):
+      (named,) = checkpoint_selection.select(tiny_run, chosen.label, has_ema)
       if has_ema and chosen.weights == "auto":  # (a run's default weights: its average)
         chosen = dataclasses.replace(chosen, weights="ema")
       assert named == chosen, chosen.label
   with pytest.raises(CheckpointError, match=r"average_last_1_to_10: that model is gone "
                                             r"\(average:1 is now average_last_1_to_20\)"):
-    selection.select(tiny_run, "average_last_1_to_10", has_ema)
+    checkpoint_selection.select(tiny_run, "average_last_1_to_10", has_ema)
 
 
 def test_workdir_without_checkpoints_is_named(tiny_run, tmp_path):

@@ -125,7 +125,7 @@ def test_wall_clock_intervals_count_from_the_last_event():
 def test_a_resumed_run_carries_its_data_counts_on(tiny_run, tfds_cache, tmp_path):
   """Resumed from the shared run's checkpoint of step 10: the pairs and epochs logged at step 20
   are those of the uninterrupted run (the counts of the batches before the checkpoint come from
-  its record; which record is schedule.carried_counts's, tested in test_schedule.py)."""
+  its record; which record is decisions.carried_counts's, tested in test_decisions.py)."""
   run = helpers.copy_run(tiny_run, tmp_path / "run")
   shutil.rmtree(run / "checkpoints" / "20")
   helpers.train_in_process(run, tfds_cache, tiny_run / "spm.model")

@@ -1,5 +1,5 @@
 """The learning-rate schedule: linear warmup, then inverse square root; the cooldown factor on
-the update (its value over training: test_schedule.py)."""
+the update (its value over training: test_decisions.py)."""
 
 import functools
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.ops.masking import NEG_INF
-from transformer_jax.ops.selection import top_k
+from transformer_jax.ops.top_k import top_k
 
 
 def test_the_blockwise_top_k_equals_laxs_ties_included():

@@ -1,4 +1,5 @@
-"""The Beam graph that prepares one split (`beam.beam_writer`): no pair travels through Beam.
+"""The Apache Beam graph that prepares one split (`apache_beam_prep.beam_writer`): no pair
+travels through Beam.
 
 Beam carries only task descriptors and per-shard counts; pairs and their keys go through files
 in the output folder (which every worker reads and writes), so a worker holds one input shard,

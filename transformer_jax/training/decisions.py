@@ -42,7 +42,7 @@ class Start:
 
 
 @dataclasses.dataclass(frozen=True)
-class Schedule:
+class Decisions:
   """The step-based settings of a run (config.*_every_steps, the cooldown and the budget)."""
   num_train_steps: int
   log_every_steps: int
@@ -53,8 +53,8 @@ class Schedule:
   warmup_steps: int = 0
 
   @classmethod
-  def of(cls, cfg) -> Schedule:
-    """The schedule of a TrainConfig."""
+  def of(cls, cfg) -> Decisions:
+    """The decisions of a TrainConfig's loop."""
     return cls(cfg.num_train_steps, cfg.log_every_steps, cfg.eval_every_steps,
                cfg.checkpoint_every_steps, cfg.optimizer.cooldown_fraction,
                cfg.time_budget_minutes, cfg.optimizer.warmup_steps)

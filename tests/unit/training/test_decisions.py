@@ -1,4 +1,4 @@
-"""The training loop's decisions as pure functions (training/schedule.py): when a step logs,
+"""The training loop's decisions as pure functions (training/decisions.py): when a step logs,
 validates, saves or ends training; what a resumed run does first and carries over; the
 cooldown and early stopping. No JAX, no model: the whole file runs in well under a second."""
 
@@ -10,16 +10,16 @@ import sys
 import pytest
 
 from tests import helpers
-from transformer_jax.training import schedule
-from transformer_jax.training.schedule import Outcome, Schedule
+from transformer_jax.training import decisions
+from transformer_jax.training.decisions import Decisions, Outcome
 
-TINY = Schedule(num_train_steps=20, log_every_steps=5, eval_every_steps=10,
+TINY = Decisions(num_train_steps=20, log_every_steps=5, eval_every_steps=10,
                 checkpoint_every_steps=10)
 
 
-def walk(sched: Schedule, stop_at: dict | None = None, **signals):
+def walk(sched: Decisions, stop_at: dict | None = None, **signals):
   """The steps at which an uninterrupted run logs, validates and saves; `signals` maps a
-  keyword of Schedule.actions to the set of steps it holds at."""
+  keyword of Decisions.actions to the set of steps it holds at."""
   done = {"log": [], "validate": [], "save": []}
   signals = {"preempted": (), "budget_spent": (), **signals}
   for step in range(1, sched.num_train_steps + 1):
@@ -36,7 +36,7 @@ def walk(sched: Schedule, stop_at: dict | None = None, **signals):
 
 def test_a_plain_run_logs_validates_and_saves_at_its_intervals_and_its_last_step():
   assert walk(TINY) == {"log": [5, 10, 15, 20], "validate": [10, 20], "save": [10, 20]}
-  odd = Schedule(num_train_steps=13, log_every_steps=5, eval_every_steps=10,
+  odd = Decisions(num_train_steps=13, log_every_steps=5, eval_every_steps=10,
                  checkpoint_every_steps=4)
   # every save logs (a resumed run reads its data counts there); the last step does all three
   assert walk(odd) == {"log": [4, 5, 8, 10, 12, 13], "validate": [10, 13],
@@ -79,8 +79,8 @@ def test_stopping_early_or_a_cancelled_validation_ends_training_with_a_save():
 
 
 def test_a_resumed_run_validates_a_cut_short_step_first_and_trains_nothing_on_a_spent_budget():
-  cancelled = [{"step": 10, "train/loss": 1.0}, {"step": 10, schedule.VALIDATION_CANCELLED: 1.0}]
-  assert TINY.start(cancelled, 10, budget_spent=False) == schedule.Start(True, False)
+  cancelled = [{"step": 10, "train/loss": 1.0}, {"step": 10, decisions.VALIDATION_CANCELLED: 1.0}]
+  assert TINY.start(cancelled, 10, budget_spent=False) == decisions.Start(True, False)
   validated_since = cancelled + [{"step": 10, "eval/bleu": 3.0}]
   assert not TINY.start(validated_since, 10, False).validate_first
   assert not TINY.start(cancelled, 5, False).validate_first  # another step's mark
@@ -88,9 +88,9 @@ def test_a_resumed_run_validates_a_cut_short_step_first_and_trains_nothing_on_a_
   assert not TINY.start([], 20, budget_spent=True).budget_spent  # finished: nothing to say
 
 
-def test_the_schedule_of_a_config():
+def test_the_decisions_of_a_config():
   cfg = helpers.tiny_config()
-  sched = Schedule.of(cfg)
+  sched = Decisions.of(cfg)
   assert (sched.num_train_steps, sched.log_every_steps, sched.eval_every_steps,
           sched.checkpoint_every_steps) == (cfg.num_train_steps, cfg.log_every_steps,
                                             cfg.eval_every_steps, cfg.checkpoint_every_steps)
@@ -98,7 +98,7 @@ def test_the_schedule_of_a_config():
 
 
 def test_cooldown_decays_to_zero_at_the_last_step_or_at_the_end_of_the_time_budget():
-  scale = schedule.cooldown_scale
+  scale = decisions.cooldown_scale
   assert scale(0.0, 100, 100) == 1.0  # no cooldown
   assert scale(0.2, 80, 100) == 1.0 and scale(0.2, 81, 100) == pytest.approx(1.0)
   assert scale(0.2, 91, 100) == pytest.approx(0.5)
@@ -109,14 +109,14 @@ def test_cooldown_decays_to_zero_at_the_last_step_or_at_the_end_of_the_time_budg
   assert scale(0.2, 10, 100, minutes=25.0, budget_minutes=20.0) == 0.0
   # ... and the steps when they end first
   assert scale(0.2, 91, 100, minutes=1.0, budget_minutes=20.0) == pytest.approx(0.5)
-  cooled = Schedule(100, 10, 10, 10, cooldown_fraction=0.2, time_budget_minutes=20.0)
+  cooled = Decisions(100, 10, 10, 10, cooldown_fraction=0.2, time_budget_minutes=20.0)
   assert cooled.learning_rate_scale(10, 18.0) == pytest.approx(0.5)
 
 
 def test_a_larger_budget_after_a_budget_stop_ramps_the_cooldown_back_up_without_a_jump():
-  """The rule (Schedule.learning_rate_scale): resumed below the new schedule's factor, the
+  """The rule (Decisions.learning_rate_scale): resumed below the new schedule's factor, the
   factor ramps linearly from where it stopped over warmup_steps updates."""
-  old = Schedule(1000, 10, 10, 10, cooldown_fraction=0.2, time_budget_minutes=20.0,
+  old = Decisions(1000, 10, 10, 10, cooldown_fraction=0.2, time_budget_minutes=20.0,
                  warmup_steps=50)
   stop_factor = old.learning_rate_scale(300, 20.0)  # the budget ran out at step 300
   assert stop_factor == 0.0
@@ -131,14 +131,14 @@ def test_a_larger_budget_after_a_budget_stop_ramps_the_cooldown_back_up_without_
 
 
 def test_early_stopping_counts_evaluations_without_improvement_across_a_resume():
-  stopper = schedule.EarlyStopping(2, [])
+  stopper = decisions.EarlyStopping(2, [])
   assert [stopper.update(b) for b in (1.0, 2.0, 1.5, 2.5, 2.5)] == [False] * 4 + [False]
   assert stopper.update(2.0) and stopper.best == 2.5
-  resumed = schedule.EarlyStopping(2, schedule.bleu_history(
+  resumed = decisions.EarlyStopping(2, decisions.bleu_history(
       [{"step": 10, "eval/bleu": 3.0}, {"step": 15, "train/loss": 1.0},
        {"step": 20, "eval/bleu": 2.0}]))
   assert resumed.best == 3.0 and resumed.update(2.9)  # the second without improvement
-  never = schedule.EarlyStopping(0, [5.0, 1.0, 1.0, 1.0])
+  never = decisions.EarlyStopping(0, [5.0, 1.0, 1.0, 1.0])
   assert not never.update(0.0)
 
 
@@ -149,16 +149,16 @@ def test_a_resumed_run_carries_the_newest_logged_counts_and_minutes_on():
               "data/corpus/a/pairs": 60, "data/corpus/a/tokens": 900,
               "time/train_minutes": 1.25},
              {"step": 10, "eval/bleu": 1.0}]
-  fields, corpus = schedule.carried_counts(history, ["a", "b"])
+  fields, corpus = decisions.carried_counts(history, ["a", "b"])
   assert fields == {"empty": 0, "too_long": 2, "kept": 80}
   assert corpus == {"pairs": [60, 0], "tokens": [900, 0]}
-  assert schedule.last_logged(history, "time/train_minutes", 0.0) == 1.25
-  assert schedule.last_logged([], "time/train_minutes", 0.0) == 0.0
+  assert decisions.last_logged(history, "time/train_minutes", 0.0) == 1.25
+  assert decisions.last_logged([], "time/train_minutes", 0.0) == 0.0
 
 
-def test_the_schedule_is_pure_python():
+def test_the_decisions_are_pure_python():
   imported = set()
-  for node in ast.walk(ast.parse(inspect.getsource(schedule))):
+  for node in ast.walk(ast.parse(inspect.getsource(decisions))):
     if isinstance(node, ast.Import):
       imported |= {alias.name.split(".")[0] for alias in node.names}
     elif isinstance(node, ast.ImportFrom):

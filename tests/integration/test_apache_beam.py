@@ -12,8 +12,8 @@ import pytest
 from tests import helpers
 from transformer_jax.config.corpora import CleaningConfig
 from transformer_jax.data import cleaning, corpus, tokenized
-from transformer_jax.data.beam import beam_tokenizer, beam_writer
-from transformer_jax.data.beam_split import line_shards, read_shard
+from transformer_jax.data.apache_beam_graph import line_shards, read_shard
+from transformer_jax.data.apache_beam_prep import beam_tokenizer, beam_writer
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.errors import DataError
 

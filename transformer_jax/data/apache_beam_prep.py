@@ -3,8 +3,8 @@ same cleaning rules and the same prepared dataset, shard for shard, as `corpus.p
 makes in one process.
 
 `beam_writer(runner, options)` is a `write_splits` for `corpus.prepare_local`: per split, the
-graph of `data.beam_split` (input shards by line range, gzipped files unpacked by the driver's
-indexing pass; the duplicate rule through hash-partition files; kept pairs ranked in file
+graph of `data.apache_beam_graph` (input shards by line range, gzipped files unpacked by the
+driver's indexing pass; the duplicate rule through hash-partition files; kept pairs ranked in file
 order into the same output shards; no pair travels through Beam itself), then the same
 cleaning report from the per-shard counts and first examples.
 `beam_tokenizer(runner, options)` is a `write_ids` for `tokenized.tokenized_split`: workers
@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from transformer_jax.data import beam_split, corpus
+from transformer_jax.data import apache_beam_graph, corpus
 from transformer_jax.data import cleaning as cleaning_lib
-from transformer_jax.data.beam_split import LINES_PER_SHARD
+from transformer_jax.data.apache_beam_graph import LINES_PER_SHARD
 from transformer_jax.data.tokenizer import SIDES, Tokenizer
 from transformer_jax.errors import ConfigError, DataError
 
@@ -98,7 +98,7 @@ def beam_writer(runner: str = "DirectRunner", options: list[str] | tuple[str, ..
     import tensorflow_datasets as tfds
     with beam.Pipeline(runner=runner, options=PipelineOptions(list(options))) as p:
       for split in splits:
-        beam_split.split_graph(p, tmp, folder, split, langs,
+        apache_beam_graph.split_graph(p, tmp, folder, split, langs,
                                cfg if split == clean_split else None, lines_per_shard,
                                corpus.PAIRS_PER_SHARD)
     for pattern in (".beam-input-*", ".beam-dups-*"):  # (gzipped inputs' plain copies, the

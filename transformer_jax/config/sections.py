@@ -299,7 +299,8 @@ class ParallelismConfig:
   """The device mesh and how parameters are split over it (`config.parallelism`)."""
   mesh_shape: tuple[int, ...]   # (data, fsdp, tensor); one -1 takes the devices left
   # (logical parameter axis, mesh axis or None = replicated): which mesh axis splits each
-  # parameter axis. With the shipped rules the mesh shape alone picks the strategy (README).
+  # parameter axis. With the shipped rules the mesh shape alone picks the strategy
+  # (docs/guides/accelerators.md).
   axis_rules: tuple[tuple[str, str | None], ...]
 
   def __post_init__(self):

@@ -153,10 +153,11 @@ def get_config():
       ("kv", None), ("layers", None))
   # A population: K members trained as one program on the same batches, each with its own
   # values of these keys (a tuple of K each; () = the run's value) or seeds=N (seed + i).
-  # Each member is written as a workdir of its own, <workdir>/members/<i>/ (README).
+  # Each member is written as a workdir of its own, <workdir>/members/<i>/ (docs/guides/sweeps.md).
   config.population = ml_collections.ConfigDict(dict(
       seeds=0, seed=(), learning_rate=(), warmup_steps=(), b1=(), b2=(), eps=(),
       weight_decay=(), grad_clip_norm=(), ema_decay=(), label_smoothing=(), dropout_rate=(),
       attention_dropout_rate=(), ffn_dropout_rate=(),
-      program="auto"))  # "vmapped", "unrolled": how the members make one program (README)
+      # "vmapped", "unrolled": how the members make one program (docs/guides/sweeps.md)
+      program="auto"))
   return config

@@ -66,7 +66,8 @@ def test_the_pairs_drawn_follow_the_weights_and_only_the_tagged_corpus_has_its_t
 
 @pytest.mark.parametrize("weights", [(0.9, 0.1), (0.5, 0.3, 0.2)])
 def test_any_stretch_of_1024_pairs_holds_each_share_within_a_pair_or_two(weights):
-  """The README's claim on the interleaving (mixture.mixed_order), over 8,000 pairs."""
+  """The claim of docs/guides/own-data.md on the interleaving (mixture.mixed_order), over
+  8,000 pairs."""
   order = mixture.mixed_order([500, 300, 200][:len(weights)], list(weights), seed=0,
                               process_index=0, process_count=1)
   corpus = np.array([order[i][0] for i in range(8_000)])

@@ -18,8 +18,9 @@ class CorpusConfig:
   the same key in `config.data` (the main corpus)."""
   dataset: str = ""             # "local" or a TFDS name
   data_dir: str = ""            # the local folder ("" = config.data.data_dir)
-  source_lang: str = ""         # languages of this corpus's files: its pairs are (source,
-  target_lang: str = ""         # target) of the model, whatever config.data's pair is
+  source_lang: str = ""         # the language of this corpus's sources: its pairs are the
+                                # model's (source, target), whatever config.data's pair is
+  target_lang: str = ""         # the language of this corpus's targets
   split: str = ""               # its training split
   weight: float = 1.0           # share of the pairs drawn (the weights are normalised)
   tag: str = ""                 # reserved token prepended to every source (e.g. "<BT>" or

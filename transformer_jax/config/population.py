@@ -43,16 +43,16 @@ class PopulationConfig:
   seed: tuple                   # each member's seed (its parameters and dropout)
   learning_rate: tuple          # config.optimizer.learning_rate
   warmup_steps: tuple           # config.optimizer.warmup_steps
-  b1: tuple                     # config.optimizer.b1, b2, eps, weight_decay
-  b2: tuple
-  eps: tuple
-  weight_decay: tuple
+  b1: tuple                     # config.optimizer.b1
+  b2: tuple                     # config.optimizer.b2
+  eps: tuple                    # config.optimizer.eps
+  weight_decay: tuple           # config.optimizer.weight_decay
   grad_clip_norm: tuple         # config.optimizer.grad_clip_norm (all > 0, or all 0)
   ema_decay: tuple              # config.optimizer.ema_decay (all > 0, or all 0)
   label_smoothing: tuple        # config.label_smoothing
-  dropout_rate: tuple           # config.model.dropout_rate, attention_ and ffn_dropout_rate
-  attention_dropout_rate: tuple
-  ffn_dropout_rate: tuple
+  dropout_rate: tuple           # config.model.dropout_rate
+  attention_dropout_rate: tuple  # config.model.attention_dropout_rate
+  ffn_dropout_rate: tuple       # config.model.ffn_dropout_rate
   program: str                  # how the members' steps make one program: "vmapped" (the
                                 # member axis a batch axis), "unrolled" (K copies side by
                                 # side), "auto" (unrolled on CPU, vmapped on GPUs and TPUs)

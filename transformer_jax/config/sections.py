@@ -34,8 +34,8 @@ class ModelConfig:
   d_model: int                  # width of embeddings and the residual stream
   num_heads: int                # attention heads; d_model % num_heads == 0
   d_ff: int                     # hidden width of the position-wise feed-forward
-  num_encoder_layers: int
-  num_decoder_layers: int
+  num_encoder_layers: int       # layers of the encoder stack
+  num_decoder_layers: int       # layers of the decoder stack
   dropout_rate: float           # on embeddings and each residual branch
   attention_dropout_rate: float  # on attention weights
   ffn_dropout_rate: float       # after the feed-forward activation
@@ -122,9 +122,9 @@ class DataConfig:
   """Where the corpus lives and how batches are made (`config.data`)."""
   dataset: str                  # "local" (a folder of {split}.{lang}[.gz]) or a TFDS name
   data_dir: str                 # the local folder; "" = the embedded Multi30k corpus
-  source_lang: str
-  target_lang: str
-  train_split: str
+  source_lang: str              # the language translated from (its files' suffix)
+  target_lang: str              # the language translated into
+  train_split: str              # the split trained on
   eval_split: str               # validation loss and BLEU during training ("" in a mixture
                                 # whose corpora name theirs: their mean BLEU picks the best)
   test_split: str               # BLEU at the end of training ("" to skip)
@@ -198,9 +198,9 @@ class OptimizerConfig:
   schedule: str                 # after warmup: "inverse_sqrt" (lr * sqrt(warmup / step), the
                                 # paper's), "cosine" or "linear" (towards 0 at num_train_steps),
                                 # "constant"; the cooldown below applies on top of any
-  b1: float                     # Adam's moment decay rates and epsilon
-  b2: float
-  eps: float
+  b1: float                     # Adam's decay rate of the first moment
+  b2: float                     # and of the second
+  eps: float                    # Adam's epsilon, added to the second moment's root
   weight_decay: float           # decoupled (AdamW), on matrices only
   grad_clip_norm: float         # global-norm clipping; 0 disables
   ema_decay: float              # > 0: keep an exponential moving average of the parameters
@@ -231,7 +231,7 @@ class DecodeConfig:
   length_penalty: float         # GNMT alpha; 0 ranks by total log-probability
   max_length: int               # most target tokens generated (EOS included)
   max_length_a: float           # and at most a * source_length + b of them
-  max_length_b: int
+  max_length_b: int             # (b of a * source_length + b)
   batch_size: int               # sentences decoded together
   num_samples_to_log: int       # sample translations printed at each evaluation
   greedy: bool                  # argmax decoding, no beam
@@ -299,8 +299,7 @@ class ParallelismConfig:
   """The device mesh and how parameters are split over it (`config.parallelism`)."""
   mesh_shape: tuple[int, ...]   # (data, fsdp, tensor); one -1 takes the devices left
   # (logical parameter axis, mesh axis or None = replicated): which mesh axis splits each
-  # parameter axis. With the shipped rules the mesh shape alone picks the strategy
-  # (docs/guides/accelerators.md).
+  # parameter axis; with the shipped rules the mesh shape picks it (docs/guides/accelerators.md)
   axis_rules: tuple[tuple[str, str | None], ...]
 
   def __post_init__(self):
@@ -344,7 +343,7 @@ class TrainConfig:
   seed: int                     # parameters, dropout and (data_seed -1) the data
   data_seed: int                # the training batches' order and the tokenizer's sample;
                                 # -1 = seed (a population's members share the run's)
-  num_train_steps: int
+  num_train_steps: int          # optimizer updates of the whole run
   log_every_steps: int          # train metrics and the progress line
   eval_every_steps: int         # validation loss + BLEU (and at the last step)
   checkpoint_every_steps: int   # (and at the last step)
@@ -352,7 +351,7 @@ class TrainConfig:
                                 # last validation (checked at logging steps); 0 = off
   checkpoint_every_minutes: float  # the same for checkpoints; 0 = off
   max_checkpoints_to_keep: int  # the newest ones; the best by BLEU is kept apart
-  label_smoothing: float
+  label_smoothing: float        # probability mass spread over the vocabulary in the loss
   eval_max_sentences: int       # validation sentences decoded for BLEU; 0 = all
   early_stopping_patience: int  # stop after this many evals without a better BLEU; 0 = off
   num_micro_batches: int        # gradient accumulation: the batch in this many pieces

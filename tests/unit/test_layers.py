@@ -106,7 +106,7 @@ def test_the_training_loop_is_a_small_driver_over_short_functions():
 
 def test_every_tool_has_a_console_script():
   scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-  tools = {p.stem for p in (PACKAGE / "cli").glob("*.py")} - {"__init__", "runner"}
+  tools = {p.stem for p in (PACKAGE / "cli").glob("*.py")} - {"__init__", "runner", "help_pages"}
   # (import_model.py: `import` is a Python keyword, not a module name)
   expected = {f"transformer-jax-{t.removesuffix('_model').replace('_', '-')}":
               f"transformer_jax.cli.{t}:main" for t in tools}

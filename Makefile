@@ -82,6 +82,7 @@ lint: install
 lock: install-test
 	@{ echo "# The versions \`make test\` passed with (make lock; Makefile: how to refresh)."; \
 	  $(PY) -m pip freeze --exclude-editable | sed -E 's/\+[A-Za-z0-9.]+$$//'; } > constraints.txt
+	@touch $(VENV)/.installed $(VENV)/.installed-test  # (installed with these: no reinstall)
 	@echo "transformer_jax: wrote constraints.txt ($$(grep -c '==' constraints.txt) pins)"
 
 clean:

@@ -58,7 +58,7 @@ PARTS = (  # (part, a pattern of the operation's op_name), the first that matche
     ("self-attention products", r"self_attention/b\w+,b\w+->"),
     ("dense projections (Q, K, V, O, FFN)", r"/(query|key|value|output|wi|wo)/\.\.\."),
     ("attention softmax", r"softmax"),
-    ("top-k", r"top_k|selection"),
+    ("top-k", r"top_k"),
     ("layer norm", r"norm"),
 )
 

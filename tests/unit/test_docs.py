@@ -8,7 +8,9 @@ from tests.helpers import ROOT
 from transformer_jax.config.files import SHIPPED, find_field, load_file
 from transformer_jax.errors import ConfigError
 
-LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# (over the whole file: a link's text may span lines; its target may not)
+LINK = re.compile(r"\[[^\]]*\]\(([^)]+)\)")
+FENCED = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 CONFIG_KEY = re.compile(r"--config\.([A-Za-z0-9_.]*[A-Za-z0-9_])")
 
 
@@ -24,22 +26,24 @@ def anchor(heading: str) -> str:
 
 
 def anchors(markdown: str) -> set[str]:
-  return {anchor(h) for h in re.findall(r"^#+ (.+)$", markdown, re.MULTILINE)}
+  """The ids of a page's headings (a `#` line inside a fenced block is no heading)."""
+  return {anchor(h) for h in re.findall(r"^#+ (.+)$", FENCED.sub("", markdown), re.MULTILINE)}
 
 
 def broken_links(path, root=ROOT) -> list[str]:
   """`path:line: target` (path relative to `root`) for each relative link whose file, or
   heading, is not there."""
   broken = []
-  for number, line in enumerate(path.read_text().splitlines(), 1):
-    for target in LINK.findall(line):
-      if re.match(r"[a-z]+:", target):  # (http:, https:, mailto:)
-        continue
-      file, _, heading = target.partition("#")
-      linked = (path.parent / file).resolve() if file else path
-      if not linked.exists() or (heading and linked.suffix == ".md"
-                                 and heading not in anchors(linked.read_text())):
-        broken.append(f"{path.relative_to(root)}:{number}: {target}")
+  text = FENCED.sub(lambda m: "\n" * m[0].count("\n"), path.read_text())  # (lines kept)
+  for match in LINK.finditer(text):
+    target, number = match[1], text.count("\n", 0, match.start(1)) + 1
+    if re.match(r"[a-z]+:", target):  # (http:, https:, mailto:)
+      continue
+    file, _, heading = target.partition("#")
+    linked = (path.parent / file).resolve() if file else path
+    if re.search(r"\s", target) or not linked.exists() or (
+        heading and linked.suffix == ".md" and heading not in anchors(linked.read_text())):
+      broken.append(f"{path.relative_to(root)}:{number}: {target!r}")
   return broken
 
 
@@ -84,9 +88,13 @@ def test_a_broken_link_or_an_unknown_key_is_named(tmp_path):
   (tmp_path / "other.md").write_text("## Its section (2 × faster, ≤ 15 s)\n")
   doc = tmp_path / "page.md"
   doc.write_text("# A page\n[ok](#a-page) [gone](#no-such-heading) [file](missing.md)\n"
-                 "[there](other.md#its-section-2--faster--15-s) [not](other.md#its-section)\n")
+                 "[there](other.md#its-section-2--faster--15-s) [not](other.md#its-section)\n"
+                 "[text over\ntwo lines](other.md) [split](../\nother.md)\n"
+                 "```\n# not a heading\n```\n[code](#not-a-heading)\n")
   assert broken_links(doc, tmp_path) == [
-    "page.md:2: #no-such-heading", "page.md:2: missing.md", "page.md:3: other.md#its-section"]
+    "page.md:2: '#no-such-heading'", "page.md:2: 'missing.md'",
+    "page.md:3: 'other.md#its-section'", "page.md:5: '../\\nother.md'",
+    "page.md:10: '#not-a-heading'"]
   assert unknown_keys("--config.model.num_heads=8 --config.model.num_head=8 "
                       "--config.data.corpora.bt.data_dir=x --config.SECTION.KEY "
                       "`config error: --config.model.num_headz: ...`",

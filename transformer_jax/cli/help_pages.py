@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import os
 from importlib import metadata
+from unittest import mock
 
 
 def tools() -> dict[str, str]:
@@ -18,9 +20,10 @@ def tools() -> dict[str, str]:
 
 
 def help_text(module: str) -> str:
-  """What `TOOL --help` prints."""
+  """What `TOOL --help` prints on an 80-column terminal (absl wraps at the terminal's width)."""
   out = io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+  with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit), \
+      mock.patch.dict(os.environ, {"COLUMNS": "80"}):
     importlib.import_module(module).main(["tool", "--help"])
   return out.getvalue()
 

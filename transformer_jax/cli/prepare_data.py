@@ -1,4 +1,4 @@
-"""Prepares a config's data once, ahead of training: its TFDS datasets, its tokenizer and the
+r"""Prepares a config's data once, ahead of training: its TFDS datasets, its tokenizer and the
 training split as token ids (config.data.pretokenize).
 
   transformer-jax-prepare-data --config=configs/wmt_base.py --workdir=runs/wmt_base

@@ -133,9 +133,9 @@ class DataConfig:
   cache_dir: str                # prepared TFDS datasets; "" = ~/.cache/transformer_jax/tfds
   tokenizer_path: str           # SentencePiece model; "" = <workdir>/spm.model
   tokenizer_max_sentences: int  # sentences sampled to train the tokenizer
-  tokenizer_max_chars: int      # and at most this many characters of them (0 = no limit)
-  max_source_length: int        # longer training pairs are filtered out (and counted)
-  max_target_length: int        # (tokens, EOS included); also the packed row length per side
+  tokenizer_max_chars: int      # characters of those sentences read at most (0 = no limit)
+  max_source_length: int        # source tokens (EOS included); longer pairs are filtered out
+  max_target_length: int        # target tokens, the same (both: the packed rows' lengths)
   batch_size: int               # packed rows per global batch
   num_threads: int              # grain reader threads
   prefetch_buffer_size: int     # pairs read ahead
@@ -199,7 +199,7 @@ class OptimizerConfig:
                                 # paper's), "cosine" or "linear" (towards 0 at num_train_steps),
                                 # "constant"; the cooldown below applies on top of any
   b1: float                     # Adam's decay rate of the first moment
-  b2: float                     # and of the second
+  b2: float                     # Adam's decay rate of the second moment
   eps: float                    # Adam's epsilon, added to the second moment's root
   weight_decay: float           # decoupled (AdamW), on matrices only
   grad_clip_norm: float         # global-norm clipping; 0 disables
@@ -230,8 +230,8 @@ class DecodeConfig:
   beam_size: int                # 1 with greedy=False is beam search of width 1 (== greedy)
   length_penalty: float         # GNMT alpha; 0 ranks by total log-probability
   max_length: int               # most target tokens generated (EOS included)
-  max_length_a: float           # and at most a * source_length + b of them
-  max_length_b: int             # (b of a * source_length + b)
+  max_length_a: float           # a of the per-sentence limit a * source_length + b tokens
+  max_length_b: int             # b of that limit
   batch_size: int               # sentences decoded together
   num_samples_to_log: int       # sample translations printed at each evaluation
   greedy: bool                  # argmax decoding, no beam
@@ -346,10 +346,10 @@ class TrainConfig:
   num_train_steps: int          # optimizer updates of the whole run
   log_every_steps: int          # train metrics and the progress line
   eval_every_steps: int         # validation loss + BLEU (and at the last step)
-  checkpoint_every_steps: int   # (and at the last step)
+  checkpoint_every_steps: int   # checkpoints (and one at the last step)
   eval_every_minutes: float     # also validate when this much wall clock has passed since the
                                 # last validation (checked at logging steps); 0 = off
-  checkpoint_every_minutes: float  # the same for checkpoints; 0 = off
+  checkpoint_every_minutes: float  # also save after this much wall clock; 0 = off
   max_checkpoints_to_keep: int  # the newest ones; the best by BLEU is kept apart
   label_smoothing: float        # probability mass spread over the vocabulary in the loss
   eval_max_sentences: int       # validation sentences decoded for BLEU; 0 = all

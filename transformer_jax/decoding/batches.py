@@ -50,15 +50,15 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
     batch_size = mesh_lib.round_up_to_data_parallel(batch_size, mesh)
   sizes = resizing.row_sizes(batch_size, unit)
   members = prepare(model, params)  # (once: every batch decodes with the same kernels)
-  config = members.models[0].config
+  max_positions = min(m.config.max_len for m in members.models)  # (every member's positions)
   candidates = cfg.mbr_candidates if cfg.mbr else cfg.nbest
   draws = candidates if cfg.sampling else 1
-  for rows, batch in eval_set.batches(batch_size, max_len=config.max_len):
+  for rows, batch in eval_set.batches(batch_size, max_len=max_positions):
     size = resizing.fitting_size(len(rows), sizes)
     inputs, prefixes = batch["inputs"][:size], batch.get("prefixes")
     if prefixes is not None:
       prefixes = prefixes[:size]
-    caps = sentence_caps(cfg, inputs, prefixes, config.max_len)
+    caps = sentence_caps(cfg, inputs, prefixes, max_positions)
     max_len = max(1, int(caps.max()))
     if draws > 1:  # a row per (sentence, draw), a sentence's draws consecutive
       inputs, caps = np.repeat(inputs, draws, axis=0), np.repeat(caps, draws)

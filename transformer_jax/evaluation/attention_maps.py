@@ -35,9 +35,11 @@ def weights_model(model, params):
 
 def attention_weights(model, params, source_ids, target_ids) -> dict[str, list[np.ndarray]]:
   """Teacher-forced attention weights for one pair: for each kind, a list over layers of
-  (heads, queries, keys) arrays. Rows sum to 1 over visible keys; hidden cells are 0."""
-  inputs = np.asarray(source_ids, np.int32)[None]
-  targets = np.asarray(target_ids, np.int32)[None]
+  (heads, queries, keys) arrays. Rows sum to 1 over visible keys; hidden cells are 0. The
+  sequences are cut at the model's positions (`max_len`), as decoding cuts them."""
+  max_len = model.config.max_len
+  inputs = np.asarray(source_ids[:max_len], np.int32)[None]
+  targets = np.asarray(target_ids[:max_len], np.int32)[None]
   model, params = weights_model(model, params)
   inter = _intermediates(model, params, inputs, targets)
   cfg = model.config

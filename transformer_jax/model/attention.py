@@ -46,8 +46,8 @@ def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> s
   program is traced for, ops.platform): cuDNN's fused attention on GPUs where its
   constraints hold (bf16 inputs, head_dim a multiple of 8 up to 128); on TPUs
   jax.nn.dot_product_attention's XLA implementation (the TPU compiler predicts wmt_base's
-  step 6% faster with it than with the einsum products: BENCHMARKS.md, issue 39); our einsum
-  products elsewhere (tuned for XLA:CPU)."""
+  step 6% faster with it than with the einsum products: BENCHMARKS.md, "Compiled for TPUs
+  without one"); our einsum products elsewhere (tuned for XLA:CPU)."""
   if cfg.attention_impl != "auto":
     return cfg.attention_impl
   platform = platform or traced_for()
@@ -105,7 +105,8 @@ def repeat_kv_heads(x, groups: int, layout: str):
 
 
 def write_slots(cache_BHSK, new_BHWK, first):
-  """The cache with slots first .. first + W - 1 replaced by `new_BHWK` (W slots).
+  """The cache with slots first .. first + W - 1 replaced by `new_BHWK` (W slots); `first` a
+  multiple of W below the cache's length (a step's slots, as the decoding cache writes them).
 
   A dynamic-update-slice writes in place, except where XLA:CPU has no 16-bit-float kernel for
   it: it then runs the update in f32, converting the whole cache there and back every step

@@ -107,9 +107,10 @@ def rotary(x_BTHK, positions_BT, max_len: int):
   rotated by position * ROTARY_BASE^(-2i/K), so that a query-key product depends on the two
   positions only through their difference. In f32; returns x's dtype.
 
-  On CPUs sin and cos are looked up (`rotary_table`; positions below `max_len`, past it NaN,
-  not a silently wrong angle): computed in the program, XLA:CPU fuses them into each rotation
-  and evaluates them per element, about 8% of a decoding step. Elsewhere they are computed."""
+  On CPUs sin and cos are looked up (`rotary_table`; positions in 0 .. max_len - 1, at or
+  past `max_len` NaN, not a silently wrong angle): computed in the program, XLA:CPU fuses
+  them into each rotation and evaluates them per element, about 8% of a decoding step.
+  Elsewhere they are computed."""
   half = x_BTHK.shape[-1] // 2
   if traced_for() == "cpu":
     sin_LK, cos_LK = rotary_table(max_len, half)

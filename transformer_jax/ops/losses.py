@@ -34,8 +34,8 @@ CHUNK_TOKENS = 256  # the default tile (config.model.loss_tile_tokens)
 # The smallest tile on accelerators, up to LOGITS_BUDGET bytes of a tile's f32 logits. Each
 # tile reads and writes the output matrix's f32 gradient accumulator: on a TPU v5p, wmt_base's
 # 8192 tokens per chip in 256-token tiles moved several GB more memory traffic per step than
-# in one tile (BENCHMARKS.md, issue 39), while 8192 tokens' logits at vocabulary 32000 take
-# 1 GiB. On CPU the configured tile stays: a cache-sized one ran faster there.
+# in one tile (BENCHMARKS.md, "Compiled for TPUs without one"), while 8192 tokens' logits at
+# vocabulary 32000 take 1 GiB. On CPU the configured tile stays: a cache-sized one ran faster there.
 ACCELERATOR_TILE_TOKENS = 8192
 LOGITS_BUDGET = 2**30
 

@@ -184,3 +184,24 @@ def test_flat_beam_search_gives_the_reordering_search_s_n_best_and_scores(random
   for (seqs, scores), (flat_seqs, flat_scores) in zip(found["gather"], found["flat"]):
     np.testing.assert_array_equal(flat_seqs, seqs)
     np.testing.assert_allclose(flat_scores, scores, rtol=1e-5)
+
+
+def test_an_ensemble_decodes_within_its_shortest_member_s_positions(random_model):
+  """Sources are cut and caps end at the smallest max_len of the members: a rotary member
+  whose table ends sooner never reads past it (NaN there), whichever member comes first."""
+  model, params, sources = random_model
+  short = Transformer(dataclasses.replace(model.config, max_len=24))
+  cfg = helpers.section("decode", beam_size=2, max_length=64, max_length_a=1.0,
+                        max_length_b=30, batch_size=len(sources))
+
+  def decode(models):
+    out = {int(i): (s, c) for rows, seqs, scores in
+           decode_batches(models, (params, params), _eval_set(sources), cfg)
+           for i, s, c in zip(rows, seqs, scores)}
+    return [out[i] for i in range(len(sources))]
+
+  expected = decode((short, short))
+  assert all(np.isfinite(scores).all() for _, scores in expected)
+  for got, want in zip(decode((model, short)), expected):
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])

@@ -33,6 +33,12 @@ def test_attention_maps_rows_sum_to_one_and_masked_cells_are_zero(tiny_run, tmp_
       np.testing.assert_allclose(real_rows.sum(-1), 1.0, atol=1e-5)
   paths = attention_maps.plot_attention(weights, tok.pieces(src), tok.pieces(tgt), tmp_path)
   assert len(paths) == 6 and all(p.stat().st_size > 1000 for p in paths)
+  # Longer than the model's positions: cut there, as decoding cuts (rotary's table ends there).
+  max_len = run.model.config.max_len
+  long_src, long_tgt = list(src) * (max_len // len(src) + 1), list(tgt) * (max_len // len(tgt) + 1)
+  w = attention_maps.attention_weights(run.model, params, long_src, long_tgt)
+  assert w["cross_attention"][0].shape[1:] == (max_len, max_len)
+  assert all(np.isfinite(layer).all() for layers in w.values() for layer in layers)
 
 
 

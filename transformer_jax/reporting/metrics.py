@@ -85,7 +85,8 @@ def truncate_metrics(path: str | Path, last_step: int) -> list[dict]:
 
 
 def sum_metrics(acc, new):
-  """Adds up metric sums over steps (`first_*` entries keep the smallest); `acc` None starts."""
-  if acc is None:
+  """Adds up metric sums over steps (`first_*` entries keep the smallest); an empty `acc`
+  starts."""
+  if not acc:
     return new
   return {k: (jnp.minimum if k.startswith("first_") else jnp.add)(acc[k], new[k]) for k in acc}

@@ -37,25 +37,25 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Member:
-  """One member's config, workdir and what it has reached."""
+  """One member's config, workdir, writer, checkpointers and what it has reached."""
   index: int
   cfg: TrainConfig
   workdir: Path
-  writer: MetricWriter = None
-  ckpt: Checkpointer = None
-  best_ckpt: Checkpointer = None
-  stopper: decisions.EarlyStopping = None
-  best_bleu: float = float("-inf")
-  skipped: int = 0
+  writer: MetricWriter
+  ckpt: Checkpointer
+  best_ckpt: Checkpointer
+  stopper: decisions.EarlyStopping
+  best_bleu: float
+  skipped: int
   final: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
 class PopulationRun(Run):
   """`Run` for a population: `state` is a `population.PopulationState`, the dropout key (K, 2)."""
-  pop: population.Population = None
-  members: list = None  # Member
-  member_lr: list = None  # each member's learning-rate schedule
+  pop: population.Population
+  members: list  # Member
+  member_lr: list  # each member's learning-rate schedule
 
   @staticmethod
   def initial_state(cfg: TrainConfig, model, mesh):
@@ -72,34 +72,43 @@ class PopulationRun(Run):
              dict(mesh.shape))
     return state, sharding, dropout_keys
 
-  def compile_step(self):
-    self.pop = population.Population.of(self.cfg)
-    self.member_lr = [learning_rate_schedule(m.optimizer, m.num_train_steps)
-                      for m in self.pop.members]
-    return population.compile_population_step(self.pop, self.mesh, self.state_sharding,
-                                              self.faults.nonfinite_at)
+  @staticmethod
+  def compile_step(cfg: TrainConfig, model, mesh, state_sharding, faults):
+    return population.compile_population_step(population.Population.of(cfg), mesh,
+                                              state_sharding, faults.nonfinite_at)
 
-  def resume_members(self, config_dict: dict | None):
-    """Each member's workdir set up (config, tokenizer) or resumed at the population's step:
-    its metrics after that step dropped, its checkpoint at that step written if missing."""
-    config_dict = config_dict or (layout.read_config(self.workdir)
-                                  if (self.workdir / layout.CONFIG).is_file()
-                                  else dataclasses.asdict(self.cfg))
-    self.members = []
-    for i, cfg in enumerate(self.pop.members):
-      m = Member(i, cfg, layout.member_dir(self.workdir, i))
-      m.workdir.mkdir(parents=True, exist_ok=True)
-      layout.save_config(member_config_dict(config_dict, cfg), m.workdir)
-      _give_tokenizer(self, m)
-      history = truncate_metrics(m.workdir / METRICS_FILE, self.start_step)
-      m.writer = MetricWriter(m.workdir, resumed_at=self.start_step)
-      m.ckpt = Checkpointer(m.workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep)
-      m.best_ckpt = Checkpointer(m.workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu")
-      m.stopper = decisions.EarlyStopping(cfg.early_stopping_patience,
-                                         decisions.bleu_history(history))
-      m.best_bleu = m.best_ckpt.best_value()
-      m.skipped = int(decisions.last_logged(history, "train/skipped_steps", 0.0))
-      self.members.append(m)
+  @classmethod
+  def own_parts(cls, parts: dict, start_step: int, config_dict: dict | None) -> dict:
+    """The population, each member's learning-rate schedule, and each member's workdir set
+    up (config, tokenizer) or resumed at the population's step (its metrics after that step
+    dropped)."""
+    cfg, workdir = parts["cfg"], parts["workdir"]
+    pop = population.Population.of(cfg)
+    config_dict = config_dict or (layout.read_config(workdir)
+                                  if (workdir / layout.CONFIG).is_file()
+                                  else dataclasses.asdict(cfg))
+    members = []
+    for i, member_cfg in enumerate(pop.members):
+      member_dir = layout.member_dir(workdir, i)
+      member_dir.mkdir(parents=True, exist_ok=True)
+      layout.save_config(member_config_dict(config_dict, member_cfg), member_dir)
+      _give_tokenizer(cfg, workdir, parts["tokenizer"], member_cfg, member_dir)
+      history = truncate_metrics(member_dir / METRICS_FILE, start_step)
+      best_ckpt = Checkpointer(member_dir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu")
+      members.append(Member(
+          i, member_cfg, member_dir, MetricWriter(member_dir, resumed_at=start_step),
+          Checkpointer(member_dir / layout.CHECKPOINTS, member_cfg.max_checkpoints_to_keep),
+          best_ckpt, decisions.EarlyStopping(member_cfg.early_stopping_patience,
+                                             decisions.bleu_history(history)),
+          best_ckpt.best_value(),
+          int(decisions.last_logged(history, "train/skipped_steps", 0.0))))
+    return dict(pop=pop, members=members,
+                member_lr=[learning_rate_schedule(m.optimizer, m.num_train_steps)
+                           for m in pop.members])
+
+  def resume_members(self):
+    """A resumed population: each member's checkpoint at its step written if missing, and
+    the members whose stop was requested meanwhile stopped."""
     if self.start_step:
       self._save_members()
     active = self._active()
@@ -139,19 +148,19 @@ class PopulationRun(Run):
 
   def log_train(self, step: int, actions):
     """Each member's train metrics into its workdir; the population's means into its own."""
-    acc = jax.device_get(self.acc)
-    elapsed = time.time() - self.t_last
-    lr = float(self.lr_fn(step - 1)) * self.lr_scale
+    sums = jax.device_get(self.tally.metric_sums)
+    elapsed = time.time() - self.tally.t_last
+    lr = float(self.lr_fn(step - 1)) * self.tally.lr_scale
     active = self._active()
     losses = []
     for m in self.members:
-      mine = {k: v[m.index] for k, v in acc.items()}
+      mine = {k: v[m.index] for k, v in sums.items()}
       if not mine["steps"]:
         continue  # (stopped before these steps)
       if self.cfg.nonfinite_updates == "skip":
         m.skipped += int(mine["nonfinite_steps"])
-      logged = train_metrics(mine, elapsed, self.real_tokens,
-                             float(self.member_lr[m.index](step - 1)) * self.lr_scale,
+      logged = train_metrics(mine, elapsed, self.tally.real_tokens,
+                             float(self.member_lr[m.index](step - 1)) * self.tally.lr_scale,
                              m.skipped, self.pipeline)
       m.writer.write(step, logged)
       losses.append(logged["train/loss"])
@@ -159,25 +168,25 @@ class PopulationRun(Run):
         log.warning("member %d: non-finite loss or gradient at step %d: stopped there "
                     "(config.nonfinite_updates='stop'); the others go on", m.index,
                     int(mine["first_nonfinite_step"]))
-    logged = train_metrics({k: np.sum(v) for k, v in acc.items()}, elapsed, self.real_tokens,
+    logged = train_metrics({k: np.sum(v) for k, v in sums.items()}, elapsed, self.tally.real_tokens,
                            lr, sum(m.skipped for m in self.members), self.pipeline)
     logged.update({"train/loss": float(np.mean(losses)) if losses else float("nan"),
                    "train/loss_min": float(np.min(losses)) if losses else float("nan"),
                    "population/active_members": float(active.sum()),
-                   "perf/member_steps_per_sec": float(np.sum(acc["steps"])) / elapsed,
+                   "perf/member_steps_per_sec": float(np.sum(sums["steps"])) / elapsed,
                    "time/train_minutes": self.budget.minutes(step),
-                   "train/lr_scale": self.lr_scale})
+                   "train/lr_scale": self.tally.lr_scale})
     del logged["train/grad_norm"], logged["perf/steps_per_sec"]
     if actions.out_of_time:
       logged["train/time_budget_stop"] = 1.0
     self.writer.write(step, logged)
     self.progress.update(step, logged)
-    self.acc, self.real_tokens, self.t_last = None, 0, time.time()
+    self.tally.logged()
 
   def validate(self, step: int) -> Outcome:
     """Each member still training validated, its best checkpoint and early stopping."""
     self.clock.done(0)
-    self.validating = step
+    self.tally.validating = step
     self.faults.before_validation(step)
     active = self._active()
     self._stop_requested(active, step)
@@ -206,7 +215,7 @@ class PopulationRun(Run):
     except ValidationCancelled:
       return self.cancelled(step)
     finally:
-      self.t_last = time.time()
+      self.tally.t_last = time.time()
     for i, written in records.items():
       written.write_to(self.members[i].writer)
       plots.plot_metrics(self.members[i].workdir)
@@ -237,9 +246,9 @@ class PopulationRun(Run):
     for m in self.members:
       m.final.update(validation.test(
           m.cfg, m.workdir, self.model, population.member_state(self.state, m.index)
-          .eval_params, self.tok, self.mesh, m.writer, int(steps[m.index])))
-    self.final.update(spread({m.index: m.final for m in self.members}))
-    tested = {k: v for k, v in self.final.items() if k.startswith("test/")}
+          .eval_params, self.tokenizer, self.mesh, m.writer, int(steps[m.index])))
+    self.tally.final.update(spread({m.index: m.final for m in self.members}))
+    tested = {k: v for k, v in self.tally.final.items() if k.startswith("test/")}
     if tested:
       self.writer.write(int(steps.max()), tested)
 
@@ -300,11 +309,12 @@ def member_config_dict(config_dict: dict, cfg: TrainConfig) -> dict:
   return out
 
 
-def _give_tokenizer(run: PopulationRun, m: Member):
+def _give_tokenizer(cfg: TrainConfig, workdir: Path, tokenizer, member_cfg: TrainConfig,
+                    member_dir: Path):
   """The member's workdir gets the population's tokenizer (a copy where the config keeps it
   in the workdir) and its record."""
-  if not m.cfg.data.tokenizer_path and jax.process_index() == 0:
-    target = m.workdir / layout.TOKENIZER
+  if not member_cfg.data.tokenizer_path and jax.process_index() == 0:
+    target = member_dir / layout.TOKENIZER
     if not target.is_file():
-      shutil.copyfile(layout.tokenizer_path(run.cfg, run.workdir), target)
-  layout.record_tokenizer(m.workdir, run.tok)
+      shutil.copyfile(layout.tokenizer_path(cfg, workdir), target)
+  layout.record_tokenizer(member_dir, tokenizer)

@@ -45,45 +45,56 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
+class Tally:
+  """What a run counts as it trains, apart from its state: since the last log (the metric
+  sums, real tokens, when the timing started), the learning-rate factor, skipped steps, a
+  preemption, the step being validated, the best validation BLEU and the final metrics."""
+  metric_sums: dict = dataclasses.field(default_factory=dict)
+  real_tokens: int = 0
+  t_last: float = dataclasses.field(default_factory=time.time)
+  lr_scale: float = 1.0
+  skipped: int = 0
+  preempted: bool = False
+  validating: int = -1
+  best_bleu: float = float("-inf")  # that of checkpoints_best (what a validation must beat)
+  final: dict = dataclasses.field(default_factory=dict)
+
+  def logged(self):
+    """After a log: the next one counts from here."""
+    self.metric_sums, self.real_tokens, self.t_last = {}, 0, time.time()
+
+
+@dataclasses.dataclass
 class Run:
-  """A run's parts once set up (`open_run`), and the state that changes as it trains."""
+  """A run's parts, each set up once (`open_run`), its train state and its `tally`."""
   cfg: TrainConfig
   workdir: Path
   decisions: Decisions
   model: Any
   mesh: Any
-  tok: Any
+  tokenizer: Any
   pipeline: Any
   train_iter: DevicePrefetch
   state: Any
+  state_sharding: Any
+  dropout_rng: Any
   ckpt: Checkpointer
   best_ckpt: Checkpointer  # the best checkpoint by validation BLEU, apart from the newest
-  state_sharding: Any = None
-  start_step: int = 0
-  faults: Faults = None
-  preemption: Preemption = None
-  step_fn: Any = None
-  lr_fn: Any = None
-  evaluators: dict = None
-  history: list = None
-  writer: MetricWriter = None
-  clock: WallClockIntervals = None
-  budget: TimeBudget = None
-  progress: Progress = None
-  stopper: decisions.EarlyStopping = None
-  nonfinite: NonFiniteGuard = None
-  dropout_rng: Any = None
-  final: dict = dataclasses.field(default_factory=dict)
-  # since the last log: metric sums, real tokens, when the timing started, the lr factor
-  acc: Any = None
-  real_tokens: int = 0
-  t_last: float = dataclasses.field(default_factory=time.time)
-  lr_scale: float = 1.0
-  resumed_factor: tuple = (0, 1.0)  # (the step resumed at, the lr factor logged before it)
-  skipped: int = 0
-  preempted: bool = False
-  validating: int = -1  # the step being validated
-  best_bleu: float = float("-inf")  # that of checkpoints_best (what a validation must beat)
+  start_step: int
+  faults: Faults
+  preemption: Preemption
+  step_fn: Any
+  lr_fn: Any
+  evaluators: dict
+  history: list
+  writer: MetricWriter
+  clock: WallClockIntervals
+  budget: TimeBudget
+  resumed_factor: tuple  # (the step resumed at, the lr factor logged before it)
+  progress: Progress
+  stopper: decisions.EarlyStopping
+  nonfinite: NonFiniteGuard
+  tally: Tally
 
   def begin(self) -> bool:
     """Before the first step: a validation that SIGTERM cut short is done first; a spent time
@@ -104,60 +115,55 @@ class Run:
   def train(self, step: int) -> Actions:
     """The update of `step`; returns what follows it."""
     batch, real, stats = next(self.train_iter)
-    self.real_tokens += real
+    self.tally.real_tokens += real
     self.pipeline.count(stats)
-    self.lr_scale = self.decisions.learning_rate_scale(step, self.budget.minutes(step),
+    self.tally.lr_scale = self.decisions.learning_rate_scale(step, self.budget.minutes(step),
                                                       self.resumed_factor)
-    cooling = [np.float32(self.lr_scale)] * (self.decisions.cooldown_fraction > 0)
+    cooling = [np.float32(self.tally.lr_scale)] * (self.decisions.cooldown_fraction > 0)
     self.state, step_metrics = self.step_fn(self.state, batch, self.dropout_rng, *cooling)
-    self.acc = sum_metrics(self.acc, step_metrics)
+    self.tally.metric_sums = sum_metrics(self.tally.metric_sums, step_metrics)
     self.faults.after_step(step)
-    self.preempted = self.preemption.requested(step)
+    self.tally.preempted = self.preemption.requested(step)
     if step % self.decisions.log_every_steps == 0:  # (every process, at the same steps)
       self.budget.agree(step)
     due = (self.clock.due() if self.decisions.asks_wall_clock(step, self.clock.active)
            else (False, False))
-    return self.decisions.actions(step, self.preempted, self.budget.spent(step), *due)
+    return self.decisions.actions(step, self.tally.preempted, self.budget.spent(step), *due)
 
   def log_train(self, step: int, actions: Actions):
     """The train metrics of the steps since the last log (a non-finite step under 'stop'
     raises here, before anything is saved)."""
-    acc = jax.device_get(self.acc)
-    self.nonfinite.check(acc, step, self.ckpt)
-    self.skipped += self.nonfinite.report(acc)
-    logged = train_metrics(acc, time.time() - self.t_last, self.real_tokens,
-                           float(self.lr_fn(step - 1)) * self.lr_scale, self.skipped,
+    sums = jax.device_get(self.tally.metric_sums)
+    self.nonfinite.check(sums, step, self.ckpt)
+    self.tally.skipped += self.nonfinite.report(sums)
+    logged = train_metrics(sums, time.time() - self.tally.t_last, self.tally.real_tokens,
+                           float(self.lr_fn(step - 1)) * self.tally.lr_scale, self.tally.skipped,
                            self.pipeline)
     logged["time/train_minutes"] = self.budget.minutes(step)
-    logged["train/lr_scale"] = self.lr_scale
+    logged["train/lr_scale"] = self.tally.lr_scale
     if actions.out_of_time:
       logged["train/time_budget_stop"] = 1.0
     self.writer.write(step, logged)
     self.progress.update(step, logged)
-    self.acc, self.real_tokens, self.t_last = None, 0, time.time()
-
-  def between_validation_batches(self) -> bool:
-    """Whether to cut the validation in progress short (SIGTERM has arrived)."""
-    self.faults.before_validation_batch(self.validating)
-    return self.preemption.signalled_here()
+    self.tally.logged()
 
   def validate(self, step: int) -> Outcome:
     """Validation of `step`, its best checkpoint and early stopping."""
     self.clock.done(0)
-    self.validating = step
+    self.tally.validating = step
     self.faults.before_validation(step)
     try:
       bleu = validation.validate(self.evaluators, self.state.eval_params, step, self.writer,
-                                 self.cfg.decode.num_samples_to_log, self.final, self.workdir)
+                                 self.cfg.decode.num_samples_to_log, self.tally.final, self.workdir)
     except ValidationCancelled:
       return self.cancelled(step)
     finally:
-      self.t_last = time.time()  # evaluation time does not count against training speed
+      self.tally.t_last = time.time()  # evaluation time does not count against training speed
     plots.plot_metrics(self.workdir)
-    if bleu > self.best_bleu:  # (only a better model is written: it replaces the best)
+    if bleu > self.tally.best_bleu:  # (only a better model is written: it replaces the best)
       self.best_ckpt.save(step, self.state, metrics={"bleu": bleu})
       layout.keep_best_validation(self.workdir)
-      self.best_bleu = bleu
+      self.tally.best_bleu = bleu
     if self.stopper.update(bleu):
       log.info("Early stopping at step %d: validation BLEU has not improved on %.2f for %d "
                "evaluations", step, self.stopper.best, self.stopper.patience)
@@ -169,7 +175,7 @@ class Run:
     log.warning("SIGTERM during the validation of step %d: validation stopped (the resumed "
                 "run does it first)", step)
     self.writer.write(step, {decisions.VALIDATION_CANCELLED: 1.0})
-    self.preempted = True
+    self.tally.preempted = True
     return Outcome.CANCELLED
 
   def save(self, step: int):
@@ -177,11 +183,11 @@ class Run:
     self.ckpt.save(step, self.state, self.train_iter)
     self.clock.done(1)
     self.faults.after_save(step)
-    self.t_last = time.time()
+    self.tally.t_last = time.time()
 
   def test(self):
-    self.final.update(validation.test(
-        self.cfg, self.workdir, self.model, self.state.eval_params, self.tok, self.mesh,
+    self.tally.final.update(validation.test(
+        self.cfg, self.workdir, self.model, self.state.eval_params, self.tokenizer, self.mesh,
         self.writer, int(jax.device_get(self.state.step))))
 
   # What a population (training.population_run) does its own way: its state, its step, its
@@ -196,34 +202,39 @@ class Run:
              dict(mesh.shape))
     return state, state_sharding, dropout_rng
 
-  def compile_step(self):
-    return compile_step(self.cfg, self.model, self.mesh, self.state_sharding,
-                        self.faults.nonfinite_at)
+  @staticmethod
+  def compile_step(cfg: TrainConfig, model, mesh, state_sharding, faults: Faults):
+    return compile_step(cfg, model, mesh, state_sharding, faults.nonfinite_at)
 
-  def resume_members(self, config_dict: dict | None):
-    """After the run's own resume."""
+  @classmethod
+  def own_parts(cls, parts: dict, start_step: int, config_dict: dict | None) -> dict:
+    """The parts a kind of run adds to a run's (`parts`: those set up so far)."""
+    return {}
+
+  def resume_members(self):
+    """After the run is set up."""
 
   def finish(self, step: int, out_of_time: bool) -> dict[str, float]:
     """After the last step: the stop reported, and the test unless preempted."""
     self.progress.close()
     self.preemption.close()
     self.train_iter.close()
-    if out_of_time and not self.preempted:
+    if out_of_time and not self.tally.preempted:
       log.warning("Time budget of %g minutes spent: training ended at step %d of %d, "
                   "learning-rate factor %.6f (saved, validated; rerun with a larger "
                   "config.time_budget_minutes to go on)", self.cfg.time_budget_minutes, step,
-                  self.cfg.num_train_steps, self.lr_scale)
-      self.final["time_budget_stop_at_step"] = step
+                  self.cfg.num_train_steps, self.tally.lr_scale)
+      self.tally.final["time_budget_stop_at_step"] = step
     log.info("Data: %s", self.pipeline.filter.summary())
-    if self.preempted:
+    if self.tally.preempted:
       log.warning("Preempted: checkpoint saved at step %d in %s; rerun the same command to "
                   "resume", step, self.ckpt.directory)
-      self.final["preempted_at_step"] = step
+      self.tally.final["preempted_at_step"] = step
     else:  # (the test sets: config.data.test_split and each corpus's; none when none is named)
       self.test()
     plots.plot_metrics(self.workdir)
     self.writer.close()
-    return self.final
+    return self.tally.final
 
 
 @contextlib.contextmanager
@@ -233,27 +244,28 @@ def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None, run_type
   ends."""
   cfg, config_dict = settled_config.resolve_dtype(cfg, config_dict, workdir)
   cfg, config_dict = settled_config.keep_data_order(cfg, config_dict, workdir)
-  run = _model_and_data(cfg, workdir, run_type)
+  parts = _model_and_data(cfg, workdir, run_type)
   try:
-    _resume(run, config_dict)
+    run = _resumed(parts, config_dict, run_type)
+    run.resume_members()
     yield run
   finally:
-    run.ckpt.close()
-    run.best_ckpt.close()
+    parts["ckpt"].close()
+    parts["best_ckpt"].close()
 
 
-def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> Run:
+def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> dict:
   """The model, its mesh and initial state, the tokenizer, the training batches on their way
-  to the devices, and the checkpointers."""
+  to the devices, and the checkpointers: a run's first parts."""
   mesh = settled_config.make_mesh(cfg)
   model = Transformer(cfg.model)
   state, state_sharding, dropout_rng = run_type.initial_state(cfg, model, mesh)
   # (fine-tuning's first start: the tokenizer of the run it starts from; once the run has a
   # checkpoint it resumes from its own, with its own copy, and the source may be gone)
   starting_from_source = cfg.init_from.workdir and not layout.has_checkpoints(workdir)
-  tok = (init_from.load_tokenizer(cfg, workdir) if starting_from_source
-         else load_tokenizer(cfg, workdir))
-  pipeline = train_pipeline(cfg.data, tok, cfg.batch_seed, jax.process_index(),
+  tokenizer = (init_from.load_tokenizer(cfg, workdir) if starting_from_source
+               else load_tokenizer(cfg, workdir))
+  pipeline = train_pipeline(cfg.data, tokenizer, cfg.batch_seed, jax.process_index(),
                             jax.process_count())
 
   def to_devices(host_batch):  # (in the prefetch thread: the next batch while a step runs)
@@ -265,50 +277,58 @@ def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> Run:
   if cfg.optimizer.ema_decay:
     log.info("Moving average of the parameters (decay %g): validation, the best checkpoint "
              "and the test use it", cfg.optimizer.ema_decay)
-  return run_type(cfg, workdir, Decisions.of(cfg), model, mesh, tok, pipeline, train_iter, state,
-             Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep),
-             Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu"),
-             state_sharding, dropout_rng=dropout_rng)
+  return dict(cfg=cfg, workdir=workdir, decisions=Decisions.of(cfg), model=model, mesh=mesh,
+              tokenizer=tokenizer, pipeline=pipeline, train_iter=train_iter, state=state,
+              state_sharding=state_sharding, dropout_rng=dropout_rng,
+              ckpt=Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep),
+              best_ckpt=Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu"))
 
 
-def _resume(run: Run, config_dict: dict | None):
-  """`run` restored from its latest checkpoint, with its step function, evaluators, writers,
-  clocks and the history its decisions go on from."""
-  cfg, workdir = run.cfg, run.workdir
-  run.start_step, restored = run.ckpt.restore_latest(abstract_like(run.state), run.train_iter)
+def _resumed(parts: dict, config_dict: dict | None, run_type) -> Run:
+  """The run of `parts`, restored from its latest checkpoint, with its step function,
+  evaluators, writers, clocks and the history its decisions go on from."""
+  cfg, workdir = parts["cfg"], parts["workdir"]
+  start_step, restored = parts["ckpt"].restore_latest(abstract_like(parts["state"]),
+                                                      parts["train_iter"])
   if restored is not None:
-    run.state = restored
-    log.info("Resuming from step %d", run.start_step)
+    parts["state"] = restored
+    log.info("Resuming from step %d", start_step)
   elif cfg.init_from.workdir:
-    run.state = init_from.initial_state(cfg, workdir, run.model, run.mesh, run.state)
+    parts["state"] = init_from.initial_state(cfg, workdir, parts["model"], parts["mesh"],
+                                             parts["state"])
   if config_dict is not None:  # (only now: a config its checkpoints reject is not recorded)
     layout.save_config(config_dict, workdir)
-  run.faults = Faults.from_env()
-  run.preemption = Preemption(run.ckpt.manager)
-  run.step_fn = run.compile_step()
-  run.lr_fn = learning_rate_schedule(cfg.optimizer, cfg.num_train_steps)
-  run.evaluators = validation.evaluators(cfg, run.model, run.tok, run.mesh,
-                                         run.between_validation_batches)
+  faults, preemption, tally = Faults.from_env(), Preemption(parts["ckpt"].manager), Tally()
+
+  def cancel_validation() -> bool:  # (between its batches: whether SIGTERM has arrived)
+    faults.before_validation_batch(tally.validating)
+    return preemption.signalled_here()
+
+  step_fn = run_type.compile_step(cfg, parts["model"], parts["mesh"], parts["state_sharding"],
+                                  faults)
+  evaluators = validation.evaluators(cfg, parts["model"], parts["tokenizer"], parts["mesh"],
+                                     cancel_validation)
   # (before the writer appends: the records of steps this run redoes go)
-  run.history = truncate_metrics(workdir / METRICS_FILE, run.start_step)
-  run.writer = MetricWriter(workdir, resumed_at=run.start_step)
-  _carry_counts(run.pipeline, run.history)
-  run.clock = WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes)
-  run.budget = TimeBudget(cfg.time_budget_minutes,
-                          decisions.last_logged(run.history, "time/train_minutes", 0.0),
-                          run.start_step, clock=run.faults.clock)
-  run.resumed_factor = (run.start_step,
-                        decisions.last_logged(run.history, "train/lr_scale", 1.0))
-  run.progress = Progress(cfg.num_train_steps, run.start_step,
-                          run.budget.seconds_left(run.start_step))
-  run.t_last = time.time()
-  run.nonfinite = NonFiniteGuard(cfg.nonfinite_updates)
-  run.stopper = decisions.EarlyStopping(cfg.early_stopping_patience,
-                                       decisions.bleu_history(run.history))
+  history = truncate_metrics(workdir / METRICS_FILE, start_step)
+  _carry_counts(parts["pipeline"], history)
+  budget = TimeBudget(cfg.time_budget_minutes,
+                      decisions.last_logged(history, "time/train_minutes", 0.0), start_step,
+                      clock=faults.clock)
   # (the saved best's own BLEU, not the log's: a kill may have logged a validation whose
   # best checkpoint it never wrote)
-  run.best_bleu = run.best_ckpt.best_value()
-  run.resume_members(config_dict)
+  tally.best_bleu, tally.t_last = parts["best_ckpt"].best_value(), time.time()
+  return run_type(
+      **parts, start_step=start_step, faults=faults, preemption=preemption, step_fn=step_fn,
+      lr_fn=learning_rate_schedule(cfg.optimizer, cfg.num_train_steps), evaluators=evaluators,
+      history=history, writer=MetricWriter(workdir, resumed_at=start_step),
+      clock=WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes),
+      budget=budget,
+      resumed_factor=(start_step, decisions.last_logged(history, "train/lr_scale", 1.0)),
+      progress=Progress(cfg.num_train_steps, start_step, budget.seconds_left(start_step)),
+      stopper=decisions.EarlyStopping(cfg.early_stopping_patience,
+                                      decisions.bleu_history(history)),
+      nonfinite=NonFiniteGuard(cfg.nonfinite_updates), tally=tally,
+      **run_type.own_parts(parts, start_step, config_dict))
 
 
 def _carry_counts(pipeline, history: list[dict]):

@@ -169,7 +169,7 @@ def test_only_a_better_validation_writes_the_best_checkpoint(tiny_run, tfds_cach
   bleus = iter([saved_best + 1, saved_best, saved_best + 1, saved_best + 2])
   monkeypatch.setattr(validation, "validate", lambda *args: next(bleus))
   with open_run(from_config_dict(config), run_dir, config.to_dict()) as run:
-    assert run.best_bleu == pytest.approx(saved_best)
+    assert run.tally.best_bleu == pytest.approx(saved_best)
     saved = []
     monkeypatch.setattr(run.best_ckpt, "save", lambda step, *a, **k: saved.append(step))
     for step in (21, 22, 23, 24):

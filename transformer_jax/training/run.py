@@ -310,7 +310,9 @@ def _resumed(parts: dict, config_dict: dict | None, run_type) -> Run:
                                      cancel_validation)
   # (before the writer appends: the records of steps this run redoes go)
   history = truncate_metrics(workdir / METRICS_FILE, start_step)
+  writer = MetricWriter(workdir, resumed_at=start_step)
   _carry_counts(parts["pipeline"], history)
+  # (last of the set-up, which its clock does not count; its first check is before step 1)
   budget = TimeBudget(cfg.time_budget_minutes,
                       decisions.last_logged(history, "time/train_minutes", 0.0), start_step,
                       clock=faults.clock)
@@ -320,7 +322,7 @@ def _resumed(parts: dict, config_dict: dict | None, run_type) -> Run:
   return run_type(
       **parts, start_step=start_step, faults=faults, preemption=preemption, step_fn=step_fn,
       lr_fn=learning_rate_schedule(cfg.optimizer, cfg.num_train_steps), evaluators=evaluators,
-      history=history, writer=MetricWriter(workdir, resumed_at=start_step),
+      history=history, writer=writer,
       clock=WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes),
       budget=budget,
       resumed_factor=(start_step, decisions.last_logged(history, "train/lr_scale", 1.0)),

@@ -99,8 +99,8 @@ def beam_writer(runner: str = "DirectRunner", options: list[str] | tuple[str, ..
     with beam.Pipeline(runner=runner, options=PipelineOptions(list(options))) as p:
       for split in splits:
         apache_beam_graph.split_graph(p, tmp, folder, split, langs,
-                               cfg if split == clean_split else None, lines_per_shard,
-                               corpus.PAIRS_PER_SHARD)
+                                      cfg if split == clean_split else None, lines_per_shard,
+                                      corpus.PAIRS_PER_SHARD)
     for pattern in (".beam-input-*", ".beam-dups-*"):  # (gzipped inputs' plain copies, the
       for leftover in tmp.glob(pattern):              # duplicate lines of each partition)
         leftover.unlink()

@@ -50,8 +50,8 @@ class TrainedRun:
   def state(self, selected: Selected, weights_only: bool = False):
     """The train state of a selection: one checkpoint's, or their parameters' mean
     (`weights_only`: only the weights `params` takes, the rest placeholders)."""
-    return checkpoint_selection.restore(self.workdir, selected,
-                             abstract_state(self.cfg, self.model, self.mesh), weights_only)
+    return checkpoint_selection.restore(
+        self.workdir, selected, abstract_state(self.cfg, self.model, self.mesh), weights_only)
 
   def source_prefix(self, tag: str) -> list[int]:
     """The ids every source starts with: the id of `--source_tag`'s `tag`, or none."""

@@ -118,7 +118,7 @@ class Run:
     self.tally.real_tokens += real
     self.pipeline.count(stats)
     self.tally.lr_scale = self.decisions.learning_rate_scale(step, self.budget.minutes(step),
-                                                      self.resumed_factor)
+                                                             self.resumed_factor)
     cooling = [np.float32(self.tally.lr_scale)] * (self.decisions.cooldown_fraction > 0)
     self.state, step_metrics = self.step_fn(self.state, batch, self.dropout_rng, *cooling)
     self.tally.metric_sums = sum_metrics(self.tally.metric_sums, step_metrics)

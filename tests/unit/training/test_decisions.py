@@ -14,7 +14,7 @@ from transformer_jax.training import decisions
 from transformer_jax.training.decisions import Decisions, Outcome
 
 TINY = Decisions(num_train_steps=20, log_every_steps=5, eval_every_steps=10,
-                checkpoint_every_steps=10)
+                 checkpoint_every_steps=10)
 
 
 def walk(sched: Decisions, stop_at: dict | None = None, **signals):
@@ -37,7 +37,7 @@ def walk(sched: Decisions, stop_at: dict | None = None, **signals):
 def test_a_plain_run_logs_validates_and_saves_at_its_intervals_and_its_last_step():
   assert walk(TINY) == {"log": [5, 10, 15, 20], "validate": [10, 20], "save": [10, 20]}
   odd = Decisions(num_train_steps=13, log_every_steps=5, eval_every_steps=10,
-                 checkpoint_every_steps=4)
+                  checkpoint_every_steps=4)
   # every save logs (a resumed run reads its data counts there); the last step does all three
   assert walk(odd) == {"log": [4, 5, 8, 10, 12, 13], "validate": [10, 13],
                        "save": [4, 8, 12, 13]}
@@ -117,7 +117,7 @@ def test_a_larger_budget_after_a_budget_stop_ramps_the_cooldown_back_up_without_
   """The rule (Decisions.learning_rate_scale): resumed below the new schedule's factor, the
   factor ramps linearly from where it stopped over warmup_steps updates."""
   old = Decisions(1000, 10, 10, 10, cooldown_fraction=0.2, time_budget_minutes=20.0,
-                 warmup_steps=50)
+                  warmup_steps=50)
   stop_factor = old.learning_rate_scale(300, 20.0)  # the budget ran out at step 300
   assert stop_factor == 0.0
   new = dataclasses.replace(old, time_budget_minutes=60.0)  # rerun with a larger budget

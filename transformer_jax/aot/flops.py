@@ -5,7 +5,7 @@ model work and is not counted."""
 
 from __future__ import annotations
 
-from transformer_jax.config.sections import ModelConfig
+from transformer_jax.config.model import GATED_ACTIVATIONS, ModelConfig
 
 
 def _kv_width(m: ModelConfig) -> int:
@@ -14,7 +14,7 @@ def _kv_width(m: ModelConfig) -> int:
 
 def _ffn(m: ModelConfig) -> int:
   """FLOPs of the feed-forward per token."""
-  matrices = 3 if m.ffn_activation in ("swiglu", "geglu") else 2
+  matrices = 3 if m.ffn_activation in GATED_ACTIVATIONS else 2
   return 2 * matrices * m.d_model * m.d_ff
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
+from transformer_jax.config.fields import declared
 from transformer_jax.errors import ConfigError
 
 
@@ -38,24 +39,38 @@ class PopulationConfig:
   """K members trained as one program on the same batches (`config.population`): member i
   takes the i-th value of every key given here, the run's own value of every other key. () =
   the run's value for every member; K = the length of the tuples given (all equal)."""
-  seeds: int                    # N > 0: N members, member i with seed config.seed + i (with
-                                # the tuples below, their length must be N; `seed` not given)
-  seed: tuple                   # each member's seed (its parameters and dropout)
-  learning_rate: tuple          # config.optimizer.learning_rate
-  warmup_steps: tuple           # config.optimizer.warmup_steps
-  b1: tuple                     # config.optimizer.b1
-  b2: tuple                     # config.optimizer.b2
-  eps: tuple                    # config.optimizer.eps
-  weight_decay: tuple           # config.optimizer.weight_decay
-  grad_clip_norm: tuple         # config.optimizer.grad_clip_norm (all > 0, or all 0)
-  ema_decay: tuple              # config.optimizer.ema_decay (all > 0, or all 0)
-  label_smoothing: tuple        # config.label_smoothing
-  dropout_rate: tuple           # config.model.dropout_rate
-  attention_dropout_rate: tuple  # config.model.attention_dropout_rate
-  ffn_dropout_rate: tuple       # config.model.ffn_dropout_rate
-  program: str                  # how the members' steps make one program: "vmapped" (the
-                                # member axis a batch axis), "unrolled" (K copies side by
-                                # side), "auto" (unrolled on CPU, vmapped on GPUs and TPUs)
+  # N > 0: N members, member i with seed config.seed + i (with the tuples below, their length must
+  # be N; `seed` not given)
+  seeds: int = declared(before=0)
+  # each member's seed (its parameters and dropout)
+  seed: tuple = declared(before=())
+  # config.optimizer.learning_rate
+  learning_rate: tuple = declared(before=())
+  # config.optimizer.warmup_steps
+  warmup_steps: tuple = declared(before=())
+  # config.optimizer.b1
+  b1: tuple = declared(before=())
+  # config.optimizer.b2
+  b2: tuple = declared(before=())
+  # config.optimizer.eps
+  eps: tuple = declared(before=())
+  # config.optimizer.weight_decay
+  weight_decay: tuple = declared(before=())
+  # config.optimizer.grad_clip_norm (all > 0, or all 0)
+  grad_clip_norm: tuple = declared(before=())
+  # config.optimizer.ema_decay (all > 0, or all 0)
+  ema_decay: tuple = declared(before=())
+  # config.label_smoothing
+  label_smoothing: tuple = declared(before=())
+  # config.model.dropout_rate
+  dropout_rate: tuple = declared(before=())
+  # config.model.attention_dropout_rate
+  attention_dropout_rate: tuple = declared(before=())
+  # config.model.ffn_dropout_rate
+  ffn_dropout_rate: tuple = declared(before=())
+  # how the members' steps make one program: "vmapped" (the member axis a batch axis), "unrolled" (K
+  # copies side by side), "auto" (unrolled on CPU, vmapped on GPUs and TPUs)
+  program: str = declared(before="auto")
 
   def __post_init__(self):
     for key in MEMBER_KEYS:

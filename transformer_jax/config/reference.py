@@ -11,12 +11,12 @@ import re
 
 from transformer_jax.config.corpora import CleaningConfig, CorpusConfig, SubwordSamplingConfig
 from transformer_jax.config.files import load_file
+from transformer_jax.config.model import ModelConfig
 from transformer_jax.config.population import PopulationConfig
 from transformer_jax.config.sections import (
   DataConfig,
   DecodeConfig,
   InitFromConfig,
-  ModelConfig,
   OptimizerConfig,
   ParallelismConfig,
   TrainConfig,
@@ -73,7 +73,7 @@ def page() -> str:
            "live; the other shipped configs start from it) and what it means. Set any of them",
            "with `--config.KEY=VALUE`. This page is printed by `python -m",
            "transformer_jax.config.reference` from the comments beside the fields of",
-           "`transformer_jax/config/` (`sections.py`, `corpora.py`, `population.py`);",
+           "`transformer_jax/config/` (`model.py`, `sections.py`, `corpora.py`, `population.py`);",
            "`tests/unit/config/test_reference.py` fails when it differs from them.", ""]
   for prefix, cls in SECTIONS:
     comments = field_comments(cls)

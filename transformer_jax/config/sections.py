@@ -10,111 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 
-from transformer_jax.config.checks import check_choice, check_positive, check_rate
+from transformer_jax.config.checks import check_choice, check_positive
 from transformer_jax.config.corpora import (
   CleaningConfig,
   CorpusConfig,
   SubwordSamplingConfig,
   parse_nested,
 )
+from transformer_jax.config.fields import declared
+from transformer_jax.config.model import ModelConfig
 from transformer_jax.config.population import PopulationConfig
 from transformer_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")     # the device mesh's axes, in mesh_shape's order
-REMAT_CHOICES = ("none", "full", "dots")   # see ModelConfig.remat
-ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")  # see ModelConfig.attention_impl
-POSITIONAL_ENCODINGS = ("sinusoidal", "sinusoidal_concat", "learned", "rotary", "relative")
-DTYPES = ("float32", "bfloat16")  # what a run computes in ("auto" resolves to one of them)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Sizes and options of the Transformer (`config.model`)."""
-  vocab_size: int               # joint source/target subword vocabulary
-  d_model: int                  # width of embeddings and the residual stream
-  num_heads: int                # attention heads; d_model % num_heads == 0
-  d_ff: int                     # hidden width of the position-wise feed-forward
-  num_encoder_layers: int       # layers of the encoder stack
-  num_decoder_layers: int       # layers of the decoder stack
-  dropout_rate: float           # on embeddings and each residual branch
-  attention_dropout_rate: float  # on attention weights
-  ffn_dropout_rate: float       # after the feed-forward activation
-  pre_layer_norm: bool          # pre-LN (stable) or the paper's post-LN
-  norm: str                     # "layernorm" (the paper's) or "rmsnorm" (no centring, no bias)
-  norm_epsilon: float           # added to the variance in LayerNorm/RMSNorm (Flax's 1e-6;
-                                # PyTorch's and Marian's 1e-5)
-  ffn_activation: str           # "relu" (the paper's), "gelu", "silu" (swish: Marian's), or
-                                # gated "swiglu" / "geglu":
-                                # act(x W_gate) * (x W_up), each D->d_ff (so 3 D d_ff weights,
-                                # not 2: d_ff = 2/3 of a relu layer's keeps the parameter count)
-  num_kv_heads: int             # key/value heads (grouped-query attention; 1 = multi-query);
-                                # 0 or num_heads = the paper's multi-head attention
-  positional_encoding: str      # "sinusoidal" (the paper's: sin, cos interleaved),
-                                # "sinusoidal_concat" (all sines, then all cosines: the table of
-                                # tensor2tensor, fairseq and Marian) or "learned", added to the
-                                # embeddings; or, in self-attention only, "rotary" (RoFormer:
-                                # queries and keys rotated by position) or "relative" (T5: a
-                                # learned bias per head and bucket of key-query offsets)
-  relative_num_buckets: int     # "relative": offset buckets (half per direction in the encoder)
-  relative_max_distance: int    # "relative": offsets beyond this share the last bucket
-  max_len: int                  # longest source/target position supported
-  share_embeddings: bool        # one embedding table for source and target
-  scale_embeddings: bool        # token embeddings times sqrt(d_model) (the paper's)
-  tie_output_embedding: bool    # the output softmax uses the target embedding matrix
-  output_bias: bool             # a learned bias per vocabulary entry added to the output
-                                # logits (Marian's final_logits_bias)
-  dtype: str                    # matmul inputs: "float32" (exact), "bfloat16" (f32 accumulation)
-                                # or "auto" (what the hardware runs fastest; parallel.numerics)
-  attention_impl: str           # "einsum" (our products, tuned for XLA:CPU), "xla" or "cudnn"
-                                # (jax.nn.dot_product_attention); "auto": cudnn on GPUs (bf16,
-                                # head_dim % 8 == 0 and <= 128), xla on TPUs, else einsum.
-                                # Attention maps, attention dropout and decoding use einsum
-  activation_dtype: str         # "float32" or "bfloat16": projection and LayerNorm outputs
-                                # between matmuls (with bf16 matmuls only; residual stream,
-                                # LayerNorm statistics, softmax and loss stay f32)
-  loss_tile_tokens: int         # tokens per tile of the fused output layer + loss, per device
-                                # (0: one tile); on accelerators >= 8192 (ops.losses.tile_for)
-  remat: str                    # recompute activations in the backward pass: "none", "full"
-                                # (keep only layer inputs) or "dots" (keep matmul outputs)
-  scan_layers: bool             # one nn.scan-ned layer per stack (fast compiles for deep
-                                # models; parameters stacked on a leading layer axis)
-
-  def __post_init__(self):
-    if self.d_model % self.num_heads:
-      raise ConfigError(f"config.model.d_model={self.d_model} is not divisible by "
-                        f"config.model.num_heads={self.num_heads}")
-    check_choice("config.model.positional_encoding", self.positional_encoding,
-                 POSITIONAL_ENCODINGS)
-    if self.positional_encoding == "rotary" and self.head_dim % 2:
-      raise ConfigError(f"config.model.positional_encoding='rotary' needs an even head "
-                        f"dimension; d_model / num_heads = {self.head_dim}")
-    check_positive("model", self, ("relative_num_buckets", "relative_max_distance"))
-    check_choice("config.model.norm", self.norm, ("layernorm", "rmsnorm"))
-    check_choice("config.model.ffn_activation", self.ffn_activation,
-                 ("relu", "gelu", "silu", "swiglu", "geglu"))
-    if not 0 < self.norm_epsilon < 1:
-      raise ConfigError(f"config.model.norm_epsilon={self.norm_epsilon} must be in (0, 1)")
-    if self.num_kv_heads < 0 or (self.num_kv_heads and self.num_heads % self.num_kv_heads):
-      raise ConfigError(f"config.model.num_kv_heads={self.num_kv_heads} must divide "
-                        f"config.model.num_heads={self.num_heads} (0 = num_heads)")
-    check_choice("config.model.remat", self.remat, REMAT_CHOICES)
-    check_choice("config.model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
-    check_choice("config.model.activation_dtype", self.activation_dtype,
-                 ("float32", "bfloat16"))
-    if self.loss_tile_tokens < 0:
-      raise ConfigError(f"config.model.loss_tile_tokens={self.loss_tile_tokens} must be >= 0")
-    check_choice("config.model.dtype", self.dtype, ("auto", *DTYPES))
-    check_positive("model", self, ("vocab_size", "d_model", "num_heads", "d_ff", "max_len"))
-    check_rate("model", self, ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate"))
-
-  @property
-  def head_dim(self) -> int:
-    return self.d_model // self.num_heads
-
-  @property
-  def kv_heads(self) -> int:
-    """Key/value heads: num_kv_heads, or num_heads when it is 0."""
-    return self.num_kv_heads or self.num_heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,10 +47,12 @@ class DataConfig:
   batch_size: int               # packed rows per global batch
   num_threads: int              # grain reader threads
   prefetch_buffer_size: int     # pairs read ahead
-  pretokenize: bool             # read the training split as ids tokenized once (cached);
-                                # False: tokenize the text at every epoch (the older path)
-  num_workers: int              # grain worker processes packing batches (0 = in-process);
-                                # the batch order depends on it: keep it to resume exactly
+  # read the training split as ids tokenized once (cached); False: tokenize the text at every epoch
+  # (the older path)
+  pretokenize: bool = declared(before=False)
+  # grain worker processes packing batches (0 = in-process); the batch order depends on it: keep it
+  # to resume exactly
+  num_workers: int = declared(before=0)
   corpora: dict = dataclasses.field(default_factory=dict, hash=False)  # NAME -> CorpusConfig:
                                 # train on a mixture of these, not the corpus above ({} = it)
   cleaning: object = dataclasses.field(default_factory=CleaningConfig)  # CleaningConfig
@@ -195,20 +105,20 @@ class OptimizerConfig:
   """AdamW and its learning-rate schedule (`config.optimizer`)."""
   learning_rate: float          # peak, reached at the end of warmup
   warmup_steps: int             # linear warmup from 0, then the schedule
-  schedule: str                 # after warmup: "inverse_sqrt" (lr * sqrt(warmup / step), the
-                                # paper's), "cosine" or "linear" (towards 0 at num_train_steps),
-                                # "constant"; the cooldown below applies on top of any
+  # after warmup: "inverse_sqrt" (lr * sqrt(warmup / step), the paper's), "cosine" or "linear"
+  # (towards 0 at num_train_steps), "constant"; the cooldown below applies on top of any
+  schedule: str = declared(before="inverse_sqrt")
   b1: float                     # Adam's decay rate of the first moment
   b2: float                     # Adam's decay rate of the second moment
   eps: float                    # Adam's epsilon, added to the second moment's root
   weight_decay: float           # decoupled (AdamW), on matrices only
   grad_clip_norm: float         # global-norm clipping; 0 disables
-  ema_decay: float              # > 0: keep an exponential moving average of the parameters
-                                # (decay per step, e.g. 0.999), used for validation, the test
-                                # and the tools; 0 = off
-  cooldown_fraction: float      # the learning rate decays linearly to 0 over the last fraction
-                                # of training: of num_train_steps, or of time_budget_minutes
-                                # when that ends first (warmup-stable-decay); 0 = no cooldown
+  # > 0: keep an exponential moving average of the parameters (decay per step, e.g. 0.999), used for
+  # validation, the test and the tools; 0 = off
+  ema_decay: float = declared(before=0.0)
+  # the learning rate decays linearly to 0 over the last fraction of training: of num_train_steps,
+  # or of time_budget_minutes when that ends first (warmup-stable-decay); 0 = no cooldown
+  cooldown_fraction: float = declared(before=0.0)
 
   def __post_init__(self):
     check_positive("optimizer", self, ("learning_rate",))
@@ -242,15 +152,17 @@ class DecodeConfig:
   seed: int                     # sampling: random seed (same seed, same samples)
   nbest: int                    # beam search: hypotheses returned per sentence (<= beam_size)
   min_length: int               # beam search: fewest tokens before EOS may end a hypothesis
-  beam_impl: str                # beam search's self-attention caches: "gather" (a cache per
-                                # hypothesis, reordered to its parent's every step), "flat"
-                                # (a sentence's hypotheses share one append-only cache, each
-                                # reading its ancestors' slots through a mask) or "auto"
-                                # (flat: faster on a CPU and a GPU measured); same outputs
-  mbr: str                      # minimum-Bayes-risk choice among candidates by a sacreBLEU
-                                # utility: "chrf" or "bleu" (sentence level); "" = off
-  mbr_candidates: int           # mbr: candidates per sentence: the beam's n-best (<= beam_size)
-                                # or, with sampling, that many samples
+  # beam search's self-attention caches: "gather" (a cache per hypothesis, reordered to its parent's
+  # every step), "flat" (a sentence's hypotheses share one append-only cache, each reading its
+  # ancestors' slots through a mask) or "auto" (flat: faster on a CPU and a GPU measured); same
+  # outputs
+  beam_impl: str = declared(before="auto")
+  # minimum-Bayes-risk choice among candidates by a sacreBLEU utility: "chrf" or "bleu" (sentence
+  # level); "" = off
+  mbr: str = declared(before="")
+  # mbr: candidates per sentence: the beam's n-best (<= beam_size) or, with sampling, that many
+  # samples
+  mbr_candidates: int = declared(before=4)
 
   def __post_init__(self):
     if self.beam_size < 1:
@@ -320,10 +232,11 @@ class ParallelismConfig:
 class InitFromConfig:
   """Fine-tuning (`config.init_from`): a new run starts from another run's weights, with a
   fresh optimizer and step 0 and the other run's tokenizer; "" = from random weights."""
-  workdir: str                  # the run to start from
-  checkpoint: str               # which of its weights: "best", "latest", a step, "average:N",
-                                # "steps:A,B", each with ":ema" / ":raw" (default: its moving
-                                # average where it keeps one), as `evaluate --checkpoint` takes
+  # the run to start from
+  workdir: str = declared(before="")
+  # which of its weights: "best", "latest", a step, "average:N", "steps:A,B", each with ":ema" /
+  # ":raw" (default: its moving average where it keeps one), as `evaluate --checkpoint` takes
+  checkpoint: str = declared(before="best")
 
   def __post_init__(self):
     if self.workdir and not self.checkpoint:
@@ -341,24 +254,27 @@ class TrainConfig:
   parallelism: ParallelismConfig
   init_from: InitFromConfig
   seed: int                     # parameters, dropout and (data_seed -1) the data
-  data_seed: int                # the training batches' order and the tokenizer's sample;
-                                # -1 = seed (a population's members share the run's)
+  # the training batches' order and the tokenizer's sample; -1 = seed (a population's members share
+  # the run's)
+  data_seed: int = declared(before=-1)
   num_train_steps: int          # optimizer updates of the whole run
   log_every_steps: int          # train metrics and the progress line
   eval_every_steps: int         # validation loss + BLEU (and at the last step)
   checkpoint_every_steps: int   # checkpoints (and one at the last step)
-  eval_every_minutes: float     # also validate when this much wall clock has passed since the
-                                # last validation (checked at logging steps); 0 = off
-  checkpoint_every_minutes: float  # also save after this much wall clock; 0 = off
+  # also validate when this much wall clock has passed since the last validation (checked at logging
+  # steps); 0 = off
+  eval_every_minutes: float = declared(before=0.0)
+  # also save after this much wall clock; 0 = off
+  checkpoint_every_minutes: float = declared(before=0.0)
   max_checkpoints_to_keep: int  # the newest ones; the best by BLEU is kept apart
   label_smoothing: float        # probability mass spread over the vocabulary in the loss
   eval_max_sentences: int       # validation sentences decoded for BLEU; 0 = all
   early_stopping_patience: int  # stop after this many evals without a better BLEU; 0 = off
   num_micro_batches: int        # gradient accumulation: the batch in this many pieces
   nonfinite_updates: str        # a NaN/Inf loss or gradient: "stop" the run, or "skip" it
-  time_budget_minutes: float    # wall clock of the training loop (steps, validation, saves),
-                                # summed over resumed runs, after which training ends as at its
-                                # last step (saved, validated, tested); 0 = no limit
+  # wall clock of the training loop (steps, validation, saves), summed over resumed runs, after
+  # which training ends as at its last step (saved, validated, tested); 0 = no limit
+  time_budget_minutes: float = declared(before=0.0)
   population: PopulationConfig  # K members trained as one program (config.population)
 
   @property

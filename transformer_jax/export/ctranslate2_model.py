@@ -25,10 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_jax.config.sections import ModelConfig
+from transformer_jax.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer_jax.data.tokenizer import PAD_ID, Tokenizer
 from transformer_jax.model.embeddings import ROTARY_BASE, sinusoidal_positions
-from transformer_jax.model.transformer import GATED
 
 PAD_LOGIT_BIAS = -1e4  # large enough to never be chosen, small enough for float16
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH", "swiglu": "SWISH",
@@ -104,7 +103,7 @@ def build_spec(cfg: ModelConfig, params, tokenizer: Tokenizer):
 
   rotary = cfg.positional_encoding == "rotary"
   relative = cfg.positional_encoding == "relative"
-  gated = cfg.ffn_activation in GATED
+  gated = cfg.ffn_activation in GATED_ACTIVATIONS
   options = dict(relative_attention_bias=relative,
       num_heads=cfg.num_heads, pre_norm=cfg.pre_layer_norm,
       activation=getattr(common_spec.Activation, ACTIVATIONS[cfg.ffn_activation]),

@@ -11,8 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.config.model import ModelConfig
 from transformer_jax.config.population import is_static
-from transformer_jax.config.sections import ModelConfig
 from transformer_jax.model.embeddings import (
   Projection,
   activation_dtype,

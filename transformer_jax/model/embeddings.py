@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.config.sections import ModelConfig
+from transformer_jax.config.model import ModelConfig
 from transformer_jax.ops.matmul import matmul
 from transformer_jax.ops.platform import traced_for
 

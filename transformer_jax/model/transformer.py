@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.config.sections import ModelConfig
+from transformer_jax.config.model import GATED_ACTIVATIONS, ModelConfig
 from transformer_jax.model.attention import (
   MultiHeadAttention,
   causal_mask,
@@ -35,7 +35,6 @@ REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable
 ACTIVATIONS = {"relu": nn.relu, "gelu": functools.partial(nn.gelu, approximate=False),
                "silu": nn.silu, "swiglu": nn.silu,
                "geglu": functools.partial(nn.gelu, approximate=False)}
-GATED = ("swiglu", "geglu")
 
 
 class FeedForward(nn.Module):
@@ -52,7 +51,7 @@ class FeedForward(nn.Module):
       return Projection((cfg.d_model,), (cfg.d_ff,), ("embed", "mlp"), compute_dtype(cfg),
                         name=name)(x_BTD)
 
-    if cfg.ffn_activation in GATED:
+    if cfg.ffn_activation in GATED_ACTIVATIONS:
       h_BTF = activation(expand("wi_gate")) * expand("wi_up")
     else:
       h_BTF = activation(expand("wi"))

@@ -40,7 +40,7 @@ from jax.experimental import multihost_utils
 
 from transformer_jax import atomic
 from transformer_jax.config.folders import cache_home
-from transformer_jax.config.sections import DTYPES
+from transformer_jax.config.model import DTYPES
 from transformer_jax.parallel.hardware import cpu_info, isa_summary
 
 log = logging.getLogger(__name__)

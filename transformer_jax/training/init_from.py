@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import atomic
+from transformer_jax.config.model import FUNCTION, options
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import CheckpointError, ConfigError
@@ -29,11 +30,6 @@ from transformer_jax.workdir.checkpoints import shapes_by_path
 log = logging.getLogger(__name__)
 
 RECORD = "init_from.json"  # where the weights came from (in the fine-tuned run's workdir)
-
-# Model options that change what the weights compute without changing their shapes.
-SAME_FUNCTION = ("positional_encoding", "pre_layer_norm", "ffn_activation",
-                 "relative_max_distance", "share_embeddings", "tie_output_embedding",
-                 "norm_epsilon", "scale_embeddings")
 
 
 def source(cfg: TrainConfig, workdir: Path) -> tuple[Path, TrainConfig]:
@@ -77,7 +73,7 @@ def initial_state(cfg: TrainConfig, workdir: Path, model: Transformer, mesh, sta
   """`state`, freshly initialised, with the source run's selected weights as its parameters
   (and as the start of its moving average, if it keeps one); step and optimizer untouched."""
   src, src_cfg = source(cfg, workdir)
-  for name in SAME_FUNCTION:
+  for name in options(FUNCTION):  # (the same shapes, another function)
     ours, theirs = getattr(cfg.model, name), getattr(src_cfg.model, name)
     if ours != theirs:
       raise ConfigError(f"config.model.{name}={ours!r}, but {src} was trained with {theirs!r}: "

@@ -25,9 +25,9 @@ import jax
 import ml_collections
 
 from transformer_jax import atomic
+from transformer_jax.config.fields import added_keys
 from transformer_jax.config.parse import from_config_dict
-from transformer_jax.config.population import MEMBER_KEYS
-from transformer_jax.config.sections import DecodeConfig, TrainConfig
+from transformer_jax.config.sections import SECTIONS, DecodeConfig, TrainConfig
 from transformer_jax.errors import (
   CheckpointError,
   ConfigError,
@@ -115,22 +115,8 @@ def save_config(config_dict: dict, workdir: str | Path):
 
 
 # Config keys added after workdirs were first written, with the value that means what a run
-# from before them did: an older config.json still loads.
-ADDED_KEYS = {("time_budget_minutes",): 0.0, ("optimizer", "cooldown_fraction"): 0.0,
-              ("model", "attention_impl"): "einsum", ("data", "pretokenize"): False,
-              ("model", "loss_tile_tokens"): 256, ("model", "activation_dtype"): "float32",
-              ("eval_every_minutes",): 0.0, ("checkpoint_every_minutes",): 0.0,
-              ("data", "num_workers"): 0, ("model", "norm"): "layernorm",
-              ("model", "ffn_activation"): "relu", ("model", "num_kv_heads"): 0,
-              ("model", "relative_num_buckets"): 32, ("model", "relative_max_distance"): 128,
-              ("optimizer", "schedule"): "inverse_sqrt", ("optimizer", "ema_decay"): 0.0,
-              ("decode", "mbr"): "", ("decode", "mbr_candidates"): 4,
-              ("decode", "beam_impl"): "auto",
-              ("init_from", "workdir"): "", ("init_from", "checkpoint"): "best",
-              ("model", "norm_epsilon"): 1e-6, ("model", "scale_embeddings"): True,
-              ("model", "output_bias"): False, ("data_seed",): -1,
-              **{("population", key): 0 if key == "seeds" else () for key in (
-                  "seeds", *MEMBER_KEYS)}, ("population", "program"): "auto"}
+# from before them did (each declared beside its field): an older config.json still loads.
+ADDED_KEYS = added_keys({"": TrainConfig, **SECTIONS})
 
 
 def read_config(workdir: str | Path) -> dict:

@@ -66,7 +66,7 @@ def _config(folder: Path):
 def run_stage(stage: str, folder: Path) -> dict:
   """One stage, in this process; returns its figures."""
   # (imported here: each stage runs in a process of its own, whose peak memory is measured)
-  from transformer_jax.data import corpus, pipeline, splitting, tokenized, tokenizer
+  from transformer_jax.data import corpus, pipeline, plan, splitting, tokenized, tokenizer
   from transformer_jax.reporting import logs
   logs.setup()
   cfg = _config(folder)
@@ -83,12 +83,13 @@ def run_stage(stage: str, folder: Path) -> dict:
     source = corpus.get_source(spec, "train")
     result = {"train": len(source)}
   elif stage == "tokenizer":
-    tok = tokenizer.train_tokenizer(pipeline.training_sentences(cfg.data), cfg.model.vocab_size,
-                                    folder / "spm.model", cfg.data.tokenizer_max_sentences)
+    sentences = pipeline.training_sentences(plan.data_plan(cfg.data))
+    tok = tokenizer.train_tokenizer(sentences, cfg.model.vocab_size, folder / "spm.model",
+                                    cfg.data.tokenizer_max_sentences)
     result = {"pieces": tok.vocab_size}
   elif stage == "tokenize":
     tok = tokenizer.Tokenizer.load(folder / "spm.model")
-    store = tokenized.tokenized_split(cfg.data, tok)
+    store = tokenized.tokenized_split(corpus.corpus_spec(cfg.data), tok)
     result = {"pairs": store.num_pairs}
   elif stage == "text" or stage.startswith("ids-w"):
     tok = tokenizer.Tokenizer.load(folder / "spm.model")

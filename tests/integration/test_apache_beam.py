@@ -115,10 +115,10 @@ def test_tokenizing_with_beam_writes_the_same_id_store(tmp_path):
   spec = corpus.corpus_spec(cfg)
   tok = train_tokenizer((s for pair in corpus.iterate_pairs(spec, "train") for s in pair), 300,
                         tmp_path / "spm.model")
-  one = tokenized.tokenized_split(cfg, tok)
+  one = tokenized.tokenized_split(spec, tok)
   folder = one.folder
   shutil.move(folder, tmp_path / "one")  # (the next call writes it again, with Beam)
-  beam = tokenized.tokenized_split(cfg, tok, write_ids=beam_tokenizer(
+  beam = tokenized.tokenized_split(spec, tok, write_ids=beam_tokenizer(
       "DirectRunner", WORKERS, pairs_per_task=400))
   assert beam.folder == folder and beam.num_pairs == one.num_pairs > 1500
   for name in ("source.ids", "source.offsets", "target.ids", "target.offsets", "meta.json"):

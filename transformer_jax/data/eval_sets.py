@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from transformer_jax.config.sections import DataConfig
-from transformer_jax.data import corpus, mixture
+from transformer_jax.data import corpus, plan
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import DataError
 
@@ -81,59 +81,44 @@ def _pad(seqs: list[np.ndarray], rows: int, max_len: int, bucket: int, min_lengt
   return out
 
 
-def load_eval_set(cfg: DataConfig, split: str, tokenizer: Tokenizer,
-                  max_sentences: int = 0, dataset: str = "", spec: corpus.CorpusSpec | None = None,
-                  source_prefix: list[int] | tuple[int, ...] = ()) -> EvalSet:
-  """Reads a whole split (eval/test sets are small) in file order, tokenized; of `spec` when
-  given (a mixture's corpus), each source after `source_prefix`."""
+def load_eval_set(cfg: DataConfig, split: str, tokenizer: Tokenizer, max_sentences: int = 0,
+                  dataset: str = "") -> EvalSet:
+  """A split of config.data's corpus (of `dataset`, default config.data.dataset), read whole
+  (eval/test sets are small) in file order, tokenized."""
+  return read_split(plan.own_split(split, cfg, split, dataset), tokenizer, max_sentences)
+
+
+def read_split(planned: plan.EvalSplit, tokenizer: Tokenizer, max_sentences: int = 0) -> EvalSet:
+  """A planned split read whole in file order, tokenized; a mixture corpus's with its tag's id
+  before each source."""
+  prefix = planned.corpus.source_prefix(tokenizer) if planned.corpus else []
   sources, references = [], []
-  read = spec or corpus.corpus_spec(cfg, dataset)
-  if split not in read.splits:  # (a split the run's config does not name: prepared on its own)
-    read = dataclasses.replace(read, splits=(split,))
-  for src, ref in corpus.iterate_pairs(read, split):
+  for src, ref in corpus.iterate_pairs(planned.spec, planned.split):
     sources.append(src)
     references.append(ref)
     if max_sentences and len(sources) >= max_sentences:
       break
-  where = spec.local_folder if spec else dataset or cfg.dataset
   if not sources:
-    raise DataError(f"split {split!r} of {where} is empty")
-  log.info("Loaded %d %s pairs from split %r", len(sources), where, split)
-  return EvalSet.from_pairs(sources, references, tokenizer, source_prefix)
+    raise DataError(f"split {planned.split!r} of {planned.where} is empty")
+  log.info("Loaded %d %s pairs from split %r", len(sources), planned.where, planned.split)
+  return EvalSet.from_pairs(sources, references, tokenizer, prefix)
 
 
-def direction_sets(cfg: DataConfig, tokenizer: Tokenizer, kind: str, max_sentences: int = 0
-                   ) -> dict[str, EvalSet]:
-  """The `kind` ("eval" or "test") split of each of a mixture's corpora that names one, by
-  name `NAME.SPLIT` (one per direction of a multilingual model), its tag before each source."""
-  return {f"{name}.{split}": _corpus_set(cfg, name, split, tokenizer, max_sentences)
-          for name, split in ((name, entry.eval_split if kind == "eval" else entry.test_split)
-                              for name, entry in cfg.corpora.items()) if split}
+def validation_sets(data: plan.DataPlan, tokenizer: Tokenizer, max_sentences: int = 0
+                    ) -> dict[str, EvalSet]:
+  """The validation sets by name: "" (config.data.eval_split), then each mixture corpus's
+  `NAME.SPLIT` (one per direction of a multilingual model)."""
+  return {s.name: read_split(s, tokenizer, max_sentences) for s in data.eval_splits}
 
 
-def direction_set(cfg: DataConfig, set_name: str, tokenizer: Tokenizer, max_sentences: int = 0
-                  ) -> EvalSet | None:
-  """The set `NAME.SPLIT` (a mixture corpus's eval or test split) if the config has one."""
-  for name, entry in cfg.corpora.items():
-    for split in filter(None, (entry.eval_split, entry.test_split)):
-      if set_name == f"{name}.{split}":
-        return _corpus_set(cfg, name, split, tokenizer, max_sentences)
-  return None
+def direction_set(data: plan.DataPlan, set_name: str, tokenizer: Tokenizer,
+                  max_sentences: int = 0) -> EvalSet | None:
+  """The set `NAME.SPLIT` (a mixture corpus's eval or test split) if the plan has one."""
+  planned = data.corpus_split(set_name)
+  return read_split(planned, tokenizer, max_sentences) if planned else None
 
 
-def _corpus_set(cfg: DataConfig, name: str, split: str, tokenizer: Tokenizer,
-                max_sentences: int) -> EvalSet:
-  return load_eval_set(cfg, split, tokenizer, max_sentences,
-                       spec=mixture.spec_of(cfg.corpora[name], cfg, (split,)),
-                       source_prefix=mixture.source_prefix(cfg, name, tokenizer))
-
-
-def scoring_sets(cfg: DataConfig, tokenizer: Tokenizer, max_sentences: int = 0
+def scoring_sets(data: plan.DataPlan, tokenizer: Tokenizer, max_sentences: int = 0
                  ) -> dict[str, EvalSet]:
   """The test sets: `test_split` (named by it) and each mixture corpus's (`NAME.SPLIT`)."""
-  sets = {}
-  if cfg.test_split:
-    sets[cfg.test_split] = load_eval_set(cfg, cfg.test_split, tokenizer, max_sentences,
-                                         dataset=cfg.test_dataset)
-  sets.update(direction_sets(cfg, tokenizer, "test", max_sentences))
-  return sets
+  return {s.name: read_split(s, tokenizer, max_sentences) for s in data.test_splits}

@@ -15,43 +15,12 @@ report what each corpus gave (`data/corpus/NAME/...`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import grain
 import numpy as np
 
-from transformer_jax.config.corpora import CorpusConfig
 from transformer_jax.config.sections import DataConfig
-from transformer_jax.data import corpus, packing, tokenized
-from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.errors import DataError
-
-
-def spec_of(entry: CorpusConfig, cfg: DataConfig, splits: tuple[str, ...] = ()
-            ) -> corpus.CorpusSpec:
-  """Where a mixture's corpus lives, serving `splits` (default: its training split)."""
-  return corpus.CorpusSpec(entry.dataset, entry.data_dir, entry.source_lang, entry.target_lang,
-                           splits or (entry.split,), cfg.cache_dir or corpus.default_cache_dir(),
-                           cfg.cleaning, entry.split)
-
-
-def tags(cfg: DataConfig) -> list[str]:
-  """The mixture's distinct tags, in config order (the tokenizer reserves a piece for each)."""
-  return list(dict.fromkeys(entry.tag for entry in cfg.corpora.values() if entry.tag))
-
-
-def source_prefix(cfg: DataConfig, name: str, tok: Tokenizer) -> list[int]:
-  """The ids put before every source of corpus `name`: its tag's, or none."""
-  tag = cfg.corpora[name].tag
-  return [tok.tag_id(tag, f"config.data.corpora.{name}.tag")] if tag else []
-
-
-def training_sentences(cfg: DataConfig) -> Iterator[str]:
-  """Both sides of every training pair of every corpus (for tokenizer training)."""
-  for entry in cfg.corpora.values():
-    for src, tgt in corpus.iterate_pairs(spec_of(entry, cfg), entry.split):
-      yield src
-      yield tgt
+from transformer_jax.data import packing, tokenized
 
 
 class _Tagged:
@@ -66,30 +35,12 @@ class _Tagged:
 
 @dataclasses.dataclass(frozen=True)
 class Member:
-  """A corpus of the mixture, ready to read."""
+  """A corpus of the plan, tokenized and counted, ready to read."""
   name: str
   store: tokenized.TokenizedSplit
   prefix: tuple[int, ...]    # ids prepended to each source (the tag)
   weight: float
   counts: tuple[int, int, int]  # this host's shard: kept, empty, too long
-
-
-def members(cfg: DataConfig, tok: Tokenizer, process_index: int, process_count: int
-            ) -> list[Member]:
-  """The mixture's corpora tokenized (once, cached) and counted; an error naming a corpus
-  that has no usable pair."""
-  out = []
-  for name, entry in cfg.corpora.items():
-    store = tokenized.tokenized_split(cfg, tok, entry.split, spec_of(entry, cfg))
-    prefix = tuple(source_prefix(cfg, name, tok))
-    counts = tokenized.count_codes(store, cfg, slice(process_index, None, process_count),
-                                   source_extra=len(prefix)).tolist()
-    if counts[0] == 0:
-      raise DataError(f"config.data.corpora.{name}: no usable training pair in split "
-                      f"{entry.split!r} of {entry.data_dir or entry.dataset} "
-                      f"({counts[1]} with an empty side, {counts[2]} too long)")
-    out.append(Member(name, store, prefix, entry.weight, tuple(counts)))
-  return out
 
 
 def mixed_order(sizes: list[int], weights: list[float], seed: int, process_index: int,

@@ -1,13 +1,13 @@
 """The training input pipeline: shuffled, tokenized, length-filtered, packed batches per host,
 with a checkpointable grain iterator.
 
-Two paths make the same pair stream (the same shuffle of the same shard, the same filter):
-- pre-tokenized (`config.data.pretokenize`, the default): the split's ids are read from the
-  store `data.tokenized` writes once; chunks of the shuffled stream are read and filtered with
-  numpy and packed by `data.packing`, optionally in grain worker processes
-  (`config.data.num_workers`);
-- text: each pair is tokenized in grain threads at every epoch and packed by grain's
-  FirstFitPackIterDataset (the path of runs started before the store existed).
+Training reads the corpora of the run's data plan (`data.plan`: config.data's corpus alone, or a
+mixture's) from the stores `data.tokenized` writes once: chunks of the shuffled stream are read
+and filtered with numpy and packed by `data.packing`, optionally in grain worker processes
+(`config.data.num_workers`). Runs whose config predates that store (`config.data.pretokenize`
+False) tokenize each pair in grain threads at every epoch and pack with grain's
+FirstFitPackIterDataset: the same pair stream (the same shuffle of the same shard, the same
+filter), other batches.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from absl import flags
 from grain.experimental import FirstFitPackIterDataset
 
 from transformer_jax.config.sections import DataConfig
-from transformer_jax.data import corpus, mixture, packing, tokenized
+from transformer_jax.data import corpus, mixture, packing, plan, tokenized
 from transformer_jax.data.tokenizer import UNK_ID, Tokenizer
 from transformer_jax.errors import ConfigError, DataError
 
@@ -138,11 +138,12 @@ def train_pipeline(cfg: DataConfig, tokenizer: Tokenizer, seed: int,
   if cfg.batch_size % process_count:
     raise ConfigError(f"config.data.batch_size={cfg.batch_size} is not divisible by the "
                       f"{process_count} processes")
-  if cfg.corpora:
-    return _mixture(cfg, tokenizer, seed, process_index, process_count)
-  if cfg.pretokenize:
-    return _pretokenized(cfg, tokenizer, seed, process_index, process_count)
-  return _text(cfg, tokenizer, seed, process_index, process_count)
+  data = plan.data_plan(cfg)
+  if not cfg.pretokenize:
+    # (kept for exact resume: a run whose config.json predates data.pretokenize reads as
+    # pretokenize=False, and its checkpointed iterator is this path's, with grain's packing)
+    return _text(data.corpora[0], cfg, tokenizer, seed, process_index, process_count)
+  return _pretokenized(data, tokenizer, seed, process_index, process_count)
 
 
 def _order(num_pairs: int, seed: int, process_index: int, process_count: int
@@ -152,11 +153,12 @@ def _order(num_pairs: int, seed: int, process_index: int, process_count: int
       seed=seed).repeat()
 
 
-def _text(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: int,
-          process_count: int) -> TrainPipeline:
-  source = corpus.get_source(corpus.corpus_spec(cfg), cfg.train_split)
+def _text(own: plan.TrainingCorpus, cfg: DataConfig, tokenizer: Tokenizer, seed: int,
+          process_index: int, process_count: int) -> TrainPipeline:
+  """Pairs tokenized in grain threads at every epoch, packed by grain."""
+  source = corpus.get_source(own.train, own.split)
   if len(source) == 0:
-    raise DataError(f"training split {cfg.train_split!r} of {cfg.dataset} is empty")
+    raise DataError(f"training split {own.split!r} of {own.where} is empty")
   shard = grain.MapDataset.source(source)[process_index::process_count]
   step = _TokenizeAndFilter(cfg, tokenizer, len(shard))
   ds = shard.shuffle(seed=seed).repeat().map(step.tokenize)  # (the order `_order` gives)
@@ -220,25 +222,69 @@ class _SampleChunk(_ReadChunk):
                                   for side, length in zip(sides, lengths)))
 
 
-def _pretokenized(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: int,
+def _pretokenized(data: plan.DataPlan, tokenizer: Tokenizer, seed: int, process_index: int,
                   process_count: int) -> TrainPipeline:
-  store = tokenized.tokenized_split(cfg, tokenizer)
-  if store.num_pairs == 0:
-    raise DataError(f"training split {cfg.train_split!r} of {cfg.dataset} is empty")
+  """The store of each corpus of the plan read in its order, filtered, packed; a mixture's
+  pairs also counted per corpus."""
+  cfg = data.cfg
   shard = slice(process_index, None, process_count)
-  kept, empty, too_long = tokenized.count_codes(store, cfg, shard).tolist()
-  counts = FilterCounts(cfg)
+  members = [_member(c, cfg, tokenizer, shard) for c in data.corpora]
+  order, chunk = _order_of(data, members, seed, process_index, process_count)
+  sampling = cfg.subword_sampling.active
+  ds = _chunks(order, chunk, _reader(data, members, tokenizer), cfg, seed if sampling else None)
+  counted = members if data.mixed else []  # (a corpus alone: its counts are the run's)
+  counts = FilterCounts(cfg, corpus_pairs=np.zeros(len(counted), np.int64),
+                        corpus_tokens=np.zeros(len(counted), np.int64))
+  return TrainPipeline(_packed(ds, cfg, process_count, len(counted)), counts,
+                       sum(sum(m.counts) for m in members), tuple(m.name for m in counted),
+                       tuple(sum(m.counts) for m in counted))
+
+
+def _member(planned: plan.TrainingCorpus, cfg: DataConfig, tokenizer: Tokenizer, shard: slice
+            ) -> mixture.Member:
+  """A corpus tokenized (once, cached) and this host's shard of it counted; an error when it
+  has no usable pair."""
+  store = tokenized.tokenized_split(planned.train, tokenizer)
+  if store.num_pairs == 0 and not planned.name:
+    raise DataError(f"training split {planned.split!r} of {planned.where} is empty")
+  prefix = tuple(planned.source_prefix(tokenizer))
+  kept, empty, too_long = tokenized.count_codes(store, cfg, shard, source_extra=len(prefix)
+                                                ).tolist()
+  if kept == 0 and planned.name:
+    raise DataError(f"config.data.corpora.{planned.name}: no usable training pair in split "
+                    f"{planned.split!r} of {planned.where} ({empty} with an empty side, "
+                    f"{too_long} too long)")
   if kept == 0:
     raise DataError(
-        f"no usable training pair in split {cfg.train_split!r} of {cfg.dataset} "
+        f"no usable training pair in split {planned.split!r} of {planned.where} "
         f"({empty + too_long} in this host's shard): "
-        + dataclasses.replace(counts, empty=empty, too_long=too_long).summary())
-  chunk = min(CHUNK_PAIRS, kept + empty + too_long)
-  read = (_SampleChunk(store, cfg, tokenizer) if cfg.subword_sampling.active
-          else _ReadChunk(store, cfg))
-  ds = _chunks(_order(store.num_pairs, seed, process_index, process_count), chunk, read, cfg,
-               seed if cfg.subword_sampling.active else None)
-  return TrainPipeline(_packed(ds, cfg, process_count), counts, kept + empty + too_long)
+        + FilterCounts(cfg, empty=empty, too_long=too_long).summary())
+  return mixture.Member(planned.name, store, prefix, planned.weight, (kept, empty, too_long))
+
+
+def _order_of(data: plan.DataPlan, members: list[mixture.Member], seed: int,
+              process_index: int, process_count: int) -> tuple[grain.MapDataset, int]:
+  """The stream's order and its chunk size: a mixture's interleaving, or config.data's corpus
+  alone in its own order (which a mixture of one would not repeat: runs resume in the order
+  they began). A chunk is no larger than the data: each pair drawn from a small corpus costs
+  grain milliseconds, and a full chunk of one would take seconds to read."""
+  if data.mixed:
+    order = mixture.mixed_order([m.store.num_pairs for m in members],
+                                [m.weight for m in members], seed, process_index, process_count)
+    return order, min(CHUNK_PAIRS, sum(m.store.num_pairs for m in members))
+  (own,) = members
+  return (_order(own.store.num_pairs, seed, process_index, process_count),
+          min(CHUNK_PAIRS, sum(own.counts)))
+
+
+def _reader(data: plan.DataPlan, members: list[mixture.Member], tokenizer: Tokenizer):
+  """What reads a chunk of the order: a mixture's tagged (corpus, pair) indices, or a corpus
+  alone's pair indices (segmented anew with subword sampling, which mixtures do not take)."""
+  if data.mixed:
+    return mixture.ReadMixedChunk(members, data.cfg)
+  if data.cfg.subword_sampling.active:
+    return _SampleChunk(members[0].store, data.cfg, tokenizer)
+  return _ReadChunk(members[0].store, data.cfg)
 
 
 def _chunks(order: grain.MapDataset, chunk: int, read, cfg: DataConfig,
@@ -266,30 +312,10 @@ def _packed(chunks: grain.IterDataset, cfg: DataConfig, process_count: int,
   return ds
 
 
-def _mixture(cfg: DataConfig, tokenizer: Tokenizer, seed: int, process_index: int,
-             process_count: int) -> TrainPipeline:
-  """The pre-tokenized path over a mixture of corpora (`data.mixture`)."""
-  members = mixture.members(cfg, tokenizer, process_index, process_count)
-  order = mixture.mixed_order([m.store.num_pairs for m in members],
-                              [m.weight for m in members], seed, process_index, process_count)
-  # (as for one corpus, a chunk no larger than the corpora: each pair drawn from a small
-  # mixture costs grain milliseconds, and a full chunk of one would take seconds to read)
-  chunk = min(CHUNK_PAIRS, sum(m.store.num_pairs for m in members))
-  ds = _chunks(order, chunk, mixture.ReadMixedChunk(members, cfg), cfg)
-  counts = FilterCounts(cfg, corpus_pairs=np.zeros(len(members), np.int64),
-                        corpus_tokens=np.zeros(len(members), np.int64))
-  return TrainPipeline(_packed(ds, cfg, process_count, len(members)), counts,
-                       sum(sum(m.counts) for m in members),
-                       tuple(m.name for m in members),
-                       tuple(sum(m.counts) for m in members))
-
-
-def training_sentences(cfg: DataConfig) -> Iterator[str]:
-  """Both sides of every training pair (of every corpus of a mixture), streamed (for tokenizer
+def training_sentences(data: plan.DataPlan) -> Iterator[str]:
+  """Both sides of every training pair of every corpus of the plan, streamed (for tokenizer
   training)."""
-  if cfg.corpora:
-    yield from mixture.training_sentences(cfg)
-    return
-  for src, tgt in corpus.iterate_pairs(corpus.corpus_spec(cfg), cfg.train_split):
-    yield src
-    yield tgt
+  for planned in data.corpora:
+    for src, tgt in corpus.iterate_pairs(planned.train, planned.split):
+      yield src
+      yield tgt

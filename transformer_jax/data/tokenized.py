@@ -95,27 +95,26 @@ def count_codes(split: TokenizedSplit, cfg: DataConfig, shard: slice = slice(Non
   return counts
 
 
-def fingerprint(spec: corpus.CorpusSpec, split: str, tok: Tokenizer) -> str:
+def fingerprint(spec: corpus.CorpusSpec, split: str, tokenizer: Tokenizer) -> str:
   """What the ids depend on: the prepared corpus (its folder and size) and the tokenizer."""
   builder = corpus.get_builder(spec)
   num_pairs = len(builder.as_data_source(split=split))
   key = (f"v{FORMAT_VERSION}|{Path(builder.data_dir).resolve()}|{split}|{num_pairs}|"
-         f"{spec.source_lang}>{spec.target_lang}|{tok.fingerprint}")
+         f"{spec.source_lang}>{spec.target_lang}|{tokenizer.fingerprint}")
   return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def tokenized_split(cfg: DataConfig, tok: Tokenizer, split: str | None = None,
-                    spec: corpus.CorpusSpec | None = None, write_ids=None) -> TokenizedSplit:
-  """The split (default: the training split) of `spec` (default: the training corpus) as
-  token ids, written on first use (by `write_ids`: default `_write_ids`, in this process;
-  `data.apache_beam_prep.beam_tokenizer`: a Beam pipeline writing the same files)."""
-  split = split or cfg.train_split
-  spec = spec or corpus.corpus_spec(cfg)
-  fp = fingerprint(spec, split, tok)  # (prepares the corpus, under the lock, first)
+def tokenized_split(spec: corpus.CorpusSpec, tokenizer: Tokenizer, write_ids=None
+                    ) -> TokenizedSplit:
+  """The training split of `spec` (its `train_split`) as token ids, written on first use (by
+  `write_ids`: default `_write_ids`, in this process; `data.apache_beam_prep.beam_tokenizer`: a
+  Beam pipeline writing the same files)."""
+  split = spec.train_split
+  fp = fingerprint(spec, split, tokenizer)  # (prepares the corpus, under the lock, first)
   folder = Path(spec.cache_dir) / "tokenized" / fp
   with corpus.preparation_lock(spec.cache_dir):
     if not (folder / "meta.json").is_file():
-      _write(folder, spec, split, tok, fp, write_ids or _write_ids)
+      _write(folder, spec, split, tokenizer, fp, write_ids or _write_ids)
   return _open(folder)
 
 
@@ -133,22 +132,22 @@ def _open(folder: Path) -> TokenizedSplit:
   return store
 
 
-def _write(folder: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, fp: str,
+def _write(folder: Path, spec: corpus.CorpusSpec, split: str, tokenizer: Tokenizer, fp: str,
            write_ids):
   """Tokenizes `split` into `folder`, streamed, with progress in the log (the caller holds the
   preparation lock; the corpus is prepared already, so reading it takes no lock)."""
   start, total = time.perf_counter(), len(corpus.get_source(spec, split))
-  id_dtype = "uint16" if tok.vocab_size <= np.iinfo(np.uint16).max + 1 else "int32"
+  id_dtype = "uint16" if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else "int32"
   folder.parent.mkdir(parents=True, exist_ok=True)
   for stale in folder.parent.glob(f".incomplete-{fp}-*"):  # (callers hold the lock)
     shutil.rmtree(stale)
   tmp = folder.with_name(f".incomplete-{fp}-{os.getpid()}")
   tmp.mkdir()
   try:
-    done, ends = write_ids(tmp, spec, split, tok, total, id_dtype)
+    done, ends = write_ids(tmp, spec, split, tokenizer, total, id_dtype)
     (tmp / "meta.json").write_text(json.dumps(
         {"format_version": FORMAT_VERSION, "num_pairs": done, "id_dtype": id_dtype,
-         "tokenizer": tok.fingerprint, "dataset": spec.dataset, "split": split,
+         "tokenizer": tokenizer.fingerprint, "dataset": spec.dataset, "split": split,
          "languages": [spec.source_lang, spec.target_lang],
          "tokens": {side: ends[side] for side in SIDES}}, indent=1))
   except BaseException:  # (a bad file, an interrupt: no half-written folder left behind)
@@ -160,7 +159,7 @@ def _write(folder: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, fp
            ends["source"], ends["target"], time.perf_counter() - start, folder)
 
 
-def _write_ids(tmp: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, total: int,
+def _write_ids(tmp: Path, spec: corpus.CorpusSpec, split: str, tokenizer: Tokenizer, total: int,
                id_dtype: str) -> tuple[int, dict[str, int]]:
   """Streams the split's ids and offsets into `tmp`; returns (pairs, tokens per side)."""
   ends = dict.fromkeys(SIDES, 0)
@@ -174,7 +173,7 @@ def _write_ids(tmp: Path, spec: corpus.CorpusSpec, split: str, tok: Tokenizer, t
 
     def flush():
       for side, texts in zip(SIDES, zip(*block)):
-        ids = tok.encode_batch(list(texts), side)
+        ids = tokenizer.encode_batch(list(texts), side)
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         files[f"{side}.ids"].write(np.fromiter((i for seq in ids for i in seq), id_dtype,
                                                int(lengths.sum())).tobytes())

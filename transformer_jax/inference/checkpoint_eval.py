@@ -25,6 +25,7 @@ from transformer_jax import atomic
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
 from transformer_jax.data.eval_sets import EvalSet, direction_set, load_eval_set, scoring_sets
+from transformer_jax.data.plan import data_plan
 from transformer_jax.errors import DataError, UsageError
 from transformer_jax.evaluation import alignment, scoring
 from transformer_jax.evaluation.evaluator import Evaluator
@@ -73,12 +74,13 @@ def _untagged_sets(run: trained_run.TrainedRun, split: str, source_file: str,
     sources, references = [a for a, _ in pairs], [b for _, b in pairs]
     return {files_set_name(source_file, reference_file) + first:
             EvalSet.from_pairs(sources, references, run.tokenizer)}
+  data = data_plan(cfg.data)
   if not split:
-    sets = scoring_sets(cfg.data, run.tokenizer, max_sentences)
+    sets = scoring_sets(data, run.tokenizer, max_sentences)
     if sets:
       return {name + first: eval_set for name, eval_set in sets.items()}
     split = cfg.data.eval_split
-  direction = direction_set(cfg.data, split, run.tokenizer, max_sentences)
+  direction = direction_set(data, split, run.tokenizer, max_sentences)
   if direction is not None:
     return {split + first: direction}
   dataset = (cfg.data.test_dataset if split == cfg.data.test_split else

@@ -10,7 +10,8 @@ import time
 
 import jax
 
-from transformer_jax.data.eval_sets import direction_sets, load_eval_set, scoring_sets
+from transformer_jax.data.eval_sets import scoring_sets, validation_sets
+from transformer_jax.data.plan import data_plan
 from transformer_jax.evaluation.evaluator import Evaluator, sample_translations
 from transformer_jax.parallel import compilation
 from transformer_jax.reporting.metrics import MetricWriter
@@ -19,15 +20,11 @@ from transformer_jax.workdir import layout
 log = logging.getLogger(__name__)
 
 
-def evaluators(cfg, model, tok, mesh, cancelled) -> dict[str, Evaluator]:
+def evaluators(cfg, model, tokenizer, mesh, cancelled) -> dict[str, Evaluator]:
   """The validation sets' evaluators: "" (config.data.eval_split, unless ""), then each
   corpus's."""
-  sets = {}
-  if cfg.data.eval_split or not cfg.data.corpora:
-    sets[""] = load_eval_set(cfg.data, cfg.data.eval_split, tok, cfg.eval_max_sentences,
-                             cfg.data.eval_dataset)
-  sets.update(direction_sets(cfg.data, tok, "eval", cfg.eval_max_sentences))
-  return {name: Evaluator(eval_set, model, tok, cfg.decode, mesh, cancelled=cancelled)
+  sets = validation_sets(data_plan(cfg.data), tokenizer, cfg.eval_max_sentences)
+  return {name: Evaluator(eval_set, model, tokenizer, cfg.decode, mesh, cancelled=cancelled)
           for name, eval_set in sets.items()}
 
 
@@ -60,14 +57,14 @@ def validate(evaluators_: dict[str, Evaluator], params, step: int, writer: Metri
   return bleus[""] if "" in bleus else sum(bleus.values()) / len(bleus)
 
 
-def test(cfg, workdir, model, params, tok, mesh, writer, step) -> dict[str, float]:
+def test(cfg, workdir, model, params, tokenizer, mesh, writer, step) -> dict[str, float]:
   """BLEU on each test set; the translations and results.json go to eval/<set>/ as
   `evaluate` writes them. Metrics: test/... for config.data.test_split, test/NAME.SPLIT/...
   for a corpus's."""
   result = {}
-  for name, eval_set in scoring_sets(cfg.data, tok).items():
+  for name, eval_set in scoring_sets(data_plan(cfg.data), tokenizer).items():
     t0, prepared = time.time(), compilation.program_seconds()
-    score, hyps = Evaluator(eval_set, model, tok, cfg.decode, mesh).bleu(params)
+    score, hyps = Evaluator(eval_set, model, tokenizer, cfg.decode, mesh).bleu(params)
     seconds, prepared = time.time() - t0, compilation.program_seconds() - prepared
     label = f"step_{step}" + ("_ema" if cfg.optimizer.ema_decay else "")  # (as evaluate does)
     out_dir = layout.eval_dir(workdir, name)

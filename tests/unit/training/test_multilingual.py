@@ -13,6 +13,7 @@ from tests import helpers
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.data import corpus
 from transformer_jax.data.eval_sets import scoring_sets
+from transformer_jax.data.plan import data_plan
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.export.engine import Ctranslate2Translator
@@ -56,7 +57,7 @@ def test_each_direction_is_drawn_half_the_time_and_tested_with_its_tag(bilingual
   for key in ("eval/bleu", "eval/deen.test/bleu", "test/deen.test/bleu", "test/ende.test/bleu"):
     assert np.isfinite(final[key]), key
   tok = Tokenizer.load(workdir / "spm.model")
-  sets = scoring_sets(cfg.data, tok)
+  sets = scoring_sets(data_plan(cfg.data), tok)
   assert list(sets) == ["deen.test", "ende.test"]
   german = list(corpus.read_lines(folder / "test.de.gz"))
   assert sets["ende.test"].references == german and sets["deen.test"].sources == german

@@ -44,9 +44,9 @@ def _tokenize_range(item, builder_dir: str, split: str, langs, model_proto: byte
   index, start, end = item
   source = tfds.builder_from_directory(builder_dir).as_data_source(split=split)
   examples = source.__getitems__(range(start, end))
-  tok = Tokenizer.from_bytes(model_proto)
+  tokenizer = Tokenizer.from_bytes(model_proto)
   for side, lang in zip(SIDES, langs):
-    ids = tok.encode_batch([corpus.as_text(ex[lang]) for ex in examples], side)
+    ids = tokenizer.encode_batch([corpus.as_text(ex[lang]) for ex in examples], side)
     lengths = np.fromiter(map(len, ids), np.int64, len(ids))
     (Path(out) / f"{side}.lengths.{index:06d}").write_bytes(lengths.tobytes())
     (Path(out) / f"{side}.ids.{index:06d}").write_bytes(
@@ -59,7 +59,7 @@ def beam_tokenizer(runner: str = "DirectRunner", options: list[str] | tuple[str,
   """A `write_ids` for `tokenized.tokenized_split` that tokenizes in a Beam pipeline."""
   beam, pipeline_options = _beam()
 
-  def write_ids(tmp: Path, spec, split: str, tok: Tokenizer, total: int, id_dtype: str):
+  def write_ids(tmp: Path, spec, split: str, tokenizer: Tokenizer, total: int, id_dtype: str):
     import numpy as np
     builder_dir = str(corpus.get_builder(spec).data_dir)
     tasks = [(i, start, min(start + pairs_per_task, total))
@@ -67,7 +67,7 @@ def beam_tokenizer(runner: str = "DirectRunner", options: list[str] | tuple[str,
     with beam.Pipeline(runner=runner, options=pipeline_options(list(options))) as p:
       _ = (p | "ranges" >> beam.Create(tasks) | "spread" >> beam.Reshuffle()
            | "tokenize" >> beam.Map(_tokenize_range, builder_dir, split,
-                                    (spec.source_lang, spec.target_lang), tok.model_proto,
+                                    (spec.source_lang, spec.target_lang), tokenizer.model_proto,
                                     id_dtype, str(tmp)))
     ends = {}
     for side in SIDES:

@@ -25,9 +25,9 @@ import sacrebleu
 from absl import app, flags
 
 from transformer_jax.data.eval_sets import load_eval_set
-from transformer_jax.export import ctranslate2_decoding
-from transformer_jax.export.exporter import export
 from transformer_jax.inference.translator import Translator
+from transformer_jax.interop import ctranslate2_decoding
+from transformer_jax.interop.ctranslate2_export import export
 from transformer_jax.parallel import hardware
 
 FLAGS = flags.FLAGS

@@ -27,7 +27,7 @@ from pathlib import Path
 from absl import app, flags
 
 from transformer_jax.data import text
-from transformer_jax.export import engine as engines
+from transformer_jax.interop import engines
 from transformer_jax.parallel import hardware, platforms
 
 FLAGS = flags.FLAGS

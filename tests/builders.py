@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tests import caches, helpers
-from transformer_jax.export.exporter import export
+from transformer_jax.interop.ctranslate2_export import export
 
 
 def _data() -> Path:

@@ -21,11 +21,10 @@ from tests import builders, helpers
 from transformer_jax.cli import translate as translate_cli
 from transformer_jax.cli import translate_corpus as translate_corpus_cli
 from transformer_jax.errors import ConfigError, UsageError
-from transformer_jax.export import ctranslate2_decoding
-from transformer_jax.export import engine as ct2_engine
-from transformer_jax.export.exporter import TOKENIZER_FILE
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
 from transformer_jax.inference.translator import Translator
+from transformer_jax.interop import ctranslate2_decoding, engines
+from transformer_jax.interop.ctranslate2_export import TOKENIZER_FILE
 from transformer_jax.serving.engine import Engine, Options
 
 CORPUS = helpers.ROOT / "transformer_jax" / "corpora" / "multi30k"
@@ -87,13 +86,13 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   workdir, folder = exported
   sources = _lines("test2016.de.gz")[:100]
-  first = ct2_engine.translator("ctranslate2", [str(workdir)], compute_type="float32")
+  first = engines.translator("ctranslate2", [str(workdir)], compute_type="float32")
   (cached,) = [p for p in (tmp_path / "transformer_jax" / "ctranslate2").iterdir()
                if not p.name.startswith(".")]  # (and the export's lock file)
   made = (cached / "model.bin").stat().st_mtime_ns
   step = json.loads((cached / "export.json").read_text())["steps"][0]
   greedy = ["greedy=true", "max_length_a=0", f"max_length_b={first.decode.max_length}"]
-  again = ct2_engine.Ctranslate2Translator(str(workdir), str(step), greedy,
+  again = engines.Ctranslate2Translator(str(workdir), str(step), greedy,
                                            requested_type="float32", calls_at_once=2)
   assert (cached / "model.bin").stat().st_mtime_ns == made  # (from the cache)
   translated = again.translate(sources)
@@ -113,14 +112,14 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
     Engine(again).decode_config(Options(alignments=True))
   with pytest.raises(ConfigError, match="--compute_type=float64: CTranslate2 on this cpu "
                                         "supports"):
-    ct2_engine.compute_type("float64")
+    engines.compute_type("float64")
   with pytest.raises(UsageError, match="--alignments: not with --engine=ctranslate2"):
-    ct2_engine.translator("ctranslate2", [str(workdir)], alignments=True)
+    engines.translator("ctranslate2", [str(workdir)], alignments=True)
   with pytest.raises(UsageError, match="samples from one seed per process"):
     again.translate(sources[:1], seed=1, decode=dataclasses.replace(again.decode, greedy=False,
                                                                     sampling=True))
   with pytest.raises(UsageError, match="--compute_type is CTranslate2's"):
-    ct2_engine.translator("jax", [str(workdir)], compute_type="int8")
+    engines.translator("jax", [str(workdir)], compute_type="int8")
 
 
 def test_evaluate_scores_with_the_ctranslate2_engine(exported, tmp_path, monkeypatch):
@@ -128,7 +127,7 @@ def test_evaluate_scores_with_the_ctranslate2_engine(exported, tmp_path, monkeyp
   workdir, folder = exported
   (result,), _ = evaluate_checkpoints(
       str(workdir), "test2016", "latest", max_sentences=100, output_dir=str(tmp_path / "eval"),
-      engines=ct2_engine.evaluation_engines(["ctranslate2"], "float32"), lowercase=True)
+      engines=engines.evaluation_engines(["ctranslate2"], "float32"), lowercase=True)
   assert result["label"].endswith("@ctranslate2") and result["engine"] == "ctranslate2"
   run = Translator(str(workdir))  # (the run's settings, as evaluate decodes)
   sources = _lines("test2016.de.gz")[:100]
@@ -143,7 +142,7 @@ def test_evaluate_scores_with_the_ctranslate2_engine(exported, tmp_path, monkeyp
                                                            lowercase=True).score
   with pytest.raises(UsageError, match="--engine=ctranslate2: no --alignments"):
     evaluate_checkpoints(str(workdir), "test2016", "latest", alignments=True,
-                         engines=ct2_engine.evaluation_engines(["ctranslate2"]))
+                         engines=engines.evaluation_engines(["ctranslate2"]))
 
 
 def test_translate_and_translate_corpus_take_the_ctranslate2_engine(exported, tmp_path,

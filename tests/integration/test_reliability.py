@@ -27,8 +27,8 @@ from tests.helpers import checkpoint_steps as _steps
 from tests.helpers import saved_state as _state
 from transformer_jax.data import corpus
 from transformer_jax.errors import CheckpointError
-from transformer_jax.importing import hf_marian
 from transformer_jax.inference import averaging, trained_run
+from transformer_jax.interop import hf_marian
 
 STEPS = builders.RELIABILITY_STEPS
 

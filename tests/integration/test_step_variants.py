@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import fixed_batch, stack_layers, tiny_setup, tiny_train_config
+from tests.model_variants import VARIANTS
 from transformer_jax.decoding import search as decode
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import step as train_lib
@@ -61,13 +62,10 @@ def test_remat_and_scan_train_like_the_plain_model(overrides):
   assert np.asarray(other) == pytest.approx(np.asarray(plain), rel=1e-6)
 
 
-@pytest.mark.parametrize("variant", [
-    {"model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2,
-     "model.positional_encoding": "rotary"},
-    {"model.norm": "rmsnorm", "model.pre_layer_norm": False, "model.ffn_activation": "geglu",
-     "model.num_kv_heads": 1, "model.positional_encoding": "relative"}],
-    ids=["rmsnorm-swiglu-gqa2-rotary", "postln-rmsnorm-geglu-mqa-relative"])
-def test_block_variants_train_alike_with_scan_and_remat_on_and_off(variant):
+@pytest.mark.parametrize("name", ["rmsnorm_swiglu_gqa_relative",
+                                  "post_ln_rmsnorm_geglu_mqa_rotary"])
+def test_block_variants_train_alike_with_scan_and_remat_on_and_off(name):
+  variant = VARIANTS[name]
   cfg, model, state = tiny_setup(**{"model.dropout_rate": 0.0}, **variant)
   _, plain = _train_losses(model, state)
   assert np.isfinite(plain).all()

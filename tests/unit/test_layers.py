@@ -15,8 +15,8 @@ PACKAGE = ROOT / "transformer_jax"
 # The shipped config files sit just above config/: they import only each other and config/
 # (the sweep specs' search-space vocabulary), never the code that runs them.
 LAYERS = ["errors", "atomic", "config", "configs", "ops", "model", "data", "parallel", "reporting",
-          "workdir", "decoding", "evaluation", "training", "aot", "inference", "export",
-          "importing", "serving", "sweeps", "cli"]
+          "workdir", "decoding", "evaluation", "training", "aot", "inference", "interop",
+          "serving", "sweeps", "cli"]
 
 
 def _modules():

@@ -11,12 +11,12 @@ results.json there (a set per direction of a multilingual run; --checkpoint=all:
 from absl import flags
 
 from transformer_jax.cli import runner
-from transformer_jax.export import engine
 from transformer_jax.inference.checkpoint_eval import (
   evaluate_checkpoints,
   format_table,
   writing_lock,
 )
+from transformer_jax.interop import engines
 
 
 def define_flags(fv: flags.FlagValues):
@@ -48,7 +48,7 @@ def evaluate(args: runner.Args):
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
         args.max_sentences, args.decode, args.lowercase, args.output_dir, args.alignments,
         args.source_tag, args.dtype,
-        engine.evaluation_engines(args.engine, args.compute_type))
+        engines.evaluation_engines(args.engine, args.compute_type))
   print(format_table(results), *(f"wrote {d}/results.json" for d in out_dirs), sep="\n")
 
 

@@ -13,7 +13,7 @@ provenance and use. Every model option of this codebase converts exactly. Needs 
 from absl import flags
 
 from transformer_jax.cli import runner
-from transformer_jax.export.exporter import QUANTIZATIONS, export
+from transformer_jax.interop.ctranslate2_export import QUANTIZATIONS, export
 
 
 def define_flags(fv: flags.FlagValues):

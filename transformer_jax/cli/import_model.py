@@ -16,7 +16,7 @@ from absl import flags
 
 from transformer_jax.cli import runner
 from transformer_jax.errors import UsageError
-from transformer_jax.importing import hf_marian
+from transformer_jax.interop import hf_marian
 
 FORMATS = ("hf-marian",)
 

@@ -61,7 +61,7 @@ def define_decoding_flags(fv: flags.FlagValues):
 
 def define_engine_flags(fv: flags.FlagValues):
   """--engine and --compute_type, as translate, translate-corpus and serve take them
-  (export.engine.translator makes their translator)."""
+  (interop.engines.translator makes their translator)."""
   flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2"], "Our search, or CTranslate2 (the "
                     "checkpoint exported on the fly into a cache keyed by its fingerprint, "
                     "~/.cache/transformer_jax/ctranslate2).", flag_values=fv)

@@ -17,7 +17,7 @@ from absl import flags
 from transformer_jax import atomic
 from transformer_jax.cli import runner
 from transformer_jax.data.text import iter_lines, read_lines
-from transformer_jax.export import engine
+from transformer_jax.interop import engines
 
 
 def define_flags(fv: flags.FlagValues):
@@ -42,7 +42,7 @@ def define_flags(fv: flags.FlagValues):
 def translate(args: runner.Args):
   from_stdin = args.input == "-"
   interactive = from_stdin and sys.stdin.isatty() if args.interactive is None else args.interactive
-  translator = engine.translator(args.engine, args.workdir, args.checkpoint, args.decode,
+  translator = engines.translator(args.engine, args.workdir, args.checkpoint, args.decode,
                                  args.source_tag, args.dtype, args.compute_type,
                                  args.alignments, args.alignment_layer)
   lines = iter_lines(sys.stdin.buffer, "<stdin>") if from_stdin else read_lines(args.input)

@@ -17,8 +17,8 @@ mixture: config.data.corpora.NAME = dict(data_dir=FOLDER, tag=TAG, ...).
 from absl import flags
 
 from transformer_jax.cli import runner
-from transformer_jax.export import engine
 from transformer_jax.inference.corpus_translation import translate_corpus as run
+from transformer_jax.interop import engines
 from transformer_jax.workdir import lock
 
 
@@ -45,7 +45,7 @@ def define_flags(fv: flags.FlagValues):
 
 def translate_corpus(args: runner.Args):
   with lock.hold(args.out, "translate-corpus"):  # (one writer of the output folder)
-    translator = engine.translator(args.engine, args.workdir, args.checkpoint, args.decode,
+    translator = engines.translator(args.engine, args.workdir, args.checkpoint, args.decode,
                                    args.source_tag, args.dtype, args.compute_type)
     run(translator, args.workdir, args.checkpoint, args.input, args.out, args.split, args.tag,
         args.block_lines)

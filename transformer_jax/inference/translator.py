@@ -29,7 +29,7 @@ class Translator:
   of sentences into (n-best) translations, optionally each starting with a given prefix. The
   first run's decoding settings apply, with `decode_overrides`; `dtype`: the matmul dtype to
   decode in ("" = the run's)."""
-  engine = "jax"  # (our search; export.engine's CTranslate2 translator has this interface too)
+  engine = "jax"  # (our search; interop.engines' CTranslate2 translator has this interface too)
   seeds_each_call = True  # (a call's `seed` decides its samples, whatever came before)
 
   def __init__(self, workdir: str | list[str], checkpoint: str = "latest",

@@ -13,7 +13,7 @@ import jax
 import uvicorn
 
 from transformer_jax.errors import UsageError
-from transformer_jax.export import engine as engines
+from transformer_jax.interop import engines
 from transformer_jax.serving.api import Limits, make_app
 from transformer_jax.serving.batcher import Batcher
 from transformer_jax.serving.engine import Engine

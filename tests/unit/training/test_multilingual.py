@@ -16,9 +16,9 @@ from transformer_jax.data.eval_sets import scoring_sets
 from transformer_jax.data.plan import data_plan
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError
-from transformer_jax.export.engine import Ctranslate2Translator
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
 from transformer_jax.inference.translator import Translator
+from transformer_jax.interop.engines import Ctranslate2Translator
 from transformer_jax.serving.engine import Engine, Options
 from transformer_jax.training.loop import train_and_evaluate
 

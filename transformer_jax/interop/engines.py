@@ -20,9 +20,9 @@ from tqdm import tqdm
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.decoding.batches import Hypothesis
 from transformer_jax.errors import ConfigError, UsageError
-from transformer_jax.export import ctranslate2_decoding, exporter
 from transformer_jax.inference import trained_run
 from transformer_jax.inference.translator import Translator
+from transformer_jax.interop import ctranslate2_decoding, ctranslate2_export
 from transformer_jax.workdir import layout
 
 log = logging.getLogger(__name__)
@@ -55,12 +55,12 @@ def fingerprint(run, selected, version: str) -> str:
 def cached_export(run, selected) -> Path:
   """The float32 CTranslate2 folder of the `selected` checkpoint of `run`, exported unless
   cached; a process exporting the same checkpoint meanwhile is waited for."""
-  ctranslate2 = exporter.load_ctranslate2()
+  ctranslate2 = ctranslate2_export.load_ctranslate2()
   folder = cache_root() / fingerprint(run, selected, ctranslate2.__version__)
   if not (folder / "export.json").is_file():
     folder.parent.mkdir(parents=True, exist_ok=True)
     # (a process exporting it meanwhile is waited for, and its folder taken)
-    exporter.export(run.workdir, selected.label, folder, "float32", force=True,
+    ctranslate2_export.export(run.workdir, selected.label, folder, "float32", force=True,
                     wait_seconds=EXPORT_WAIT_S)
     return folder
   log.info("CTranslate2 model of %s (%s) from the cache: %s", run.workdir, selected.label,

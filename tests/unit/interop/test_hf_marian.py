@@ -19,9 +19,8 @@ from transformer_jax.config.parse import from_config_dict
 from transformer_jax.data import tokenizer as T
 from transformer_jax.decoding.search import greedy_search
 from transformer_jax.errors import CheckpointError
-from transformer_jax.export import exporter
-from transformer_jax.importing import hf_marian, writer
 from transformer_jax.inference import trained_run
+from transformer_jax.interop import ctranslate2_export, hf_marian, imported_run
 from transformer_jax.training.run import open_run
 
 GERMAN = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.",
@@ -108,7 +107,7 @@ def test_what_cannot_be_imported_is_refused_by_name(spm_models, tmp_path, monkey
   params["decoder_0"]["feed_forward"]["wo"]["bias"] = np.zeros(3, np.float32)
   with pytest.raises(CheckpointError, match=r"imported weight .*'wo'\]\['bias'\]: shape \(3,\), "
                                             r"the model's \(16,\)"):
-    writer.write_run(tmp_path / "run", options, ("de", "en"), params,
+    imported_run.write_run(tmp_path / "run", options, ("de", "en"), params,
                      hf_marian.tokenizer_file(folder, pieces), {})
   assert not (tmp_path / "run").exists()
 
@@ -167,7 +166,7 @@ def test_an_imported_model_exported_to_ctranslate2_scores_as_ours(spm_models, tm
   _marian_folder(tmp_path / "opus-mt-de-en", spm_models, encoder_layers=2, decoder_layers=1,
                  tie_word_embeddings=False, scale_embedding=True, activation_function="swish")
   workdir = hf_marian.import_run(tmp_path / "opus-mt-de-en", tmp_path / "run", "de", "en")
-  exporter.export(workdir, "latest", tmp_path / "ct2")
+  ctranslate2_export.export(workdir, "latest", tmp_path / "ct2")
   assert {"source.spm", "target.spm"} <= {p.name for p in (tmp_path / "ct2").iterdir()}
   assert 'target_sp.decode(' in (tmp_path / "ct2" / "README.md").read_text()
   run = trained_run.load(workdir, dtype="float32")

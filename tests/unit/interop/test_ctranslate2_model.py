@@ -12,34 +12,15 @@ import numpy as np
 import pytest
 
 from tests import helpers
+from tests.model_variants import VARIANTS
 from transformer_jax.data.tokenizer import PAD_ID, Tokenizer
-from transformer_jax.export import ctranslate2_model
+from transformer_jax.interop import ctranslate2_model
 from transformer_jax.model.transformer import Transformer, unscanned
 
 PAIRS = [("Ein Mann fährt mit dem Fahrrad durch die Stadt.", "A man rides a bike."),
          ("Zwei kleine Hunde spielen im tiefen Schnee auf einer großen Wiese neben dem Wald "
           "und ein Kind schaut ihnen zu.", "Two dogs play in the snow."),
          ("Hallo", "Hello there, how are you doing today?")]
-
-VARIANTS = {
-    "paper_pre_ln": {},
-    "post_ln_rmsnorm_gelu_learned_untied": {
-        "model.pre_layer_norm": False, "model.norm": "rmsnorm", "model.ffn_activation": "gelu",
-        "model.positional_encoding": "learned", "model.share_embeddings": False,
-        "model.tie_output_embedding": False},
-    "swiglu_gqa_rotary_scanned_3_1": {
-        "model.ffn_activation": "swiglu", "model.num_kv_heads": 2,
-        "model.positional_encoding": "rotary", "model.scan_layers": True,
-        "model.num_encoder_layers": 3, "model.num_decoder_layers": 1},
-    "geglu_mqa_relative_untied_output": {
-        "model.ffn_activation": "geglu", "model.num_kv_heads": 1,
-        "model.positional_encoding": "relative", "model.relative_num_buckets": 8,
-        "model.relative_max_distance": 20, "model.tie_output_embedding": False},
-    "marian_like_silu_concat_sinusoids_unscaled_output_bias": {
-        "model.pre_layer_norm": False, "model.ffn_activation": "silu",
-        "model.positional_encoding": "sinusoidal_concat", "model.scale_embeddings": False,
-        "model.output_bias": True, "model.norm_epsilon": 1e-5},
-}
 
 
 def _padded(rows):

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from transformer_jax.errors import CheckpointError
-from transformer_jax.importing import safetensors
+from transformer_jax.interop import safetensors
 
 
 def test_tensors_read_as_the_library_wrote_them(tmp_path):

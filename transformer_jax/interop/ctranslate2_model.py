@@ -1,5 +1,6 @@
 """Our Transformer's parameters as a CTranslate2 `TransformerSpec`: each of our modules mapped
-onto the spec's layer of the same computation, and the options it has no equivalent for named.
+onto the spec's layer of the same computation; where each model option goes is its row in
+`model_options.ROWS`.
 
 The mapping, per stack (Flax kernels are (in, out); CTranslate2's weights are (out, in)):
   source/target embedding          -> encoder.embeddings[0] / decoder.embeddings (scaled by

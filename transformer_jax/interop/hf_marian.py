@@ -32,14 +32,14 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import LANGUAGE_TAG, PairedTokenizer
 from transformer_jax.errors import CheckpointError
-from transformer_jax.importing import safetensors, writer
+from transformer_jax.interop import imported_run, safetensors
+from transformer_jax.interop.model_options import MARIAN_ACTIVATIONS, ROWS
 from transformer_jax.model.embeddings import sinusoidal_positions
 
 log = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 SPECIAL_PIECES = ("<pad>", "</s>", "<unk>")  # our ids 0, 1, 2
-ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
 # The config keys read here, and those that change nothing computed (generation defaults,
 # bookkeeping, and BART-era options that Marian's code ignores); any other key is refused.
 # What MarianConfig takes for a key the file leaves out.
@@ -102,31 +102,22 @@ def read_config(model_dir: Path) -> dict:
 
 
 def model_options(hf: dict, model_dir: Path) -> dict:
-  """Our config.model values for Marian config `hf` (but share_embeddings: the weights tell);
-  a one-line refusal naming the first key whose value we do not compute."""
+  """Our config.model values for Marian config `hf`, as each option's row says
+  (`model_options.ROWS`; share_embeddings: the weights tell); a one-line refusal naming the
+  first key whose value we do not compute."""
   for ours, theirs in (("encoder_attention_heads", "decoder_attention_heads"),
                        ("encoder_ffn_dim", "decoder_ffn_dim")):
     if hf.get(ours) != hf.get(theirs):
       refuse(model_dir, f"{theirs}={hf.get(theirs)} differs from {ours}={hf.get(ours)} (one "
              "value for both stacks here)")
   activation = hf["activation_function"]
-  if activation not in ACTIVATIONS:
+  if activation not in MARIAN_ACTIVATIONS:
     refuse(model_dir, f"activation_function={activation!r}")
   shared = hf["share_encoder_decoder_embeddings"]
   if not shared and hf["decoder_vocab_size"] != hf["vocab_size"]:
     refuse(model_dir, f"decoder_vocab_size={hf['decoder_vocab_size']} differs from vocab_size="
            f"{hf['vocab_size']} (separate source and target vocabularies)")
-  return dict(
-      vocab_size=hf["vocab_size"], d_model=hf["d_model"],
-      num_heads=hf["encoder_attention_heads"], d_ff=hf["encoder_ffn_dim"],
-      num_encoder_layers=hf["encoder_layers"], num_decoder_layers=hf["decoder_layers"],
-      dropout_rate=hf["dropout"], attention_dropout_rate=hf["attention_dropout"],
-      ffn_dropout_rate=hf["activation_dropout"], pre_layer_norm=False,
-      norm="layernorm", norm_epsilon=1e-5, ffn_activation=ACTIVATIONS[activation],
-      num_kv_heads=0, positional_encoding="sinusoidal_concat",
-      max_len=hf["max_position_embeddings"],
-      scale_embeddings=hf["scale_embedding"], tie_output_embedding=hf["tie_word_embeddings"],
-      output_bias=True)
+  return {name: row.marian.read(hf) for name, row in ROWS.items() if row.marian.given}
 
 
 def read_weights(model_dir: Path) -> tuple[Path, dict[str, np.ndarray]]:
@@ -289,16 +280,16 @@ def import_run(model_dir: str | Path, workdir: str | Path, source_lang: str,
   params = convert(tensors, options, order, model_dir)
   options["share_embeddings"] = "target_embedding" not in params  # (what the weights say)
   record = {"format": "hf-marian", "model_dir": str(model_dir.absolute()),
-            "weights": weights_path.name, "weights_sha256": writer.file_digest(weights_path),
+            "weights": weights_path.name, "weights_sha256": imported_run.file_digest(weights_path),
             "source_lang": source_lang, "target_lang": target_lang,
             "ids": "Marian's, reordered: its PAD, EOS and UNK are our 0, 1, 2",
             # (a target-multilingual model: each source starts with the tag of its language)
             "target_language_tags": [p for p in pieces if LANGUAGE_TAG.fullmatch(p)]}
-  workdir = writer.write_run(workdir, options, (source_lang, target_lang), params,
+  workdir = imported_run.write_run(workdir, options, (source_lang, target_lang), params,
                              tokenizer_bytes, record)
   tags = record["target_language_tags"]
   if tags:
     log.info("A multilingual model of %d target-language tags (%s%s; all in %s): translate and "
              "evaluate with --source_tag=%s, or start each source line with its tag", len(tags),
-             ", ".join(tags[:8]), ", ..." * (len(tags) > 8), workdir / writer.RECORD, tags[0])
+             ", ".join(tags[:8]), ", ..." * (len(tags) > 8), workdir / imported_run.RECORD, tags[0])
   return workdir

@@ -13,8 +13,8 @@ import pytest
 from tests import helpers
 from transformer_jax.cli import export as export_cli
 from transformer_jax.data.tokenizer import PAD_ID
-from transformer_jax.export.exporter import QUANTIZATIONS
 from transformer_jax.inference import trained_run
+from transformer_jax.interop.ctranslate2_export import QUANTIZATIONS
 from transformer_jax.model.transformer import unscanned
 
 SOURCE, TARGET = "Ein Hund rennt durch den Schnee.", "A dog runs through the snow."

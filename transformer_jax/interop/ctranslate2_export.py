@@ -22,8 +22,8 @@ import numpy as np
 
 from transformer_jax import atomic
 from transformer_jax.errors import UsageError
-from transformer_jax.export import ctranslate2_decoding, ctranslate2_model
 from transformer_jax.inference import trained_run
+from transformer_jax.interop import ctranslate2_decoding, ctranslate2_model
 from transformer_jax.model.transformer import unscanned
 from transformer_jax.workdir import lock
 

@@ -3,7 +3,7 @@ and translating with an exported folder keeping empty lines and a source tag."""
 
 from tests import helpers
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.export import ctranslate2_decoding as decoding
+from transformer_jax.interop import ctranslate2_decoding as decoding
 
 
 def test_beam_greedy_and_sampling_settings_become_translate_batch_arguments():

@@ -13,10 +13,10 @@ VARIANTS = {
         "model.pre_layer_norm": False, "model.norm": "rmsnorm", "model.ffn_activation": "gelu",
         "model.positional_encoding": "learned", "model.share_embeddings": False,
         "model.tie_output_embedding": False},
-    "swiglu_gqa_rotary_scanned_3_1": {
+    "swiglu_gqa_rotary_qk_norm_scanned_3_1": {
         "model.ffn_activation": "swiglu", "model.num_kv_heads": 2,
         "model.positional_encoding": "rotary", "model.scan_layers": True,
-        "model.num_encoder_layers": 3, "model.num_decoder_layers": 1},
+        "model.num_encoder_layers": 3, "model.num_decoder_layers": 1, "model.qk_norm": True},
     "geglu_mqa_relative_untied_output": {
         "model.ffn_activation": "geglu", "model.num_kv_heads": 1,
         "model.positional_encoding": "relative", "model.relative_num_buckets": 8,

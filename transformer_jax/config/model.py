@@ -103,6 +103,9 @@ class ModelConfig:
   # recompute activations in the backward pass: "none", "full" (keep only layer inputs) or
   # "dots" (keep matmul outputs)
   remat: str = option(FREE, choices=("none", "full", "dots"))
+  # RMS-normalise each head's queries and keys in self-attention (a learned scale per
+  # dimension) before their dot product: logits that cannot grow without bound (OLMo 2, Qwen3)
+  qk_norm: bool = option(SHAPES, before=False)
   # one nn.scan-ned layer per stack (fast compiles for deep models; parameters stacked on a
   # leading layer axis)
   scan_layers: bool = option(SHAPES)

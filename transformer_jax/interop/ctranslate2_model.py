@@ -60,6 +60,9 @@ def _norm(spec, params):
 
 
 def _attention(spec, params, cross: bool):
+  if "query_norm" in params:  # (config.model.qk_norm)
+    spec.q_norm.gamma = np.asarray(params["query_norm"]["scale"], np.float32)
+    spec.k_norm.gamma = np.asarray(params["key_norm"]["scale"], np.float32)
   if cross:
     _linear(spec.linear[0], [params["query"]])
     _linear(spec.linear[1], [params["key"], params["value"]])
@@ -108,7 +111,7 @@ def build_spec(cfg: ModelConfig, params, tokenizer: Tokenizer):
   options = dict(relative_attention_bias=relative,
       num_heads=cfg.num_heads, pre_norm=cfg.pre_layer_norm,
       activation=getattr(common_spec.Activation, ACTIVATIONS[cfg.ffn_activation]),
-      ffn_glu=gated, rms_norm=cfg.norm == "rmsnorm",
+      ffn_glu=gated, rms_norm=cfg.norm == "rmsnorm", qk_norm=cfg.qk_norm,
       num_heads_kv=cfg.kv_heads if cfg.kv_heads != cfg.num_heads else None,
       **(dict(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE) if rotary
          else {}))
@@ -142,6 +145,8 @@ def build_spec(cfg: ModelConfig, params, tokenizer: Tokenizer):
     _relative(layer.self_attention, ours["self_attention"], cfg)
     _norm(layer.self_attention.layer_norm, ours["self_attention_block"]["layer_norm"])
     _attention(layer.attention, ours["cross_attention"], cross=True)
+    if cfg.qk_norm:  # (ours normalises self-attention only: the spec's cross-attention none)
+      del layer.attention.q_norm, layer.attention.k_norm
     _norm(layer.attention.layer_norm, ours["cross_attention_block"]["layer_norm"])
     _feed_forward(layer.ffn, ours["feed_forward"], gated)
     _norm(layer.ffn.layer_norm, ours["ffn_block"]["layer_norm"])

@@ -81,6 +81,9 @@ ROWS = {
                                 Marian("tie_word_embeddings")),
     "output_bias": Row("decoder.projection.bias (PAD's logit held at -1e4 either way)",
                        Marian(value=True)),
+    "qk_norm": Row("qk_norm: self_attention.q_norm and k_norm (RMSNorm over each head's "
+                   "dimensions); none in cross-attention",
+                   Marian(value=False)),
     "dtype": Row("", Marian(about="float32: what imports are checked in")),
     "attention_impl": Row("", NOT_MARIAN),
     "activation_dtype": Row("", NOT_MARIAN),

@@ -144,7 +144,20 @@ class MultiHeadAttention(nn.Module):
 
     def split_heads(name):  # the Q, K or V projection: (B, T, D) -> (B, T, H or G, K)
       heads = H if name == "query" else G
-      return Projection((D,), (heads, K), ("embed", "heads", "kv"), dtype, name=name)
+      project = Projection((D,), (heads, K), ("embed", "heads", "kv"), dtype, name=name)
+      if not (cfg.qk_norm and name in ("query", "key") and not self.is_cross_attention):
+        return project
+      # QK-norm: each head's vector RMS-normalised over its K dimensions, one learned scale
+      # per dimension shared by the heads, before rotary positions rotate it. Self-attention
+      # only, as decoder-only models have it: CTranslate2 (4.8) normalises a cross-attention
+      # query over all its heads at once, which would export as another function.
+      norm = nn.RMSNorm(epsilon=cfg.norm_epsilon, param_dtype=jnp.float32,
+                        name=f"{name}_norm")
+
+      def normalised(x_BTD):
+        y_BTHK = project(x_BTD)
+        return norm(y_BTHK).astype(y_BTHK.dtype)
+      return normalised
 
     q_BTHK = split_heads("query")(x_BTD)
 

@@ -291,5 +291,6 @@ def import_run(model_dir: str | Path, workdir: str | Path, source_lang: str,
   if tags:
     log.info("A multilingual model of %d target-language tags (%s%s; all in %s): translate and "
              "evaluate with --source_tag=%s, or start each source line with its tag", len(tags),
-             ", ".join(tags[:8]), ", ..." * (len(tags) > 8), workdir / imported_run.RECORD, tags[0])
+             ", ".join(tags[:8]), ", ..." if len(tags) > 8 else "",
+             workdir / imported_run.RECORD, tags[0])
   return workdir

@@ -45,7 +45,7 @@ def serve(args):
                                                   timeout_s=args.timeout_s))
   sock.listen(2048)  # (from now on connections wait for uvicorn's accept: none is refused)
   log.info("Serving on http://%s:%d (engine %s, %d worker%s)", args.host,
-           sock.getsockname()[1], engine.name, workers, "s" * (workers > 1))
+           sock.getsockname()[1], engine.name, workers, "s" if workers > 1 else "")
   # (httptools: the parser in C; h11's pure Python took a core's tenth at 200 requests/s)
   server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning",
                                          access_log=False))

@@ -229,13 +229,12 @@ def member_program(cfg: TrainConfig) -> str:
 def compile_population_step(pop: Population, mesh, sharding, nonfinite_at_step: int = 0):
   """`population_step` jitted over `mesh` as `step.compile_step` jits a single run's:
   (state, batch, rngs[, lr_scale]) -> (state, metric sums (K,)), the state donated."""
-  cooling = pop.base.optimizer.cooldown_fraction > 0
   replicated = mesh_lib.replicated(mesh)
+  lr_scale_sharding = (replicated,) if pop.base.optimizer.cooldown_fraction > 0 else ()
   return jax.jit(
       functools.partial(population_step, pop=pop, mesh=mesh,
                         nonfinite_at_step=nonfinite_at_step),
-      in_shardings=(sharding, mesh_lib.batch_sharding(mesh), replicated)
-      + (replicated,) * cooling,
+      in_shardings=(sharding, mesh_lib.batch_sharding(mesh), replicated, *lr_scale_sharding),
       out_shardings=(sharding, replicated),
       donate_argnums=(0,))
 

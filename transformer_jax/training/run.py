@@ -119,8 +119,9 @@ class Run:
     self.pipeline.count(stats)
     self.tally.lr_scale = self.decisions.learning_rate_scale(step, self.budget.minutes(step),
                                                              self.resumed_factor)
-    cooling = [np.float32(self.tally.lr_scale)] * (self.decisions.cooldown_fraction > 0)
-    self.state, step_metrics = self.step_fn(self.state, batch, self.dropout_rng, *cooling)
+    # (the step takes the cooldown factor only when there is a cooldown: step.compile_step)
+    lr_scale = (np.float32(self.tally.lr_scale),) if self.decisions.cooldown_fraction > 0 else ()
+    self.state, step_metrics = self.step_fn(self.state, batch, self.dropout_rng, *lr_scale)
     self.tally.metric_sums = sum_metrics(self.tally.metric_sums, step_metrics)
     self.faults.after_step(step)
     self.tally.preempted = self.preemption.requested(step)

@@ -127,13 +127,13 @@ def compile_step(cfg, model, mesh, state_sharding, nonfinite_at_step: int = 0):
   (state, metric sums), the state donated. The cooldown factor is an argument only when there
   is a cooldown: without one the step compiles with the constant 1, the same program (and
   bits) as a step without the factor."""
-  cooling = cfg.optimizer.cooldown_fraction > 0
   replicated = mesh_lib.replicated(mesh)
+  lr_scale_sharding = (replicated,) if cfg.optimizer.cooldown_fraction > 0 else ()
   return jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
                         num_micro_batches=cfg.num_micro_batches,
                         nonfinite_at_step=nonfinite_at_step, mesh=mesh),
-      in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), replicated)
-      + (replicated,) * cooling,
+      in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), replicated,
+                    *lr_scale_sharding),
       out_shardings=(state_sharding, replicated),
       donate_argnums=(0,))

@@ -37,13 +37,14 @@ def attention_maps(args: runner.Args):
     raise UsageError("--sentence is empty")
   translator = Translator(args.workdir, args.checkpoint)
   translation = args.translation or translator.translate([args.sentence])[0][0][0]
-  tok = translator.run.tokenizer
-  source_ids, target_ids = tok.encode(args.sentence), tok.encode(translation, "target")
+  tokenizer = translator.run.tokenizer
+  source_ids, target_ids = tokenizer.encode(args.sentence), tokenizer.encode(translation, "target")
   weights = attention_weights(translator.run.model, translator.params, source_ids, target_ids)
   out_dir = Path(args.output_dir or Path(args.workdir) / "attention")
   with lock.hold(args.workdir, "attention-maps") if not args.output_dir else (
       contextlib.nullcontext()):
-    paths = plot_attention(weights, tok.pieces(source_ids), tok.pieces(target_ids), out_dir)
+    paths = plot_attention(weights, tokenizer.pieces(source_ids),
+                           tokenizer.pieces(target_ids), out_dir)
   print(f"source: {args.sentence}\ntranslation: {translation}")
   print("\n".join(str(p) for p in paths))
 

@@ -39,10 +39,10 @@ def prepare_data(args: runner.Args):
   start = time.perf_counter()
   writers = ((beam_writer(args.beam_runner, args.beam_option),
               beam_tokenizer(args.beam_runner, args.beam_option)) if args.beam_runner else ())
-  sizes, tok = prepare(from_config_dict(args.configs["config"]), args.workdir, *writers)
+  sizes, tokenizer = prepare(from_config_dict(args.configs["config"]), args.workdir, *writers)
   for name, size in sizes.items():
     print(f"{name}: {size:,} pairs")
-  print(f"tokenizer: {tok.path} ({tok.vocab_size:,} pieces); "
+  print(f"tokenizer: {tokenizer.path} ({tokenizer.vocab_size:,} pieces); "
         f"prepared in {time.perf_counter() - start:.0f} s")
 
 

@@ -32,9 +32,9 @@ def average_to_workdir(workdir: str, selection: str, output: str) -> tuple[int, 
   for name in (layout.CONFIG, layout.TOKENIZER_RECORD):  # (the record: checked when loaded)
     if (Path(workdir) / name).is_file():
       shutil.copy(Path(workdir) / name, out / name)
-  tok = Path(run.tokenizer.path)
-  if tok.parent.resolve() == Path(workdir).resolve():
-    shutil.copy(tok, out / tok.name)
+  tokenizer_file = Path(run.tokenizer.path)
+  if tokenizer_file.parent.resolve() == Path(workdir).resolve():
+    shutil.copy(tokenizer_file, out / tokenizer_file.name)
   ckpt = Checkpointer(out / layout.CHECKPOINTS, max_to_keep=1)
   ckpt.save(selected.steps[-1], state)
   ckpt.close()

@@ -58,15 +58,15 @@ def load_tokenizer(cfg: TrainConfig, workdir: Path) -> Tokenizer:
     with atomic.replacing(ours) as tmp:
       shutil.copyfile(theirs, tmp)
     log.info("Tokenizer of %s copied to %s", src, ours)
-  tok = preparation.load_tokenizer(cfg, workdir)
-  source_tok = Tokenizer.load(theirs)
-  if tok.fingerprint != source_tok.fingerprint:
+  tokenizer = preparation.load_tokenizer(cfg, workdir)
+  source_tokenizer = Tokenizer.load(theirs)
+  if tokenizer.fingerprint != source_tokenizer.fingerprint:
     raise ConfigError(
-        f"config.init_from.workdir={src}: its tokenizer {source_tok.path} (fingerprint "
-        f"{source_tok.fingerprint}) is not this run's {tok.path} ({tok.fingerprint}); a "
-        "fine-tuned run keeps the vocabulary of the run it starts from (leave "
-        "config.data.tokenizer_path empty to take it)")
-  return tok
+        f"config.init_from.workdir={src}: its tokenizer {source_tokenizer.path} (fingerprint "
+        f"{source_tokenizer.fingerprint}) is not this run's {tokenizer.path} "
+        f"({tokenizer.fingerprint}); a fine-tuned run keeps the vocabulary of the run it starts "
+        "from (leave config.data.tokenizer_path empty to take it)")
+  return tokenizer
 
 
 def initial_state(cfg: TrainConfig, workdir: Path, model: Transformer, mesh, state):

@@ -155,12 +155,12 @@ def load_config(workdir: str | Path) -> TrainConfig:
   return cfg
 
 
-def record_tokenizer(workdir: str | Path, tok):
-  """Writes tokenizer.json (path and fingerprint of `tok`) unless the run has one already."""
+def record_tokenizer(workdir: str | Path, tokenizer):
+  """Writes tokenizer.json (path and fingerprint of `tokenizer`) unless the run has one already."""
   record = Path(workdir) / TOKENIZER_RECORD
   if not record.is_file() and jax.process_index() == 0:
-    atomic.write_json(record, {"path": str(tok.path), "fingerprint": tok.fingerprint,
-                               "vocab_size": tok.vocab_size})
+    atomic.write_json(record, {"path": str(tokenizer.path), "fingerprint": tokenizer.fingerprint,
+                               "vocab_size": tokenizer.vocab_size})
 
 
 @contextlib.contextmanager
@@ -178,18 +178,18 @@ def naming_recorded_fingerprint(workdir: str | Path):
     raise TokenizerDamaged(f"{e}; {record} records its fingerprint: {fingerprint}") from None
 
 
-def tokenizer_mismatch(workdir: str | Path, tok) -> str | None:
-  """What is wrong when `tok` is not the tokenizer the run in `workdir` was trained with (as
+def tokenizer_mismatch(workdir: str | Path, tokenizer) -> str | None:
+  """What is wrong when `tokenizer` is not the tokenizer the run in `workdir` was trained with (as
   recorded in its tokenizer.json); None when it is, or when nothing is recorded."""
   record = Path(workdir) / TOKENIZER_RECORD
   if not record.is_file():
     return None
   recorded = json.loads(record.read_text())
-  if recorded["fingerprint"] == tok.fingerprint:
+  if recorded["fingerprint"] == tokenizer.fingerprint:
     return None
-  return (f"tokenizer {tok.path} is not the one {workdir} was trained with ({recorded['path']}, "
-          f"fingerprint {recorded['fingerprint']}, recorded in {record}; this file's is "
-          f"{tok.fingerprint})")
+  return (f"tokenizer {tokenizer.path} is not the one {workdir} was trained with "
+          f"({recorded['path']}, fingerprint {recorded['fingerprint']}, recorded in {record}; "
+          f"this file's is {tokenizer.fingerprint})")
 
 
 def write_lines(path: Path, lines: list[str]):

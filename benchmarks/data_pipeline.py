@@ -95,7 +95,7 @@ def run_stage(stage: str, folder: Path) -> dict:
     tok = tokenizer.Tokenizer.load(folder / "spm.model")
     data = dataclasses.replace(cfg.data, pretokenize=stage != "text",
                                num_workers=int(stage[5:]) if stage != "text" else 0)
-    pipe = pipeline.train_pipeline(data, tok, seed=0)
+    pipe = pipeline.train_pipeline(plan.data_plan(data), tok, seed=0)
     pairs = batches = tokens = 0
     it = iter(pipe.dataset)
     # The text path over its first --text_pairs pairs, the pre-tokenized one over an epoch.

@@ -25,6 +25,7 @@ from transformer_jax.config import sections
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.configs import tiny
 from transformer_jax.data import corpus
+from transformer_jax.data.plan import data_plan
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
@@ -181,7 +182,8 @@ def prepare_tiny_corpus(cache: Path):
 
 
 def train_tiny_tokenizer(out: Path, cache: Path):
-  load_tokenizer(tiny_train_config(**{"data.cache_dir": str(cache)}), out)
+  cfg = tiny_train_config(**{"data.cache_dir": str(cache)})
+  load_tokenizer(cfg, out, data_plan(cfg.data))
 
 
 def train_in_process(workdir: Path, cache: Path, tokenizer: Path, **overrides) -> dict:

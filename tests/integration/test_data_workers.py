@@ -8,6 +8,7 @@ import numpy as np
 from tests import helpers
 from tests.helpers import SRC, TGT
 from transformer_jax.data import pipeline as data
+from transformer_jax.data.plan import data_plan
 
 
 def test_worker_processes_make_deterministic_batches_that_resume(tmp_path):
@@ -19,7 +20,7 @@ def test_worker_processes_make_deterministic_batches_that_resume(tmp_path):
   kept = {p for p in pairs if len(p[0]) <= 16 and len(p[1]) <= 16}
 
   def batches(state=None, n=6):
-    pipe = data.train_pipeline(cfg, tok, seed=2)
+    pipe = data.train_pipeline(data_plan(cfg), tok, seed=2)
     it = iter(pipe.dataset)
     if state is not None:
       it.set_state(state)

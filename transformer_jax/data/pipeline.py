@@ -127,7 +127,7 @@ class TrainPipeline:
     return (self.filter.kept + self.filter.filtered) / max(self.num_examples, 1)
 
 
-def train_pipeline(cfg: DataConfig, tokenizer: Tokenizer, seed: int,
+def train_pipeline(data: plan.DataPlan, tokenizer: Tokenizer, seed: int,
                    process_index: int = 0, process_count: int = 1) -> TrainPipeline:
   """Shuffled (per epoch), tokenized, length-filtered, packed batches for this host.
 
@@ -135,10 +135,10 @@ def train_pipeline(cfg: DataConfig, tokenizer: Tokenizer, seed: int,
   `*_positions` and `*_segment_ids`; the iterator's state checkpoints through Orbax.
   Pass batches through `TrainPipeline.take_stats` to count the filtered pairs.
   """
+  cfg = data.cfg
   if cfg.batch_size % process_count:
     raise ConfigError(f"config.data.batch_size={cfg.batch_size} is not divisible by the "
                       f"{process_count} processes")
-  data = plan.data_plan(cfg)
   if not cfg.pretokenize:
     # (kept for exact resume: a run whose config.json predates data.pretokenize reads as
     # pretokenize=False, and its checkpointed iterator is this path's, with grain's packing)

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from transformer_jax.data.eval_sets import load_eval_set
+from transformer_jax.data.plan import data_plan
 from transformer_jax.errors import Error
 from transformer_jax.evaluation import significance
 from transformer_jax.workdir import layout
@@ -74,7 +75,8 @@ def references(reference_file: str, systems: list[System], set_name: str) -> lis
     raise Error("--reference is needed to compare hypothesis files")
   cfg = layout.load_config(runs[0])
   name = set_name or _only_set(runs[0])
-  return load_eval_set(cfg.data, name, load_tokenizer(cfg, runs[0])).references
+  return load_eval_set(cfg.data, name,
+                       load_tokenizer(cfg, runs[0], data_plan(cfg.data))).references
 
 
 def _only_set(workdir: Path) -> str:

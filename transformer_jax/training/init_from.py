@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from transformer_jax import atomic
 from transformer_jax.config.model import FUNCTION, options
 from transformer_jax.config.sections import TrainConfig
+from transformer_jax.data.plan import DataPlan
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.model.transformer import Transformer
@@ -44,7 +45,7 @@ def source(cfg: TrainConfig, workdir: Path) -> tuple[Path, TrainConfig]:
   return src, layout.load_config(src)
 
 
-def load_tokenizer(cfg: TrainConfig, workdir: Path) -> Tokenizer:
+def load_tokenizer(cfg: TrainConfig, workdir: Path, data: DataPlan) -> Tokenizer:
   """The fine-tuned run's tokenizer: the source run's, copied into this workdir unless
   config.data.tokenizer_path names one or the workdir has one; then loaded as any run's
   (`workdir.preparation.load_tokenizer`) and a ConfigError unless its fingerprint is the
@@ -58,7 +59,7 @@ def load_tokenizer(cfg: TrainConfig, workdir: Path) -> Tokenizer:
     with atomic.replacing(ours) as tmp:
       shutil.copyfile(theirs, tmp)
     log.info("Tokenizer of %s copied to %s", src, ours)
-  tokenizer = preparation.load_tokenizer(cfg, workdir)
+  tokenizer = preparation.load_tokenizer(cfg, workdir, data)
   source_tokenizer = Tokenizer.load(theirs)
   if tokenizer.fingerprint != source_tokenizer.fingerprint:
     raise ConfigError(

@@ -245,7 +245,7 @@ class PopulationRun(Run):
     steps = np.asarray(jax.device_get(self.state.members.step))
     for m in self.members:
       m.final.update(validation.test(
-          m.cfg, m.workdir, self.model, population.member_state(self.state, m.index)
+          m.cfg, self.data, m.workdir, self.model, population.member_state(self.state, m.index)
           .eval_params, self.tokenizer, self.mesh, m.writer, int(steps[m.index])))
     self.tally.final.update(spread({m.index: m.final for m in self.members}))
     tested = {k: v for k, v in self.tally.final.items() if k.startswith("test/")}

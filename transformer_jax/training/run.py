@@ -17,6 +17,7 @@ import numpy as np
 
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.data.pipeline import train_pipeline
+from transformer_jax.data.plan import DataPlan, data_plan
 from transformer_jax.evaluation.evaluator import ValidationCancelled
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import mesh as mesh_lib
@@ -72,6 +73,7 @@ class Run:
   decisions: Decisions
   model: Any
   mesh: Any
+  data: DataPlan  # config.data resolved: the corpora, evaluation and test sets
   tokenizer: Any
   pipeline: Any
   train_iter: DevicePrefetch
@@ -188,8 +190,8 @@ class Run:
 
   def test(self):
     self.tally.final.update(validation.test(
-        self.cfg, self.workdir, self.model, self.state.eval_params, self.tokenizer, self.mesh,
-        self.writer, int(jax.device_get(self.state.step))))
+        self.cfg, self.data, self.workdir, self.model, self.state.eval_params, self.tokenizer,
+        self.mesh, self.writer, int(jax.device_get(self.state.step))))
 
   # What a population (training.population_run) does its own way: its state, its step, its
   # members' workdirs.
@@ -264,9 +266,10 @@ def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> dict:
   # (fine-tuning's first start: the tokenizer of the run it starts from; once the run has a
   # checkpoint it resumes from its own, with its own copy, and the source may be gone)
   starting_from_source = cfg.init_from.workdir and not layout.has_checkpoints(workdir)
-  tokenizer = (init_from.load_tokenizer(cfg, workdir) if starting_from_source
-               else load_tokenizer(cfg, workdir))
-  pipeline = train_pipeline(cfg.data, tokenizer, cfg.batch_seed, jax.process_index(),
+  data = data_plan(cfg.data)
+  tokenizer = (init_from.load_tokenizer(cfg, workdir, data) if starting_from_source
+               else load_tokenizer(cfg, workdir, data))
+  pipeline = train_pipeline(data, tokenizer, cfg.batch_seed, jax.process_index(),
                             jax.process_count())
 
   def to_devices(host_batch):  # (in the prefetch thread: the next batch while a step runs)
@@ -279,7 +282,7 @@ def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> dict:
     log.info("Moving average of the parameters (decay %g): validation, the best checkpoint "
              "and the test use it", cfg.optimizer.ema_decay)
   return dict(cfg=cfg, workdir=workdir, decisions=Decisions.of(cfg), model=model, mesh=mesh,
-              tokenizer=tokenizer, pipeline=pipeline, train_iter=train_iter, state=state,
+              data=data, tokenizer=tokenizer, pipeline=pipeline, train_iter=train_iter, state=state,
               state_sharding=state_sharding, dropout_rng=dropout_rng,
               ckpt=Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep),
               best_ckpt=Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu"))
@@ -307,8 +310,8 @@ def _resumed(parts: dict, config_dict: dict | None, run_type) -> Run:
 
   step_fn = run_type.compile_step(cfg, parts["model"], parts["mesh"], parts["state_sharding"],
                                   faults)
-  evaluators = validation.evaluators(cfg, parts["model"], parts["tokenizer"], parts["mesh"],
-                                     cancel_validation)
+  evaluators = validation.evaluators(cfg, parts["data"], parts["model"], parts["tokenizer"],
+                                     parts["mesh"], cancel_validation)
   # (before the writer appends: the records of steps this run redoes go)
   history = truncate_metrics(workdir / METRICS_FILE, start_step)
   writer = MetricWriter(workdir, resumed_at=start_step)

@@ -11,7 +11,6 @@ import time
 import jax
 
 from transformer_jax.data.eval_sets import scoring_sets, validation_sets
-from transformer_jax.data.plan import data_plan
 from transformer_jax.evaluation.evaluator import Evaluator, sample_translations
 from transformer_jax.parallel import compilation
 from transformer_jax.reporting.metrics import MetricWriter
@@ -20,10 +19,10 @@ from transformer_jax.workdir import layout
 log = logging.getLogger(__name__)
 
 
-def evaluators(cfg, model, tokenizer, mesh, cancelled) -> dict[str, Evaluator]:
-  """The validation sets' evaluators: "" (config.data.eval_split, unless ""), then each
-  corpus's."""
-  sets = validation_sets(data_plan(cfg.data), tokenizer, cfg.eval_max_sentences)
+def evaluators(cfg, data, model, tokenizer, mesh, cancelled) -> dict[str, Evaluator]:
+  """The validation sets of `data` (the plan of cfg.data), each an evaluator: ""
+  (config.data.eval_split, unless ""), then each corpus's."""
+  sets = validation_sets(data, tokenizer, cfg.eval_max_sentences)
   return {name: Evaluator(eval_set, model, tokenizer, cfg.decode, mesh, cancelled=cancelled)
           for name, eval_set in sets.items()}
 
@@ -57,12 +56,13 @@ def validate(evaluators_: dict[str, Evaluator], params, step: int, writer: Metri
   return bleus[""] if "" in bleus else sum(bleus.values()) / len(bleus)
 
 
-def test(cfg, workdir, model, params, tokenizer, mesh, writer, step) -> dict[str, float]:
-  """BLEU on each test set; the translations and results.json go to eval/<set>/ as
-  `evaluate` writes them. Metrics: test/... for config.data.test_split, test/NAME.SPLIT/...
-  for a corpus's."""
+def test(cfg, data, workdir, model, params, tokenizer, mesh, writer, step
+         ) -> dict[str, float]:
+  """BLEU on each test set of `data` (the plan of cfg.data); the translations and
+  results.json go to eval/<set>/ as `evaluate` writes them. Metrics: test/... for
+  config.data.test_split, test/NAME.SPLIT/... for a corpus's."""
   result = {}
-  for name, eval_set in scoring_sets(data_plan(cfg.data), tokenizer).items():
+  for name, eval_set in scoring_sets(data, tokenizer).items():
     t0, prepared = time.time(), compilation.program_seconds()
     score, hyps = Evaluator(eval_set, model, tokenizer, cfg.decode, mesh).bleu(params)
     seconds, prepared = time.time() - t0, compilation.program_seconds() - prepared

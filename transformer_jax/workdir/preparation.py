@@ -16,14 +16,14 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.workdir import layout
 
 
-def load_tokenizer(cfg: TrainConfig, workdir: Path) -> Tokenizer:
-  """The run's tokenizer (`layout.tokenizer_path`), trained on the training split if absent;
+def load_tokenizer(cfg: TrainConfig, workdir: Path, data: plan.DataPlan) -> Tokenizer:
+  """The run's tokenizer (`layout.tokenizer_path`), trained on the training corpora of `data`
+  (the plan of cfg.data) if absent;
   an error if it cannot hold the model's vocabulary or is not the one the run was trained
   with. Records it in the workdir's tokenizer.json."""
   path = layout.tokenizer_path(cfg, workdir)
   if jax.process_index() != 0 and not path.is_file():
     _wait_for(path)  # process 0 trains it; the others read the same file (shared workdir)
-  data = plan.data_plan(cfg.data)
   with layout.naming_recorded_fingerprint(workdir):
     tokenizer = load_or_train(path, lambda: training_sentences(data), cfg.model.vocab_size,
                               cfg.data.tokenizer_max_sentences, cfg.batch_seed,
@@ -59,7 +59,7 @@ def prepare(cfg: TrainConfig, workdir: str | Path, write_splits=None, write_ids=
     where = spec.data_dir or spec.dataset if spec.dataset == "local" else spec.dataset
     for split in spec.splits:
       sizes[f"{where}:{split}"] = len(builder.as_data_source(split=split))
-  tokenizer = load_tokenizer(cfg, Path(workdir))
+  tokenizer = load_tokenizer(cfg, Path(workdir), data)
   for planned in data.corpora if cfg.data.pretokenize else ():
     store = tokenized.tokenized_split(planned.train, tokenizer, write_ids)
     sizes[f"{planned.label} as token ids"] = store.num_pairs

@@ -3,6 +3,7 @@
 from tests import helpers
 from transformer_jax.cli import prepare_data
 from transformer_jax.data import corpus
+from transformer_jax.data.plan import data_plan
 from transformer_jax.workdir.preparation import load_tokenizer
 
 
@@ -17,7 +18,7 @@ def test_prepares_datasets_and_tokenizer_that_training_reuses(tmp_path):
   stamps = {p: p.stat().st_mtime_ns for p in [model, *cache.rglob("*.array_record-*")]}
   # Training then finds both: nothing is prepared or trained again.
   cfg = helpers.tiny_train_config(**{"data.cache_dir": str(cache)})
-  assert load_tokenizer(cfg, workdir).model_proto == model.read_bytes()
+  assert load_tokenizer(cfg, workdir, data_plan(cfg.data)).model_proto == model.read_bytes()
   assert len(corpus.get_source(corpus.corpus_spec(cfg.data), "train")) == 29000
   assert stamps == {p: p.stat().st_mtime_ns for p in stamps}
 

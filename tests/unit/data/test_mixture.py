@@ -11,6 +11,7 @@ from tests import helpers
 from transformer_jax.config.corpora import CorpusConfig
 from transformer_jax.data import mixture
 from transformer_jax.data import pipeline as data
+from transformer_jax.data.plan import data_plan
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.errors import ConfigError, DataError
 
@@ -43,7 +44,7 @@ def test_the_pairs_drawn_follow_the_weights_and_only_the_tagged_corpus_has_its_t
   y_pairs = {(tuple([tag_id] + tok.encode(s)), tuple(tok.encode(t))) for s, t in zip(YS, YT)}
   x_pairs = {(tuple(tok.encode(s)), tuple(tok.encode(t)))
              for s, t in zip(helpers.SRC, helpers.TGT)}
-  pipe = data.train_pipeline(cfg, tok, seed=0)
+  pipe = data.train_pipeline(data_plan(cfg), tok, seed=0)
   it = iter(pipe.dataset)
   kept, tokens = {"x": 0, "y": 0}, {"x": 0, "y": 0}
   for _ in range(60):
@@ -81,14 +82,14 @@ def test_a_mixture_resumes_at_the_same_batch_with_the_same_counts(tmp_path):
   cfg, tok = _mixture(tmp_path)
   # (the per-corpus counts travel in the batches: equal batches, equal counts)
   helpers.assert_resumes_at_the_same_batches(
-      lambda: data.train_pipeline(cfg, tok, seed=5).dataset, skip=7, check=5)
+      lambda: data.train_pipeline(data_plan(cfg), tok, seed=5).dataset, skip=7, check=5)
 
 
 def test_another_seed_shuffles_within_each_corpus_but_keeps_the_shares(tmp_path):
   cfg, tok = _mixture(tmp_path)
   firsts, shares = [], []
   for seed in (0, 1):
-    pipe = data.train_pipeline(cfg, tok, seed=seed)
+    pipe = data.train_pipeline(data_plan(cfg), tok, seed=seed)
     it = iter(pipe.dataset)
     firsts.append(pipe.take_stats(next(it))["inputs"])
     for _ in range(30):
@@ -101,7 +102,7 @@ def test_another_seed_shuffles_within_each_corpus_but_keeps_the_shares(tmp_path)
 def test_a_tag_the_tokenizer_lacks_is_a_one_line_error_naming_the_key(tmp_path):
   cfg, tok = _mixture(tmp_path, tags=())
   with pytest.raises(DataError, match=r"config.data.corpora.y.tag='<Y>'.*has no piece"):
-    data.train_pipeline(cfg, tok, seed=0)
+    data.train_pipeline(data_plan(cfg), tok, seed=0)
 
 
 @pytest.mark.parametrize("entry, message", [

@@ -8,6 +8,7 @@ import pytest
 from tests import helpers
 from tests.helpers import SRC, TGT
 from transformer_jax.data import pipeline as data
+from transformer_jax.data.plan import data_plan
 from transformer_jax.data.tokenizer import Tokenizer
 
 
@@ -23,7 +24,7 @@ def _next(pipe, it):
 
 def test_packing_round_trips_every_example_of_an_epoch(setup):
   cfg, tok = setup
-  pipe = data.train_pipeline(cfg, tok, seed=0)
+  pipe = data.train_pipeline(data_plan(cfg), tok, seed=0)
   it = iter(pipe.dataset)
   pairs = [(tuple(tok.encode(s)), tuple(tok.encode(t))) for s, t in zip(SRC, TGT)]
   kept = [p for p in pairs if len(p[0]) <= 16 and len(p[1]) <= 16]
@@ -41,7 +42,7 @@ def test_packing_round_trips_every_example_of_an_epoch(setup):
 def test_iterator_state_resumes_at_the_same_batch(setup):
   cfg, tok = setup
   helpers.assert_resumes_at_the_same_batches(
-      lambda: data.train_pipeline(cfg, tok, seed=3).dataset, skip=2, check=3)
+      lambda: data.train_pipeline(data_plan(cfg), tok, seed=3).dataset, skip=2, check=3)
 
 
 def test_empty_training_split_is_a_clear_error(tmp_path):
@@ -52,7 +53,7 @@ def test_empty_training_split_is_a_clear_error(tmp_path):
   cfg = helpers.section("data", data_dir=str(folder), cache_dir=str(tmp_path / "tfds"),
                         eval_split="", test_split="")
   with pytest.raises(Exception, match="empty"):
-    data.train_pipeline(cfg, None, seed=0)
+    data.train_pipeline(data_plan(cfg), None, seed=0)
 
 
 def _corpus(tmp_path, pairs):
@@ -68,7 +69,7 @@ def test_empty_and_overlong_pairs_are_filtered_and_counted(setup, tmp_path):
   pairs = list(zip(SRC, TGT)) + [("", "an empty source"), ("eine leere übersetzung", "  ")]
   cfg = dataclasses.replace(cfg, data_dir=str(_corpus(tmp_path, pairs)), eval_split="",
                             max_source_length=12, max_target_length=12)
-  pipeline = data.train_pipeline(cfg, tok, seed=0)
+  pipeline = data.train_pipeline(data_plan(cfg), tok, seed=0)
   it = iter(pipeline.dataset)
   while pipeline.filter.kept + pipeline.filter.filtered < 2 * len(pairs):  # two epochs
     _next(pipeline, it)
@@ -84,7 +85,7 @@ def test_dataset_empty_after_filtering_is_a_clear_error(setup, tmp_path):
   cfg = dataclasses.replace(cfg, data_dir=str(_corpus(tmp_path, pairs)), eval_split="")
   with pytest.raises(Exception, match=r"no usable training pair .*6 in this host's shard.*"
                                       r"3 with an empty side, 3 longer than"):
-    next(iter(data.train_pipeline(cfg, tok, seed=0).dataset))
+    next(iter(data.train_pipeline(data_plan(cfg), tok, seed=0).dataset))
 
 
 def test_pretokenized_batches_hold_the_pairs_of_the_text_pipeline(tfds_cache, tiny_tokenizer):
@@ -95,9 +96,9 @@ def test_pretokenized_batches_hold_the_pairs_of_the_text_pipeline(tfds_cache, ti
   cfg = helpers.section("data", cache_dir=str(tfds_cache), max_source_length=20,
                         max_target_length=20, batch_size=8)
   tok = Tokenizer.load(tiny_tokenizer)
-  text = iter(data.train_pipeline(dataclasses.replace(cfg, pretokenize=False), tok, 5,
+  text = iter(data.train_pipeline(data_plan(dataclasses.replace(cfg, pretokenize=False)), tok, 5,
                                   *host).dataset)
-  pipe = data.train_pipeline(cfg, tok, 5, *host)
+  pipe = data.train_pipeline(data_plan(cfg), tok, 5, *host)
   it = iter(pipe.dataset)
   while pipe.epochs < 1.1:
     assert sorted(helpers.unpack_batch(next(text))) == sorted(helpers.unpack_batch(_next(pipe, it)))
@@ -106,7 +107,7 @@ def test_pretokenized_batches_hold_the_pairs_of_the_text_pipeline(tfds_cache, ti
 
 def test_pretokenized_counts_are_the_pairs_the_batches_took(tmp_path):
   cfg, tok = helpers.small_corpus(tmp_path)
-  pipe = data.train_pipeline(cfg, tok, seed=1)
+  pipe = data.train_pipeline(data_plan(cfg), tok, seed=1)
   it = iter(pipe.dataset)
   kept = sum(len(helpers.unpack_batch(_next(pipe, it))) for _ in range(7))
   assert pipe.filter.kept == kept
@@ -126,7 +127,7 @@ def test_subword_sampling_segments_pairs_anew_each_epoch_and_resumes_bit_for_bit
   each spelling the sentence; a restored iterator draws the same ones (two reader threads)."""
   cfg, tok = helpers.small_corpus(tmp_path)
   cfg = dataclasses.replace(cfg, num_threads=2, subword_sampling={"alpha": 0.2})
-  pipe = data.train_pipeline(cfg, tok, seed=0)
+  pipe = data.train_pipeline(data_plan(cfg), tok, seed=0)
   it, seen = iter(pipe.dataset), {}
   for _ in range(12):  # (about 6 epochs of the 7 short pairs)
     for src, tgt in helpers.unpack_batch(_next(pipe, it)):
@@ -135,8 +136,9 @@ def test_subword_sampling_segments_pairs_anew_each_epoch_and_resumes_bit_for_bit
   assert set(seen) <= set(SRC) and len(seen) >= 5
   assert max(len(ways) for ways in seen.values()) >= 3  # a sentence segmented 3+ ways
   helpers.assert_resumes_at_the_same_batches(
-      lambda: data.train_pipeline(cfg, tok, seed=0).dataset, skip=5, check=4)
-  off = data.train_pipeline(dataclasses.replace(cfg, subword_sampling={"alpha": 0.0}), tok, 0)
+      lambda: data.train_pipeline(data_plan(cfg), tok, seed=0).dataset, skip=5, check=4)
+  off = data.train_pipeline(
+      data_plan(dataclasses.replace(cfg, subword_sampling={"alpha": 0.0})), tok, 0)
   it = iter(off.dataset)
   for _ in range(6):
     for src, _tgt in helpers.unpack_batch(_next(off, it)):

@@ -28,9 +28,9 @@ VARIANTS = {
     "rmsnorm_swiglu_gqa_relative": {
         "model.norm": "rmsnorm", "model.ffn_activation": "swiglu", "model.num_kv_heads": 2,
         "model.positional_encoding": "relative"},
-    "post_ln_rmsnorm_geglu_mqa_rotary": {
+    "post_ln_rmsnorm_geglu_mqa_rotary_qk_norm": {
         "model.pre_layer_norm": False, "model.norm": "rmsnorm", "model.ffn_activation": "geglu",
-        "model.num_kv_heads": 1, "model.positional_encoding": "rotary"},
+        "model.num_kv_heads": 1, "model.positional_encoding": "rotary", "model.qk_norm": True},
 }
 
 

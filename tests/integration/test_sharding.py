@@ -74,19 +74,20 @@ MESHES = {"data, fsdp, tensor and micro-batches": [((8, 1, 1), 1), ((2, 4, 1), 1
                                                   ((2, 2, 2), 2)],
           "variants: rmsnorm, swiglu, 2 key/value heads, relative, EMA": [((2, 4, 1), 1),
                                                                      ((2, 2, 2), 1)],
-          "variants: post-LN, rmsnorm, geglu, 1 key/value head, rotary": [((2, 4, 1), 1)]}
+          "variants: post-LN, rmsnorm, geglu, 1 key/value head, rotary, QK-norm": [((2, 4, 1), 1)]}
 # config.model overrides per group (the block variants train on meshes like the plain model)
 GROUP_VARIANTS = {
+    "data, fsdp, tensor and micro-batches": {},
     "variants: rmsnorm, swiglu, 2 key/value heads, relative, EMA": {
         **model_variants.VARIANTS["rmsnorm_swiglu_gqa_relative"], "optimizer.ema_decay": 0.99},
-    "variants: post-LN, rmsnorm, geglu, 1 key/value head, rotary":
-        model_variants.VARIANTS["post_ln_rmsnorm_geglu_mqa_rotary"]}
+    "variants: post-LN, rmsnorm, geglu, 1 key/value head, rotary, QK-norm":
+        model_variants.VARIANTS["post_ln_rmsnorm_geglu_mqa_rotary_qk_norm"]}
 
 
 @pytest.mark.parametrize("group", sorted(MESHES))
 def test_meshes_match_one_device_and_split_parameters_as_configured(group):
   env = helpers.xla_env(8)
-  variant = GROUP_VARIANTS.get(group, {})
+  variant = GROUP_VARIANTS[group]
   r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(MESHES[group]),
                       json.dumps(variant)], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=600)

@@ -63,7 +63,8 @@ def test_remat_and_scan_train_like_the_plain_model(overrides):
 
 
 @pytest.mark.parametrize("name", ["rmsnorm_swiglu_gqa_relative",
-                                  "post_ln_rmsnorm_geglu_mqa_rotary"])
+                                  "post_ln_rmsnorm_geglu_mqa_rotary_qk_norm",
+                                  "marian_like_silu_concat_sinusoids_unscaled_output_bias"])
 def test_block_variants_train_alike_with_scan_and_remat_on_and_off(name):
   variant = VARIANTS[name]
   cfg, model, state = tiny_setup(**{"model.dropout_rate": 0.0}, **variant)

@@ -1,7 +1,8 @@
 """The CTranslate2 spec built from our parameters computes our model: for every option this
 codebase has (pre-/post-LN, LayerNorm/RMSNorm and their epsilon, each feed-forward activation,
 sinusoidal (both layouts), learned, rotary and relative positions, shared/tied/unscaled
-embeddings, an output bias, grouped- and multi-query attention, scanned layers, unequal stacks),
+embeddings, an output bias, grouped- and multi-query attention, QK-norm, scanned layers, unequal
+stacks: the shared variants of tests/model_variants.py),
 CTranslate2's log-probabilities of a target equal our teacher-forced ones."""
 
 import ctranslate2

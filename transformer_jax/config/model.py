@@ -5,8 +5,9 @@ What an option does to trained weights (`weights` of each field) decides how the
 package treats it:
   SHAPES    the weights' shapes or layout change with it: a checkpoint of another value does
             not fit (a shape comparison finds it)
-  FUNCTION  the same shapes compute another function: a run started from another run's
-            weights (config.init_from) must keep that run's value
+  FUNCTION  what the weights compute depends on it (their parameters may differ too): a run
+            started from another run's weights (config.init_from) must keep that run's value,
+            and an error names it otherwise
   FREE      how the model trains or runs, not what its weights compute: free to change
 Every option has a row in `interop.model_options` (its CTranslate2 form, its Marian key).
 """

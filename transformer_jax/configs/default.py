@@ -59,7 +59,7 @@ def get_config():
   config.model.scale_embeddings = True  # token embeddings times sqrt(d_model)
   config.model.tie_output_embedding = True  # softmax weights = target embedding
   config.model.output_bias = False      # a learned bias on the output logits (Marian's)
-  config.model.qk_norm = False          # RMSNorm of each head's queries and keys
+  config.model.qk_norm = False          # RMSNorm of each head's self-attention queries and keys
   config.model.dtype = "auto"           # matmul inputs: "bfloat16" (f32 accumulation) where the
                                         # hardware multiplies bf16 faster, else "float32" (exact)
   config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs,

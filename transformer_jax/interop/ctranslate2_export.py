@@ -21,6 +21,8 @@ import jax
 import numpy as np
 
 from transformer_jax import atomic
+from transformer_jax.config.model import FUNCTION, SHAPES, options
+from transformer_jax.data.plan import data_plan
 from transformer_jax.errors import UsageError
 from transformer_jax.inference import trained_run
 from transformer_jax.interop import ctranslate2_decoding, ctranslate2_model
@@ -100,7 +102,7 @@ def _export(workdir, checkpoint: str, out: Path, quantization: str, ctranslate2)
 
 def _record(run, selected, quantization: str, ctranslate2_version: str) -> dict:
   cfg = run.cfg
-  tags = sorted({c.tag for c in cfg.data.corpora.values() if c.tag}
+  tags = sorted(set(data_plan(cfg.data).tags)
                 | set(run.tokenizer.language_tags))  # (an imported multilingual model's)
   return {
       "workdir": str(Path(run.workdir).resolve()),
@@ -112,10 +114,8 @@ def _record(run, selected, quantization: str, ctranslate2_version: str) -> dict:
                     "fingerprint": run.tokenizer.fingerprint, "pieces": run.tokenizer.vocab_size},
       "source_tags": tags,
       "languages": [cfg.data.source_lang, cfg.data.target_lang],
-      "model": {k: getattr(cfg.model, k) for k in (
-          "vocab_size", "d_model", "num_heads", "num_kv_heads", "d_ff", "num_encoder_layers",
-          "num_decoder_layers", "pre_layer_norm", "norm", "ffn_activation",
-          "positional_encoding", "max_len", "share_embeddings", "tie_output_embedding")},
+      # (every option the weights depend on: model_options.ROWS says where each went)
+      "model": {k: getattr(cfg.model, k) for k in options(SHAPES) + options(FUNCTION)},
       "translate_options": ctranslate2_decoding.translate_options(cfg.decode, cfg.model.max_len),
       "differences": ctranslate2_decoding.differences(cfg.decode),
       "ctranslate2": ctranslate2_version,

@@ -61,7 +61,7 @@ def cached_export(run, selected) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     # (a process exporting it meanwhile is waited for, and its folder taken)
     ctranslate2_export.export(run.workdir, selected.label, folder, "float32", force=True,
-                    wait_seconds=EXPORT_WAIT_S)
+                              wait_seconds=EXPORT_WAIT_S)
     return folder
   log.info("CTranslate2 model of %s (%s) from the cache: %s", run.workdir, selected.label,
            folder)
@@ -71,7 +71,7 @@ def cached_export(run, selected) -> Path:
 def compute_type(requested: str, device: str = "cpu") -> str:
   """`requested`, or by the hardware: bfloat16 where CTranslate2 has it on the device, else
   float32 (int8 only when asked: it changes translations beyond the export's agreement)."""
-  import ctranslate2  # (the optional extra, as the exporter's)
+  import ctranslate2  # (the optional extra, as ctranslate2_export's)
   supported = ctranslate2.get_supported_compute_types(device)
   if requested:
     if requested not in supported:

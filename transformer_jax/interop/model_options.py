@@ -97,8 +97,8 @@ def page() -> str:
   """docs/reference/model-options.md: the table, with each option's effect on weights."""
   lines = ["# Model options across runtimes", "",
            "Each `config.model` option: what it does to trained weights (`shapes`: a checkpoint",
-           "of another value does not fit; `function`: the same shapes compute another",
-           "function, so a fine-tuned run keeps its source's value; `free`: how the model",
+           "of another value does not fit; `function`: what the weights compute depends on it,",
+           "so a fine-tuned run keeps its source's value; `free`: how the model",
            "trains or runs), where an exported CTranslate2 model holds it, and what an imported",
            "Hugging Face Marian model's `config.json` says of it. Printed by `python -m",
            "transformer_jax.interop.model_options` from `transformer_jax/interop/",

@@ -9,6 +9,7 @@ import logging
 
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.eval_sets import load_eval_set
+from transformer_jax.data.plan import data_plan
 from transformer_jax.decoding import resizing
 from transformer_jax.errors import ConfigError, Error
 from transformer_jax.inference.translator import Translator
@@ -40,14 +41,14 @@ class Engine:
     self.translator = translator
     self.name = translator.engine
     run = translator.run
-    data, tokenizer = run.cfg.data, run.tokenizer
+    data, tokenizer = data_plan(run.cfg.data), run.tokenizer
     self.tags = {} if translator.source_prefix else {
         tag[2:-2]: tag for tag in tokenizer.language_tags}  # language -> its tag
     fixed = tokenizer.pieces(translator.source_prefix)  # (--source_tag's, if given)
     self.targets = (sorted(self.tags) or [t[2:-2] for t in fixed if t in tokenizer.language_tags]
-                    or [data.target_lang])
-    self.sources = sorted({data.source_lang, *(c.source_lang for c in data.corpora.values())})
-    self.source_lang, self.target_lang = data.source_lang, self.targets[0]
+                    or [data.cfg.target_lang])
+    self.sources = sorted({data.cfg.source_lang, *(c.train.source_lang for c in data.corpora)})
+    self.source_lang, self.target_lang = data.cfg.source_lang, self.targets[0]
     self.beam_size = translator.decode.beam_size
     self.aligns = translator.alignment_layer is not None
     decode = translator.decode  # (n-best lists, the page's alternatives, need beam search)

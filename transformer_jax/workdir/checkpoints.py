@@ -23,8 +23,18 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from transformer_jax.errors import CheckpointError
+from transformer_jax.workdir import layout
 
 log = logging.getLogger(__name__)
+
+
+def barrier_prefix(directory: Path) -> str:
+  """What names a checkpoint folder's cross-host barriers: its place in its run, the same on
+  every host whatever the path the workdir is mounted at (`checkpoints_best`, a population
+  member's `members_0_checkpoints`)."""
+  if directory.parent.parent.name == layout.MEMBERS:
+    return "_".join(directory.parts[-3:])
+  return directory.name
 
 
 class Checkpointer:
@@ -39,8 +49,15 @@ class Checkpointer:
     self.best_metric = best_metric
     best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
                 keep_checkpoints_without_metrics=False) if best_metric else {}
+    # Orbax names a save's cross-host barriers by its step alone, so a run's newest and best
+    # checkpoints saved at one step on several hosts would meet at each other's barriers (and
+    # time out). The folder tells them apart: its last parts, the same on every host that
+    # shares the workdir wherever it is mounted.
+    barriers = ocp.options.MultiprocessingOptions(
+        barrier_sync_key_prefix=barrier_prefix(self.directory))
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=True, **best)
+                                           enable_async_checkpointing=True,
+                                           multiprocessing_options=barriers, **best)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data"),
         item_handlers={"state": ocp.StandardCheckpointHandler(),

@@ -3,6 +3,7 @@ error that moves nothing, and selection strings name the checkpoints or say what
 
 import errno
 import shutil
+from pathlib import Path
 
 import grain
 import jax
@@ -110,3 +111,20 @@ def test_averaging_states_averages_their_moving_averages_too():
   for m, p in zip(jax.tree_util.tree_leaves(mean.ema_params),
                   jax.tree_util.tree_leaves(state.params)):
     np.testing.assert_allclose(np.asarray(m), np.asarray(p) + 2.0, rtol=1e-6)
+
+
+def test_each_checkpoint_folder_of_a_run_meets_at_cross_host_barriers_of_its_own(tmp_path):
+  """Orbax names a save's cross-host barriers by its step: a run's newest and best checkpoints
+  (and each population member's) saved at one step on several hosts need prefixes of their
+  own, the same wherever the workdir is mounted."""
+  run = tmp_path / "run"
+  folders = [run / "checkpoints", run / "checkpoints_best", run / "members/0/checkpoints",
+             run / "members/0/checkpoints_best", run / "members/1/checkpoints"]
+  prefixes = []
+  for folder in folders:
+    manager = checkpoints.Checkpointer(folder).manager
+    prefixes.append(manager._options.multiprocessing_options.barrier_sync_key_prefix)
+  assert prefixes == ["checkpoints", "checkpoints_best", "members_0_checkpoints",
+                      "members_0_checkpoints_best", "members_1_checkpoints"]
+  assert checkpoints.barrier_prefix(Path("/mnt/a/run/members/1/checkpoints")) == \
+      checkpoints.barrier_prefix(Path("/data/run/members/1/checkpoints"))

@@ -34,43 +34,37 @@ MEMBER_PATHS = {path: key for key, path in MEMBER_KEYS.items()}  # config key ->
 SWITCHES = {"grad_clip_norm": "clipping", "ema_decay": "the parameters' moving average"}
 
 
+def _member_key():
+  """A key of the members' values: () (the run's own value) in runs from before populations."""
+  return declared(before=())
+
+
 @dataclasses.dataclass(frozen=True)
 class PopulationConfig:
   """K members trained as one program on the same batches (`config.population`): member i
   takes the i-th value of every key given here, the run's own value of every other key. () =
   the run's value for every member; K = the length of the tuples given (all equal)."""
-  # N > 0: N members, member i with seed config.seed + i (with the tuples below, their length must
-  # be N; `seed` not given)
-  seeds: int = declared(before=0)
-  # each member's seed (its parameters and dropout)
-  seed: tuple = declared(before=())
-  # config.optimizer.learning_rate
-  learning_rate: tuple = declared(before=())
-  # config.optimizer.warmup_steps
-  warmup_steps: tuple = declared(before=())
-  # config.optimizer.b1
-  b1: tuple = declared(before=())
-  # config.optimizer.b2
-  b2: tuple = declared(before=())
-  # config.optimizer.eps
-  eps: tuple = declared(before=())
-  # config.optimizer.weight_decay
-  weight_decay: tuple = declared(before=())
-  # config.optimizer.grad_clip_norm (all > 0, or all 0)
-  grad_clip_norm: tuple = declared(before=())
-  # config.optimizer.ema_decay (all > 0, or all 0)
-  ema_decay: tuple = declared(before=())
-  # config.label_smoothing
-  label_smoothing: tuple = declared(before=())
-  # config.model.dropout_rate
-  dropout_rate: tuple = declared(before=())
-  # config.model.attention_dropout_rate
-  attention_dropout_rate: tuple = declared(before=())
-  # config.model.ffn_dropout_rate
-  ffn_dropout_rate: tuple = declared(before=())
-  # how the members' steps make one program: "vmapped" (the member axis a batch axis), "unrolled" (K
-  # copies side by side), "auto" (unrolled on CPU, vmapped on GPUs and TPUs)
-  program: str = declared(before="auto")
+  seeds: int = declared(before=0)                 # N > 0: N members, member i with seed
+                                                  # config.seed + i (with the tuples below, their
+                                                  # length must be N; `seed` not given)
+  seed: tuple = _member_key()                     # each member's seed (its parameters and dropout)
+  learning_rate: tuple = _member_key()            # config.optimizer.learning_rate
+  warmup_steps: tuple = _member_key()             # config.optimizer.warmup_steps
+  b1: tuple = _member_key()                       # config.optimizer.b1
+  b2: tuple = _member_key()                       # config.optimizer.b2
+  eps: tuple = _member_key()                      # config.optimizer.eps
+  weight_decay: tuple = _member_key()             # config.optimizer.weight_decay
+  grad_clip_norm: tuple = _member_key()           # config.optimizer.grad_clip_norm (all > 0,
+                                                  # or all 0)
+  ema_decay: tuple = _member_key()                # config.optimizer.ema_decay (all > 0, or all 0)
+  label_smoothing: tuple = _member_key()          # config.label_smoothing
+  dropout_rate: tuple = _member_key()             # config.model.dropout_rate
+  attention_dropout_rate: tuple = _member_key()   # config.model.attention_dropout_rate
+  ffn_dropout_rate: tuple = _member_key()         # config.model.ffn_dropout_rate
+  program: str = declared(before="auto")          # how the members' steps make one program:
+                                                  # "vmapped" (the member axis a batch axis),
+                                                  # "unrolled" (K copies side by side), "auto"
+                                                  # (unrolled on CPU, vmapped on GPUs and TPUs)
 
   def __post_init__(self):
     for key in MEMBER_KEYS:

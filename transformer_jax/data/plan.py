@@ -69,10 +69,14 @@ class DataPlan:
   threads)."""
   cfg: DataConfig = dataclasses.field(repr=False)
   corpora: tuple[TrainingCorpus, ...]
-  mixed: bool  # config.data.corpora: drawn by weight, counted per corpus
   eval_splits: tuple[EvalSplit, ...]
   test_splits: tuple[EvalSplit, ...]
   prepared: tuple[corpus.CorpusSpec, ...]
+
+  @property
+  def mixed(self) -> bool:
+    """A mixture (config.data.corpora): its corpora drawn by weight, counted per corpus."""
+    return bool(self.cfg.corpora)
 
   @property
   def tags(self) -> list[str]:
@@ -94,7 +98,7 @@ def data_plan(cfg: DataConfig) -> DataPlan:
   tests = (own_split(cfg.test_split, cfg, cfg.test_split, cfg.test_dataset),) \
       if cfg.test_split else ()
   return DataPlan(
-      cfg, mixture or (own,), bool(mixture),
+      cfg, mixture or (own,),
       evals + _corpus_splits(mixture, cfg, "eval_split"),
       tests + _corpus_splits(mixture, cfg, "test_split"),
       _prepared(cfg))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 
 from transformer_jax.errors import ConfigError
@@ -21,7 +22,13 @@ def did_you_mean(key: str, known) -> str:
 
 
 def check_type(where: str, value, expected):
+  """`value` as a field of type `expected` takes it (an int as a float, a list as a tuple); a
+  ConfigError naming `where` for another type, or for a float (also a tuple's) that is NaN or
+  infinite: no setting means either, and every range check is false for NaN."""
   origin = typing.get_origin(expected) or expected
+  for number in value if isinstance(value, (tuple, list)) else (value,):
+    if isinstance(number, float) and not math.isfinite(number):
+      raise ConfigError(f"{where}={value!r} is not a finite number")
   if expected is float and isinstance(value, int) and not isinstance(value, bool):
     return float(value)
   if origin is tuple and isinstance(value, list):

@@ -13,7 +13,7 @@ import typing
 
 import ml_collections
 
-from transformer_jax.config.checks import checked_kwargs, did_you_mean  # noqa: F401 (API)
+from transformer_jax.config.checks import check_type, checked_kwargs, did_you_mean  # noqa: F401 (API)
 from transformer_jax.config.sections import SECTIONS, TrainConfig
 from transformer_jax.errors import ConfigError
 
@@ -73,5 +73,6 @@ def replace_from_text(section, items: list[str], flag: str):
       raise ConfigError(f"--{flag}={item!r}: expected key=value, key one of {', '.join(hints)}")
     if key not in hints:
       raise ConfigError(f"--{flag}={item!r}: unknown key {key!r}{did_you_mean(key, hints)}")
-    changes[key] = parse_value(text, hints[key], f"--{flag}={item!r}")
+    changes[key] = check_type(f"--{flag} {key}", parse_value(text, hints[key],
+                                                             f"--{flag}={item!r}"), hints[key])
   return dataclasses.replace(section, **changes)

@@ -46,6 +46,11 @@ def _train(tmp_path, *args):
                                   "key 'num_head' (did you mean num_heads or num_kv_heads?)"),
     ("--config.model.d_model=wide", "config error: --config.model.d_model: 'wide' is not a "
                                     "valid int"),
+    # (before the tokenizer and the compile, and never written into config.json)
+    ("--config.time_budget_minutes=nan", "config error: config.time_budget_minutes=nan is not "
+                                         "a finite number"),
+    ("--config.optimizer.learning_rate=inf", "config error: config.optimizer.learning_rate=inf "
+                                             "is not a finite number"),
 ])
 def test_a_bad_override_is_one_line(tmp_path, override, message):
   status, line = _train(tmp_path, override)

@@ -69,3 +69,42 @@ def test_key_value_overrides_of_a_section():
     config_lib.replace_from_text(decode, ["beam_size"], "decode")
   with pytest.raises(ConfigError, match=r"nbest=5 must be in \[1, beam_size=2\]"):
     config_lib.replace_from_text(decode, ["nbest=5"], "decode")  # the section's own checks
+
+
+def _float_keys(values: dict, prefix: str = "") -> list[str]:
+  """The dotted keys of every float of a config's values, nested sections included."""
+  keys = []
+  for key, value in values.items():
+    if isinstance(value, dict):
+      keys += _float_keys(value, f"{prefix}{key}.")
+    elif isinstance(value, float):
+      keys.append(prefix + key)
+  return keys
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_every_float_of_every_section_must_be_finite(bad):
+  c = tiny.get_config()
+  c.data.corpora = {"extra": {"weight": 1.0, "data_dir": "elsewhere"}}  # (a mixture's floats too)
+  c.data.pretokenize = True
+  keys = _float_keys(c.to_dict())
+  assert {"optimizer.learning_rate", "decode.length_penalty", "decode.temperature",
+          "time_budget_minutes", "data.corpora.extra.weight", "data.cleaning.max_length_ratio",
+          "data.subword_sampling.alpha", "model.norm_epsilon"} <= set(keys)
+  for key in keys:
+    values = c.to_dict()
+    helpers.with_overrides(values, {key: bad})
+    with pytest.raises(ConfigError, match=rf"^config\.{key}={bad!r} is not a finite number$"):
+      config_lib.from_config_dict(ml_collections.ConfigDict(values))
+  values = tiny.get_config().to_dict()
+  values["population"]["learning_rate"] = (1e-3, bad)  # (a member's value)
+  with pytest.raises(ConfigError, match=r"^config\.population\.learning_rate=\(0\.001, "):
+    config_lib.from_config_dict(ml_collections.ConfigDict(values))
+
+
+@pytest.mark.parametrize("item", ["length_penalty=nan", "temperature=inf", "top_p=NaN",
+                                  "max_length_a=-inf"])
+def test_a_non_finite_decode_override_is_named(item):
+  key, _, text = item.partition("=")
+  with pytest.raises(ConfigError, match=rf"^--decode {key}={float(text)!r} is not a finite "):
+    config_lib.replace_from_text(helpers.section("decode"), [item], "decode")

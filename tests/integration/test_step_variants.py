@@ -33,9 +33,10 @@ def _train_losses(model, state, steps=3, **kwargs):
 @functools.lru_cache(maxsize=1)
 def _plain_run():
   """The reference: the tiny model without dropout (so that other layouts of the same
-  computation draw no different masks), and its losses and gradient norms."""
-  cfg, model, state = tiny_setup(**{"model.dropout_rate": 0.0})
-  return cfg, model, state, _train_losses(model, state)[1]
+  computation draw no different masks), with weight decay (so that a layout decaying other
+  parameters shows), and its losses and gradient norms over 30 steps."""
+  cfg, model, state = tiny_setup(**{"model.dropout_rate": 0.0, "optimizer.weight_decay": 0.1})
+  return cfg, model, state, _train_losses(model, state, steps=30)[1]
 
 
 def test_gradient_accumulation_matches_the_full_batch():
@@ -43,7 +44,7 @@ def test_gradient_accumulation_matches_the_full_batch():
   _, accum = _train_losses(model, state, num_micro_batches=2)  # (any k: the same sums)
   # Same losses and gradient norms over 3 steps: the same updates (parameters are not compared
   # bitwise: Adam turns float-rounding differences of near-zero gradients into full steps).
-  assert np.asarray(accum) == pytest.approx(np.asarray(full), rel=1e-6)
+  assert np.asarray(accum) == pytest.approx(np.asarray(full[:3]), rel=1e-6)
 
 
 # (scan and remat together: the block variants below)
@@ -58,8 +59,12 @@ def test_remat_and_scan_train_like_the_plain_model(overrides):
     assert params["encoder_layers"]["feed_forward"]["wi"]["kernel"].shape == (2, 32, 64)
   model2 = model_lib.Transformer(cfg2.model)
   state2 = state.replace(params=params, opt_state=state.tx.init(params))
-  _, other = _train_losses(model2, state2)
-  assert np.asarray(other) == pytest.approx(np.asarray(plain), rel=1e-6)
+  # Scanned: 30 steps, as many as weight decay needs to part runs that decay other parameters
+  # (stacked norm scales have a matrix's rank); f32, so 1e-5 relative after 30 Adam steps.
+  steps = 30 if cfg2.model.scan_layers else 3
+  _, other = _train_losses(model2, state2, steps=steps)
+  assert np.asarray(other) == pytest.approx(np.asarray(plain[:steps]), rel=1e-5 if steps == 30
+                                            else 1e-6)
 
 
 @pytest.mark.parametrize("name", ["rmsnorm_swiglu_gqa_relative",

@@ -111,7 +111,13 @@ class OptimizerConfig:
   b1: float                     # Adam's decay rate of the first moment
   b2: float                     # Adam's decay rate of the second moment
   eps: float                    # Adam's epsilon, added to the second moment's root
-  weight_decay: float           # decoupled (AdamW), on matrices only
+  # decoupled (AdamW), on every parameter that weight_decay_exclude does not name
+  weight_decay: float
+  # the parameters weight decay leaves alone: glob patterns matched against each parameter's path
+  # (e.g. "decoder_0/ffn_block/layer_norm/scale"; `*` crosses "/"): by default biases (the
+  # relative-position tables and the output bias included) and norm scales; kernels and embeddings
+  # decay
+  weight_decay_exclude: tuple[str, ...] = declared(before=("*bias", "*scale"))
   grad_clip_norm: float         # global-norm clipping; 0 disables
   # > 0: keep an exponential moving average of the parameters (decay per step, e.g. 0.999), used for
   # validation, the test and the tools; 0 = off
@@ -132,6 +138,9 @@ class OptimizerConfig:
                         "in [0, 1] (0: no cooldown)")
     if self.warmup_steps < 0:
       raise ConfigError(f"config.optimizer.warmup_steps={self.warmup_steps} must be >= 0")
+    if not all(isinstance(p, str) and p for p in self.weight_decay_exclude):
+      raise ConfigError(f"config.optimizer.weight_decay_exclude={self.weight_decay_exclude!r} "
+                        "must be a tuple of glob patterns (e.g. ('*bias', '*scale'))")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,6 +113,7 @@ def get_config():
   config.optimizer.b2 = 0.98
   config.optimizer.eps = 1e-9
   config.optimizer.weight_decay = 0.0
+  config.optimizer.weight_decay_exclude = ("*bias", "*scale")  # not decayed: biases, norm scales
   config.optimizer.grad_clip_norm = 1.0
   config.optimizer.ema_decay = 0.999    # > 0: validate/translate with the EMA; 0 = off
   config.optimizer.cooldown_fraction = 0.2  # LR linear to 0 over the last 20% of the steps, or

@@ -5,12 +5,16 @@ training ends may depend on the wall clock."""
 
 from __future__ import annotations
 
+import fnmatch
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
 from transformer_jax.config.population import is_static
 from transformer_jax.config.sections import OptimizerConfig
+from transformer_jax.errors import ConfigError
 
 
 def learning_rate_schedule(cfg: OptimizerConfig, num_steps: int):
@@ -33,14 +37,29 @@ def learning_rate_schedule(cfg: OptimizerConfig, num_steps: int):
   return schedule
 
 
+def decayed(params, exclude: tuple[str, ...]):
+  """A tree like `params` of whether weight decay applies to each parameter: to those whose
+  path ("encoder_0/feed_forward/wo/kernel") no glob pattern of `exclude` matches. By name,
+  not by rank: a scanned model's stacked norm scales and the (heads, head_dim) biases are
+  left out as an unscanned model's are."""
+  # (a parameter in its logical-axis box, as the state's initialisation has it, is one leaf:
+  # the mask a prefix of the tree)
+  paths, tree = jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+  names = [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in paths]
+  for pattern in exclude:  # (a misspelt pattern would decay what it meant to leave alone)
+    if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+      raise ConfigError(f"config.optimizer.weight_decay_exclude: {pattern!r} matches no "
+                        f"parameter of the model (paths such as {names[-1]!r})")
+  return jax.tree_util.tree_unflatten(tree, [
+      not any(fnmatch.fnmatchcase(name, pattern) for pattern in exclude) for name in names])
+
+
 def make_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:
-
-  def decay_mask(params):  # weight decay on matrices, not on biases and LayerNorm scales
-    return jax.tree_util.tree_map(lambda p: p.ndim > 1, params)
-
   parts = []
   if not is_static(cfg.grad_clip_norm) or cfg.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(cfg.grad_clip_norm))
   parts.append(optax.adamw(learning_rate_schedule(cfg, num_steps), b1=cfg.b1, b2=cfg.b2,
-                           eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask))
+                           eps=cfg.eps, weight_decay=cfg.weight_decay,
+                           mask=lambda params: decayed(params, cfg.weight_decay_exclude)))
   return optax.chain(*parts)

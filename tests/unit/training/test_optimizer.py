@@ -2,13 +2,17 @@
 the update (its value over training: test_decisions.py)."""
 
 import functools
+import re
 
 import jax
 import numpy as np
 import pytest
 
-from tests import helpers
+from tests import helpers, model_variants
+from transformer_jax.errors import ConfigError
+from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import optimizer
+from transformer_jax.training import state as state_lib
 from transformer_jax.training import step as train_lib
 
 
@@ -53,3 +57,34 @@ def test_the_cooldown_factor_scales_the_update():
   for full, half, none in zip(*(jax.tree_util.tree_leaves(deltas[s]) for s in (1.0, 0.5, 0.0))):
     np.testing.assert_allclose(half, 0.5 * full, rtol=1e-4, atol=1e-7)
     assert not none.any()
+
+
+def _decayed_names(**model_fields) -> set[str]:
+  """The parameters (a stack's layers as one `encoder_layer`/`decoder_layer`) that weight decay
+  applies to in the tiny model with `model_fields`, from the shapes alone (the mask the
+  optimizer takes: its effect on training, test_step_variants.py)."""
+  cfg = helpers.tiny_train_config(**{f"model.{k}": v for k, v in model_fields.items()})
+  abstract = state_lib.abstract_state(cfg, Transformer(cfg.model), helpers._mesh())
+  mask = optimizer.decayed(abstract.params, cfg.optimizer.weight_decay_exclude)
+  return {re.sub(r"^(encoder|decoder)_(\d+|layers)/", r"\1_layer/",
+                 jax.tree_util.keystr(path, simple=True, separator="/"))
+          for path, decays in jax.tree_util.tree_leaves_with_path(mask) if decays}
+
+
+@pytest.mark.parametrize("variant", sorted(model_variants.VARIANTS))
+def test_weight_decay_takes_kernels_and_embeddings_by_name_scanned_or_not(variant):
+  fields = model_variants.model_fields(variant)
+  names = {scan: _decayed_names(**{**fields, "scan_layers": scan}) for scan in (False, True)}
+  assert names[True] == names[False]
+  assert {name.rsplit("/", 1)[-1] for name in names[False]} <= {
+      "kernel", "embedding", "position_embedding"}
+  assert "encoder_layer/feed_forward/wo/kernel" in names[False]
+
+
+def test_a_weight_decay_pattern_that_names_no_parameter_is_a_config_error():
+  _, _, state = helpers.tiny_setup()
+  with pytest.raises(ConfigError, match=r"weight_decay_exclude: '\*Bias' matches no parameter"):
+    optimizer.decayed(state.params, ("*bias", "*Bias"))
+  kept = optimizer.decayed(state.params, ("*layer_norm/scale",))  # (a pattern crosses "/")
+  assert not kept["encoder_0"]["ffn_block"]["layer_norm"]["scale"]
+  assert kept["encoder_0"]["ffn_block"]["layer_norm"]["bias"]

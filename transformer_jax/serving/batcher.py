@@ -5,8 +5,10 @@ for its share of those held at the engine's last answer (`_next_batch`). Two bat
 use a CPU's cores better than one batch of both: a small batch's operations are too small to
 split between cores, while two programs each keep one busy. Requests with different decoding
 options never share a batch, and a request with a sampling seed has one of its own (its
-samples then depend on nothing else). The queue is bounded (`QueueFull`: the server answers
-503), and `close()` stops taking requests and answers every one already taken."""
+samples then depend on nothing else). A batch whose engine call fails is translated again
+request by request, so that only the request that broke it fails. The queue is bounded
+(`QueueFull`: the server answers 503), and `close()` stops taking requests and answers every
+one already taken."""
 
 from __future__ import annotations
 
@@ -140,28 +142,38 @@ class Batcher:
 
   def _run(self):
     while (batch := self._next_batch()) is not None:
-      sentences = [s for job in batch for s in job.sentences]
-      prefixes = [p for job in batch for p in job.prefixes]
-      began = time.perf_counter()
-      try:
-        results = self.engine.translate(sentences, prefixes, batch[0].options)
-      except Exception as e:  # (answered to each request of the batch, the server goes on)
-        log.exception("batch of %d sentences failed", len(sentences))
-        with self.cond:
-          self.running -= len(sentences)
-        for job in batch:
-          job.loop.call_soon_threadsafe(_set, job.future, None, e)
-        continue
-      self.metrics.batch(len(sentences), time.perf_counter() - began)
+      size = sum(len(job.sentences) for job in batch)
+      self._answer(batch)
       with self.cond:
-        self.running -= len(sentences)
+        self.running -= size
         self.answered = time.monotonic()
-        self.expected = len(sentences) + self.running + self._waiting()
-      start = 0
-      for job in batch:
-        mine = results[start:start + len(job.sentences)]
-        start += len(job.sentences)
-        job.loop.call_soon_threadsafe(_set, job.future, mine, None)
+        self.expected = size + self.running + self._waiting()
+
+  def _answer(self, batch: list[_Job]):
+    """Translates the jobs' sentences in one engine call and answers each job its own. A call
+    that fails is tried again for each job alone, so that the request that broke it (a text
+    the tokenizer refuses, say) gets the error and the others their translations."""
+    sentences = [s for job in batch for s in job.sentences]
+    began = time.perf_counter()
+    try:
+      results = self.engine.translate(sentences, [p for job in batch for p in job.prefixes],
+                                      batch[0].options)
+    except Exception as e:  # (the server goes on; the request's answer says what failed)
+      if len(batch) > 1:
+        log.warning("a batch of %d requests failed (%s: %s): each is translated alone",
+                    len(batch), type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        for job in batch:
+          self._answer([job])
+        return
+      log.exception("a request of %d sentences failed", len(sentences))
+      batch[0].loop.call_soon_threadsafe(_set, batch[0].future, None, e)
+      return
+    self.metrics.batch(len(sentences), time.perf_counter() - began)
+    start = 0
+    for job in batch:
+      mine = results[start:start + len(job.sentences)]
+      start += len(job.sentences)
+      job.loop.call_soon_threadsafe(_set, job.future, mine, None)
 
 
 def _set(future: asyncio.Future, result, error):

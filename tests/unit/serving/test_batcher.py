@@ -202,3 +202,38 @@ def test_two_workers_translate_two_shares_of_a_steady_load_at_once():
   # share, half of the eight sentences held)
   assert engine.most == 2 and sum(sizes) == 40 and max(sizes) == 4, sizes
   assert sizes.count(4) >= 6, sizes
+
+
+def test_a_request_that_breaks_its_batch_fails_alone_and_the_others_are_translated():
+  """A bad and a good request in one engine call (the call raises, as SentencePiece does for
+  text it cannot encode): each is translated again alone; the good one gets its translation,
+  the bad one the error."""
+  class Picky(Slow):
+    def translate(self, sentences, prefixes, options):
+      if self.gate is not None and not self.calls:
+        self.gate.wait(5)
+      self.calls.append((list(sentences), options))
+      if "bad" in sentences:
+        raise UnicodeEncodeError("utf-8", "bad", 0, 1, "surrogates not allowed")
+      return [[{"translation": s}] for s in sentences]
+
+  gate = threading.Event()
+  engine = Picky(gate)
+  batcher = Batcher(engine, Metrics(), max_sentences=8, max_wait_s=0.05)
+
+  async def main():
+    busy = asyncio.create_task(batcher.translate(["a"], [""], Options()))
+    await asyncio.sleep(0.1)
+    good = asyncio.create_task(batcher.translate(["good", "fine"], ["", ""], Options()))
+    bad = asyncio.create_task(batcher.translate(["bad"], [""], Options()))
+    await asyncio.sleep(0.05)
+    gate.set()
+    await busy
+    return await good, await asyncio.gather(bad, return_exceptions=True)
+
+  good, (bad,) = asyncio.run(main())
+  batcher.close()
+  assert good == [[{"translation": "good"}], [{"translation": "fine"}]]
+  assert isinstance(bad, UnicodeEncodeError)
+  assert [sentences for sentences, _ in engine.calls] == [
+      ["a"], ["good", "fine", "bad"], ["good", "fine"], ["bad"]]

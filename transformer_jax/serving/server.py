@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import sys
 import time
 
 import jax
@@ -24,7 +25,12 @@ log = logging.getLogger(__name__)
 
 def serve(args):
   """Runs the server of the `transformer-jax-serve` flags until SIGTERM or Ctrl-C."""
-  sock = _bound(args.host, args.port)  # (a port in use said now, not after the warm-up)
+  if args.max_request_sentences > args.max_queue:
+    raise UsageError(f"--max_request_sentences={args.max_request_sentences} is more than "
+                     f"--max_queue={args.max_queue}: a request that large could never be "
+                     "queued (every one would be answered 503)")
+  # (a port in use, or one another server is warming up on, said now, not after the warm-up)
+  sock, claim = _bound(args.host, args.port)
   workers = args.workers or (2 if args.engine == "ctranslate2" or jax.default_backend() == "cpu"
                              else 1)
   # (batches of at most the server's size; our search aligns on request)
@@ -43,7 +49,11 @@ def serve(args):
   app = make_app(engine, batcher, metrics, Limits(args.max_body_bytes,
                                                   args.max_request_sentences,
                                                   timeout_s=args.timeout_s))
-  sock.listen(2048)  # (from now on connections wait for uvicorn's accept: none is refused)
+  try:  # (from now on connections wait for uvicorn's accept: none is refused)
+    sock.listen(2048)
+  except OSError as e:  # (a program other than ours took the port meanwhile)
+    raise UsageError(f"--host={args.host} --port={args.port}: cannot listen there "
+                     f"({e.strerror})") from None
   log.info("Serving on http://%s:%d (engine %s, %d worker%s)", args.host,
            sock.getsockname()[1], engine.name, workers, "s" if workers > 1 else "")
   # (httptools: the parser in C; h11's pure Python took a core's tenth at 200 requests/s)
@@ -57,17 +67,41 @@ def serve(args):
   finally:
     batcher.close()
     signal.signal(signal.SIGTERM, previous)
+    if claim is not None:
+      claim.close()
   log.info("Stopped: every accepted request answered")
 
 
-def _bound(host: str, port: int) -> socket.socket:
-  """A socket bound to host:port, not yet listening (connections are refused until then)."""
+def _bound(host: str, port: int) -> tuple[socket.socket, socket.socket | None]:
+  """A socket bound to host:port, not yet listening (connections are refused until then),
+  and this process's claim on the port (`_claim`)."""
+  claim = _claim(host, port)
   sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
     sock.bind((host, port))
   except OSError as e:
     sock.close()
+    if claim is not None:
+      claim.close()
     raise UsageError(f"--host={host} --port={port}: cannot listen there ({e.strerror})"
                      ) from None
-  return sock
+  return sock, claim
+
+
+def _claim(host: str, port: int) -> socket.socket | None:
+  """A Linux abstract Unix socket named by the port, bound while this server lives: a second
+  server starting on the port meanwhile is refused at once. (SO_REUSEADDR, which a restart
+  needs while the last run's connections linger in TIME_WAIT, lets two sockets bind a port
+  that neither listens on yet: the second would find out in listen(), after its warm-up.)
+  None where there are no abstract sockets, or for port 0 (the system picks a free one)."""
+  if not port or not sys.platform.startswith("linux"):
+    return None
+  claim = socket.socket(socket.AF_UNIX)
+  try:
+    claim.bind(f"\0transformer_jax-serve-port-{port}")
+  except OSError:
+    claim.close()
+    raise UsageError(f"--host={host} --port={port}: another transformer-jax-serve is starting "
+                     "or serving on that port") from None
+  return claim

@@ -1,10 +1,13 @@
-"""The server's port: taken before the model loads, so that a port in use is one line at
-once rather than a traceback after the warm-up."""
+"""The server's port and limits: a port in use, or one another server is warming up on, and
+limits that contradict each other are one line at once, before the model loads, rather than a
+traceback after the warm-up."""
 
 import socket
+import types
 
 import pytest
 
+from tests import helpers
 from transformer_jax.errors import UsageError
 from transformer_jax.serving import server
 
@@ -15,9 +18,34 @@ def test_a_port_in_use_is_one_line_before_anything_loads():
     with pytest.raises(UsageError, match=rf"^--host=127.0.0.1 --port={port}: cannot listen "
                                          r"there \(Address already in use\)$"):
       server._bound("127.0.0.1", port)
-  free = server._bound("127.0.0.1", 0)
+  free, claim = server._bound("127.0.0.1", 0)
   try:  # (bound, not listening: a client is refused until the warm-up is over)
     with pytest.raises(ConnectionRefusedError):
       socket.create_connection(free.getsockname(), timeout=5)
   finally:
     free.close()
+
+
+def test_a_second_server_starting_on_the_port_stops_before_its_warm_up():
+  """Both bind before either listens (SO_REUSEADDR lets them): the second is refused at once,
+  not in listen() after its warm-up; once the first has gone, the port is free again."""
+  port = helpers.free_port()
+  first, claim = server._bound("127.0.0.1", port)
+  try:
+    with pytest.raises(UsageError, match=rf"^--host=127.0.0.1 --port={port}: another "
+                                         "transformer-jax-serve is starting or serving on "
+                                         "that port$"):
+      server._bound("127.0.0.1", port)
+  finally:
+    first.close()
+    claim.close()
+  again, claim = server._bound("127.0.0.1", port)
+  again.close()
+  claim.close()
+
+
+def test_a_request_limit_above_the_queue_is_one_line_before_anything():
+  args = types.SimpleNamespace(max_request_sentences=300, max_queue=256)
+  with pytest.raises(UsageError, match=r"^--max_request_sentences=300 is more than "
+                                       r"--max_queue=256: a request that large could never "):
+    server.serve(args)  # (before the port, the model or anything the other flags name)

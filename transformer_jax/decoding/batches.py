@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.config.sections import DecodeConfig
-from transformer_jax.data.tokenizer import content_ids
+from transformer_jax.data.tokenizer import EOS_ID, content_ids
 from transformer_jax.decoding import resizing
 from transformer_jax.decoding.mbr import mbr_order
 from transformer_jax.decoding.members import prepare
@@ -92,10 +92,12 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
 
 class Hypothesis(NamedTuple):
   """A translation: its text, its score (beam: length-normalised; greedy and sampling: the
-  total log-probability) and the ids the search produced (up to EOS, padding dropped)."""
+  total log-probability), the ids the search produced (up to EOS, padding dropped) and
+  whether it ended with EOS (False: its sentence's length cap stopped it)."""
   text: str
   score: float
   ids: tuple[int, ...]
+  ended: bool = True
 
 
 def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
@@ -106,7 +108,8 @@ def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=
   for rows, seqs, scores in decode_batches(model, params, eval_set, cfg, mesh):
     for row, index in enumerate(rows):
       out[index] = [Hypothesis(tokenizer.decode(seqs[row, n]), float(scores[row, n]),
-                               tuple(content_ids(seqs[row, n])))
+                               tuple(content_ids(seqs[row, n])),
+                               bool((seqs[row, n] == EOS_ID).any()))
                     for n in range(seqs.shape[1]) if scores[row, n] > NEG_INF / 2]
       if cfg.mbr:  # (the candidates reordered by expected utility; their scores kept)
         out[index] = [out[index][i] for i in mbr_order([h.text for h in out[index]], cfg.mbr)]

@@ -1,7 +1,7 @@
 """The HTTP endpoints (Starlette, served by uvicorn):
 
   POST /translate     LibreTranslate's API (`q` a string or a list, `source`, `target`,
-                      `format=text`, `alternatives`; JSON or a form), so its clients work as is
+                      `format=text`, `alternatives`, `api_key`), so its clients work as is
   GET  /languages     LibreTranslate's: the run's languages (a multilingual run's targets:
                       its tags' languages, chosen by `target`)
   POST /v1/translate  ours: per-request decoding options, n-best with scores and alignments
@@ -9,10 +9,21 @@
   GET  /              the page: type or paste, see translations, alternatives, alignments
   GET  /health, GET /metrics (Prometheus text)
 
+A request's fields are read as LibreTranslate reads them: from a JSON body (Content-Type
+application/json) alone, or else from the query string and a form body (urlencoded or
+multipart), the query string's value first. `api_key` is taken and ignored (this server has
+no keys); `format=html` is refused (it translates text, not markup). A source longer than the
+model reads is translated from its first subwords and a translation its length cap stopped is
+returned unfinished: either is said in the response's `warnings` (one line each, naming the
+sentence: `q[2]: ...`), absent when there is none.
+
 Every refusal is a 4xx or 5xx with a one-line JSON `{"error": ...}` (an unknown path or
-method too): a body over the limit (413), too many sentences (413), malformed JSON or form,
-text that is not UTF-8, empty text, an unknown language or option (400), a full queue (503
-with Retry-After), a request past its timeout (504). A client that leaves mid-request is dropped."""
+method too): a body over the limit (413), too many sentences (413), malformed JSON (NaN and
+infinities included) or form, a body of another content type (415), text that is not UTF-8
+or not Unicode (a lone surrogate, named by its field), empty text, an unknown language or
+option (400), a full queue (503 with Retry-After), a request past its timeout (504). A
+client that leaves while its request waits is dropped from the queue; an engine call that
+fails is tried again request by request, so only the request that broke it fails."""
 
 from __future__ import annotations
 
@@ -22,6 +33,7 @@ import email.parser
 import email.policy
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -60,7 +72,7 @@ class Refused(Exception):
 def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits()) -> Starlette:
   defaults = engine.decode_config(Options())
   async def body(request: Request) -> dict:
-    """The request's fields from JSON or a form, UTF-8, within the size limit."""
+    """The request's fields (`_fields_of`), the body within the size limit."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
       raise Refused(413, f"request body of {declared} bytes; at most {limits.max_body_bytes}")
@@ -69,22 +81,12 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       raw += chunk
       if len(raw) > limits.max_body_bytes:
         raise Refused(413, f"request body over {limits.max_body_bytes} bytes")
-    content_type = request.headers.get("content-type", "")
-    if content_type.startswith("multipart/form-data"):
-      return _multipart(bytes(raw), content_type)
-    text = _utf8(bytes(raw), "request body")
-    if "application/json" in content_type:
-      try:
-        fields = json.loads(text or "{}")
-      except json.JSONDecodeError as e:
-        raise Refused(400, f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}"
-                      ) from None
-      if not isinstance(fields, dict):
-        raise Refused(400, "the JSON body must be an object")
-      return fields
-    return _fields(parse_qs(text, keep_blank_values=True))
+    return _fields_of(bytes(raw), request.headers.get("content-type", ""),
+                      request.url.query)
 
   def sentences_of(value, name: str) -> list[str]:
+    if value is None:
+      raise Refused(400, f"no {name} in the request (a JSON body, a form or the query string)")
     sentences = [value] if isinstance(value, str) else value
     if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
       raise Refused(400, f"{name} must be a string or a list of strings")
@@ -98,7 +100,9 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       raise Refused(413, f"a sentence of {longest} characters; at most {limits.max_chars}")
     return sentences
 
-  async def translated(sentences, prefixes, options: Options):
+  async def translated(request: Request, sentences, prefixes, options: Options):
+    """The engine's `Translated` of each sentence, batched with other requests'; a client
+    that disconnects meanwhile leaves the queue untranslated (ClientDisconnect)."""
     try:
       decode = engine.decode_config(options)
     except ConfigError as e:
@@ -110,15 +114,25 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     options = dataclasses.replace(options, decode=tuple(
         (k, getattr(decode, k)) for k in REQUEST_OPTIONS
         if getattr(decode, k, None) != getattr(defaults, k, None)))
+    waiting = asyncio.ensure_future(batcher.translate(sentences, prefixes, options))
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
-      return await asyncio.wait_for(batcher.translate(sentences, prefixes, options),
-                                    limits.timeout_s)
+      done, _ = await asyncio.wait({waiting, gone}, timeout=limits.timeout_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
+      if waiting in done:
+        return waiting.result()
+      waiting.cancel()  # (the batcher drops a request still waiting; one running is let be)
+      if gone in done:
+        raise ClientDisconnect()
+      raise asyncio.TimeoutError()
     except QueueFull:
       raise Refused(503, "the server is busy: its queue is full; retry shortly") from None
     except Closed:
       raise Refused(503, "the server is shutting down") from None
     except asyncio.TimeoutError:
       raise Refused(504, f"not translated within {limits.timeout_s:g} s") from None
+    finally:
+      gone.cancel()
 
   async def libretranslate(request: Request):
     fields = await body(request)
@@ -129,7 +143,8 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
                     f"{'/'.join(engine.sources)} -> {', '.join(engine.targets)})")
     check_target(target)
     if fields.get("format", "text") != "text":
-      raise Refused(400, f"format {fields.get('format')!r}: only 'text' is served")
+      raise Refused(400, f"format {fields.get('format')!r} is not served: this server "
+                    "translates plain text (format=text), not markup")
     try:
       alternatives = int(fields.get("alternatives", 0))
     except (TypeError, ValueError):
@@ -139,15 +154,15 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     if alternatives > 0:
       beam = max(alternatives + 1, engine.beam_size)
       decode = {"nbest": alternatives + 1, "beam_size": beam}
-    results = await translated(sentences, [""] * len(sentences),
+    results = await translated(request, sentences, [""] * len(sentences),
                                Options(tuple(sorted(decode.items())), target=target))
-    texts = [r[0]["translation"] if r else "" for r in results]
-    alts = [[h["translation"] for h in r[1:]] for r in results]
-    one = isinstance(fields.get("q"), str)
+    texts = [r.hypotheses[0]["translation"] if r.hypotheses else "" for r in results]
+    alts = [[h["translation"] for h in r.hypotheses[1:]] for r in results]
+    one = isinstance(fields.get("q", fields.get("q[]")), str)
     out = {"translatedText": texts[0] if one else texts}
     if alternatives > 0:
       out["alternatives"] = alts[0] if one else alts
-    return out
+    return _with_warnings(out, results, "q" if one else "q[{}]")
 
   def check_target(target):
     try:
@@ -178,11 +193,12 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       raise Refused(400, f"seed={seed!r} is not an integer in [0, 2^31)")
     options = Options(tuple(sorted((k, v) for k, v in given.items() if k in REQUEST_OPTIONS)),
                       seed, bool(given.get("alignments", False)), target)
-    results = await translated(sentences, prefixes, options)
-    out = {"translations": results}
+    results = await translated(request, sentences, prefixes, options)
+    out = {"translations": [r.hypotheses for r in results]}
     if "id" in fields:
       out["id"] = fields["id"]
-    return out
+    return _with_warnings(out, results, "text" if isinstance(fields["text"], str)
+                          else "text[{}]")
 
   def endpoint(name: str, handler):
     async def run(request: Request) -> Response:
@@ -235,6 +251,80 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       Route("/languages", endpoint("languages", languages), methods=["GET"]),
       Route("/health", endpoint("health", health), methods=["GET"]),
       Route("/metrics", metrics_text, methods=["GET"])])
+
+
+def _fields_of(raw: bytes, content_type: str, query: str) -> dict:
+  """A request's fields as LibreTranslate reads them: a JSON body's alone, else the query
+  string's over a form body's (urlencoded, the default, or multipart); a body of another
+  content type (text/plain, say) is refused naming it."""
+  media = content_type.split(";")[0].strip().lower()
+  if media == "application/json" or media.endswith("+json"):
+    return _json_fields(_utf8(raw, "request body"))
+  if media == "multipart/form-data":
+    form = _multipart(raw, content_type)
+  elif media in ("", "application/x-www-form-urlencoded") or not raw:
+    form = _fields(parse_qs(_utf8(raw, "request body"), keep_blank_values=True))
+  else:
+    looks = (" (it looks like JSON: send it with Content-Type: application/json)"
+             if raw.lstrip()[:1] in (b"{", b"[") else "")
+    raise Refused(415, f"a body of Content-Type {media!r} is not read: send JSON "
+                  "(application/json) or a form (application/x-www-form-urlencoded or "
+                  f"multipart/form-data){looks}")
+  return {**form, **_fields(parse_qs(query, keep_blank_values=True))}
+
+
+def _json_fields(text: str) -> dict:
+  """A JSON body's object, refusing what JSON has no place for: NaN, infinities (and numbers
+  too large for a float, read as infinite) and lone surrogates (valid JSON escapes of no
+  Unicode character, which a tokenizer cannot encode), each named."""
+  def not_finite(value: str):
+    raise Refused(400, f"malformed JSON: {value} is not a number JSON allows")
+
+  def number(text_: str) -> float:
+    value = float(text_)
+    if not math.isfinite(value):
+      not_finite(text_)
+    return value
+
+  try:
+    fields = json.loads(text or "{}", parse_constant=not_finite, parse_float=number)
+  except json.JSONDecodeError as e:
+    raise Refused(400, f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}"
+                  ) from None
+  if not isinstance(fields, dict):
+    raise Refused(400, "the JSON body must be an object")
+  _check_unicode(fields, "")
+  return fields
+
+
+def _check_unicode(value, name: str):
+  """A 400 naming the first string of a JSON value (a field, an item, a key) holding a lone
+  surrogate."""
+  if isinstance(value, str):
+    for i, char in enumerate(value):
+      if "\ud800" <= char <= "\udfff":
+        raise Refused(400, f"{name or 'a key'} is not Unicode text: a lone surrogate "
+                      f"(\\u{ord(char):04x}) at character {i}")
+  elif isinstance(value, dict):
+    for key, item in value.items():
+      _check_unicode(key, "")
+      _check_unicode(item, f"{name}.{key}" if name else key)
+  elif isinstance(value, list):
+    for i, item in enumerate(value):
+      _check_unicode(item, f"{name}[{i}]")
+
+
+def _with_warnings(out: dict, results, field: str) -> dict:
+  """`out` with `warnings`: each sentence's notes (engine.Translated), named by `field` (its
+  index put in), when there are any."""
+  warnings = [f"{field.format(i)}: {note}" for i, r in enumerate(results) for note in r.notes]
+  return {**out, "warnings": warnings} if warnings else out
+
+
+async def _disconnected(request: Request):
+  """Returns when the client disconnects (its body read: what is left to receive is that)."""
+  while (await request.receive())["type"] != "http.disconnect":
+    pass
 
 
 def _utf8(raw: bytes, what: str) -> str:

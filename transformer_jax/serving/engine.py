@@ -31,6 +31,15 @@ class Options:
   target: str = ""             # a multilingual run's target language ("": its only one)
 
 
+@dataclasses.dataclass
+class Translated:
+  """A sentence as the server answers it: its n-best, and notes for the client (its source cut
+  to the model's length, a translation stopped at its length cap) in the response's
+  `warnings`."""
+  hypotheses: list[dict]
+  notes: list[str]
+
+
 class Engine:
   """A loaded translator (its `engine`: "jax" or "ctranslate2") as the server uses it; made
   with batches of at most the server's size (`decode.batch_size`: few row counts compile).
@@ -49,6 +58,7 @@ class Engine:
                     or [data.cfg.target_lang])
     self.sources = sorted({data.cfg.source_lang, *(c.train.source_lang for c in data.corpora)})
     self.source_lang, self.target_lang = data.cfg.source_lang, self.targets[0]
+    self.tokenizer = tokenizer
     self.beam_size = translator.decode.beam_size
     self.aligns = translator.alignment_layer is not None
     decode = translator.decode  # (n-best lists, the page's alternatives, need beam search)
@@ -67,20 +77,39 @@ class Engine:
                              [f"{k}={v}" for k, v in options.decode], "decode")
 
   def translate(self, sentences: list[str], prefixes: list[str], options: Options
-                ) -> list[list[dict]]:
-    """Each sentence's n-best: {"translation", "score"[, "alignment"]}, best first; an empty
-    sentence has none."""
+                ) -> list[Translated]:
+    """Each sentence's n-best ({"translation", "score"[, "alignment"]}, best first; none for
+    an empty sentence) and what its client is told of it."""
     tag = self.tags.get(options.target, "")
     sentences = _tagged(sentences, tag)
     results = self.translator.translate(sentences, prefixes=prefixes if any(prefixes) else None,
                                         seed=options.seed, decode=self.decode_config(options))
-    out = [[{"translation": h.text, "score": float(h.score)} for h in hyps]
-           for hyps in results]
+    out = [Translated([{"translation": h.text, "score": float(h.score)} for h in hyps],
+                      self._notes(sentence, hyps))
+           for sentence, hyps in zip(sentences, results)]
     if options.alignments:
-      for hyps, (_, links) in zip(out, self.translator.with_alignments(sentences, results)):
-        for hyp, link in zip(hyps, links):
+      for answer, (_, links) in zip(out, self.translator.with_alignments(sentences, results)):
+        for hyp, link in zip(answer.hypotheses, links):
           hyp["alignment"] = _untagged(link) if tag else link
     return out
+
+  def _notes(self, sentence: str, hyps) -> list[str]:
+    """What was not translated whole: a source past the model's positions (the search reads
+    its first max_len subwords, as the tools do), translations its length cap stopped."""
+    notes, limit = [], self.translator.run.cfg.model.max_len
+    if sentence.strip():  # (the ids the search is given: --source_tag's, the text's, EOS)
+      length = len(self.translator.source_prefix) + len(self.tokenizer.encode(sentence))
+      if length > limit:
+        notes.append(f"its {length} subwords are more than the model reads ({limit}): "
+                     f"translated from the first {limit}")
+    cut = [k for k, h in enumerate(hyps) if not h.ended]  # (each at its sentence's one cap)
+    if cut:
+      which = ("its translation" if len(hyps) == 1 else "hypothes" + (
+          "is " if len(cut) == 1 else "es ") + ", ".join(str(k + 1) for k in cut)
+          + f" of its {len(hyps)}")
+      notes.append(f"{which} stopped at the length cap of {len(hyps[cut[0]].ids)} subwords, "
+                   "unfinished")
+    return notes
 
   def check_target(self, target: str):
     """A ConfigError naming the languages served, for a `target` that is not one of them."""

@@ -2,6 +2,7 @@
 
 import collections
 import dataclasses
+import types
 
 import flax.linen as nn
 import jax
@@ -13,7 +14,7 @@ from tests import helpers
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.decoding import resizing
 from transformer_jax.decoding import search as search_lib
-from transformer_jax.decoding.batches import decode_batches, sentence_caps
+from transformer_jax.decoding.batches import decode_batches, sentence_caps, translate_nbest
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import program_store
 
@@ -205,3 +206,27 @@ def test_an_ensemble_decodes_within_its_shortest_member_s_positions(random_model
   for got, want in zip(decode((model, short)), expected):
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_a_hypothesis_says_whether_it_ended_or_its_cap_stopped_it(random_model, search):
+  """(What the server tells a client whose translation was cut.) A hypothesis that ended
+  with EOS is shorter than its sentence's cap; one the cap stopped has exactly the cap's
+  tokens. (The random model with a logits bias on EOS that ends some: the 32 sentences then
+  hold both kinds.)"""
+  small, params, sources = random_model
+  model = Transformer(dataclasses.replace(small.config, output_bias=True))
+  params = {**params, "output_logits_bias": np.zeros(16, np.float32).copy()}
+  params["output_logits_bias"][1] = 1.3  # (EOS)
+  cfg = helpers.section("decode", beam_size=3, nbest=2 if search == "beam" else 1,
+                        greedy=search == "greedy", max_length=64, max_length_a=1.0,
+                        max_length_b=2, batch_size=len(sources))
+  tokenizer = types.SimpleNamespace(decode=lambda ids: " ".join(map(str, ids)))
+  nbest = translate_nbest(model, params, _eval_set(sources), tokenizer, cfg)
+  ended = []
+  for source, hyps in zip(sources, nbest):
+    cap = len(source) + 2  # (a * length + b, well under max_length)
+    for h in hyps:
+      assert h.ended == (len(h.ids) < cap) and len(h.ids) <= cap
+      ended.append(h.ended)
+  assert any(ended) and not all(ended), ended

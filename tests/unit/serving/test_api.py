@@ -3,21 +3,26 @@ fields and answers, ours with options and ids, and every bad request a one-line 
 after which the server goes on serving."""
 
 import json
+import socket
+import threading
+import time
 import types
 
 import pytest
+import uvicorn
 from starlette.testclient import TestClient
 
+from tests import helpers
 from transformer_jax.errors import ConfigError
 from transformer_jax.serving.api import Limits, make_app
 from transformer_jax.serving.batcher import Batcher
-from transformer_jax.serving.engine import Options
+from transformer_jax.serving.engine import Options, Translated
 from transformer_jax.serving.metrics import Metrics
 
 
 class Echo:
-  """Translates "x" into "<x>" (n-best: "<x> #k"; into French "fr<x>"), score -k; records
-  its batches."""
+  """Translates "x" into "<x>" (n-best: "<x> #k"; into French "fr<x>"), score -k, with a
+  note for a sentence that starts with "long"; records its batches."""
   name, source_lang, target_lang, beam_size, aligns, beam_search = "echo", "de", "en", 4, True, True
   sources, targets = ["de"], ["en", "fr"]
 
@@ -42,9 +47,10 @@ class Echo:
     self.options.append(options)
     nbest = dict(options.decode).get("nbest", 1)
     language = "fr" if options.target == "fr" else ""
-    return [[{"translation": f"{p}{language}<{s}>" + (f" #{k}" if k else ""),
-              "score": -float(k)}
-             for k in range(nbest)] if s.strip() else [] for s, p in zip(sentences, prefixes)]
+    return [Translated([{"translation": f"{p}{language}<{s}>" + (f" #{k}" if k else ""),
+                         "score": -float(k)} for k in range(nbest)] if s.strip() else [],
+                       ["cut to 8 subwords"] if s.startswith("long") else [])
+            for s, p in zip(sentences, prefixes)]
 
 
 @pytest.fixture()
@@ -178,3 +184,133 @@ def test_an_engine_failure_is_a_counted_one_line_500_and_the_server_goes_on(clie
       "error": "translation failed: RuntimeError: the engine broke"}
   assert 'endpoint="translate",status="500"} 1' in client.get("/metrics").text
   assert client.post("/translate", json={"q": "ok", "target": "en"}).status_code == 200
+
+
+def test_fields_in_the_query_string_a_form_or_json_give_one_answer(client):
+  """LibreTranslate's reading: a JSON body alone, else the query string's fields over a form
+  body's; `api_key` taken (and ignored), `format=text` too."""
+  fields = {"q": "Hallo", "source": "de", "target": "en", "format": "text", "api_key": "k",
+            "alternatives": "1"}
+  expected = client.post("/translate", json=fields).json()
+  assert expected == {"translatedText": "<Hallo>", "alternatives": ["<Hallo> #1"]}
+  assert client.post("/translate", params=fields).json() == expected  # (no body)
+  assert client.post("/translate", params={"q": "Hallo", "alternatives": "1"},
+                     data={"q": "other", "source": "de", "target": "en"}).json() == expected
+  assert client.post("/translate", params={"q": ["a", "b"], "target": "en"}).json() == {
+      "translatedText": ["<a>", "<b>"]}  # (a repeated field: a list, as a form's)
+  ignored = client.post("/translate?q=other", json=fields)  # (JSON alone, as LibreTranslate)
+  assert ignored.json() == expected
+  assert client.post("/v1/translate", params={"text": "Hallo"}).json() == {
+      "translations": [[{"translation": "<Hallo>", "score": 0.0}]]}
+  r = client.post("/translate", params={"q": "Hallo", "target": "en", "format": "html"})
+  assert r.status_code == 400 and r.json()["error"] == (
+      "format 'html' is not served: this server translates plain text (format=text), not "
+      "markup")
+  r = client.post("/translate", params={"target": "en"})
+  assert r.status_code == 400 and r.json()["error"] == (
+      "no q in the request (a JSON body, a form or the query string)")
+
+
+def test_a_body_of_another_content_type_is_refused_saying_what_was_received(client):
+  r = client.post("/translate", content=b'{"q": "Hallo", "target": "en"}',
+                  headers={"Content-Type": "text/plain;charset=UTF-8"})
+  assert r.status_code == 415 and r.json()["error"] == (
+      "a body of Content-Type 'text/plain' is not read: send JSON (application/json) or a "
+      "form (application/x-www-form-urlencoded or multipart/form-data) (it looks like JSON: "
+      "send it with Content-Type: application/json)")
+  r = client.post("/translate", content=b"q=Hallo", headers={"Content-Type": "text/csv"})
+  assert r.status_code == 415 and "looks like JSON" not in r.json()["error"]
+  r = client.post("/translate", content=b'{"q": "Hallo", "target": "en"}',
+                  headers={"Content-Type": "application/vnd.api+json"})
+  assert r.json() == {"translatedText": "<Hallo>"}
+
+
+@pytest.mark.parametrize("body, error", [
+    ('{"q": "Hallo \\ud800", "target": "en"}',
+     "q is not Unicode text: a lone surrogate (\\ud800) at character 6"),
+    ('{"q": ["a", "\\udc00b"], "target": "en"}',
+     "q[1] is not Unicode text: a lone surrogate (\\udc00) at character 0"),
+    ('{"text": "a", "options": {"prefix": "x\\udfff"}}',
+     "options.prefix is not Unicode text: a lone surrogate (\\udfff) at character 1"),
+    ('{"text": "a", "id": "\\ud83d"}',
+     "id is not Unicode text: a lone surrogate (\\ud83d) at character 0"),
+    ('{"text": "a", "options": {"length_penalty": NaN}}',
+     "malformed JSON: NaN is not a number JSON allows"),
+    ('{"text": "a", "options": {"temperature": -Infinity}}',
+     "malformed JSON: -Infinity is not a number JSON allows"),
+    ('{"text": "a", "options": {"top_p": 1e999}}',
+     "malformed JSON: 1e999 is not a number JSON allows"),
+])
+def test_text_no_tokenizer_can_read_and_numbers_json_has_not_are_named(client, body, error):
+  path = "/translate" if '"q"' in body else "/v1/translate"
+  r = client.post(path, content=body.encode(), headers={"Content-Type": "application/json"})
+  assert r.status_code == 400 and r.json() == {"error": error}
+  assert client.engine.batches == []  # (refused before the engine)
+  assert client.post("/v1/translate", json={"text": "a \U0001F600"}).status_code == 200
+
+
+def test_a_cut_source_or_translation_is_said_in_the_response(client):
+  r = client.post("/translate", json={"q": ["a", "long b"], "target": "en"})
+  assert r.json() == {"translatedText": ["<a>", "<long b>"],
+                      "warnings": ["q[1]: cut to 8 subwords"]}
+  r = client.post("/translate", json={"q": "long a", "target": "en"})
+  assert r.json()["warnings"] == ["q: cut to 8 subwords"]
+  r = client.post("/v1/translate", json={"text": ["long a", "b"]})
+  assert r.json()["warnings"] == ["text[0]: cut to 8 subwords"]
+  assert "warnings" not in client.post("/v1/translate", json={"text": "b"}).json()
+
+
+def test_a_client_that_leaves_while_its_request_waits_is_not_translated():
+  """A real server (uvicorn): while one request's batch runs, a second client sends its
+  request and closes its connection; it leaves the queue and is never translated."""
+  class Gated(Echo):
+    def __init__(self):
+      super().__init__()
+      self.gate, self.busy = threading.Event(), threading.Event()
+
+    def translate(self, sentences, prefixes, options):
+      self.busy.set()
+      self.gate.wait(30)  # (past `until`'s 10 s: a request left in the queue stays there)
+      return super().translate(sentences, prefixes, options)
+
+  engine, metrics = Gated(), Metrics()
+  batcher = Batcher(engine, metrics, max_sentences=8, max_wait_s=0.0)
+  port = helpers.free_port()
+  app = make_app(engine, batcher, metrics)
+  uvicorn_server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                 log_level="warning"))
+  thread = threading.Thread(target=uvicorn_server.run, daemon=True)
+  thread.start()
+
+  def send(text: str) -> socket.socket:
+    body = json.dumps({"q": text, "target": "en"}).encode()
+    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+    conn.sendall(b"POST /translate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return conn
+
+  def until(condition):
+    deadline = time.monotonic() + 10
+    while not condition():
+      assert time.monotonic() < deadline
+      time.sleep(0.01)
+
+  try:
+    until(lambda: uvicorn_server.started)
+    first = send("first")
+    until(engine.busy.is_set)  # (its batch runs: the next request waits in the queue)
+    leaver = send("leaver")
+    until(lambda: metrics.queue_depth == 1)
+    leaver.close()
+    until(lambda: metrics.queue_depth == 0)  # (dropped while the first batch still runs)
+    engine.gate.set()
+    assert b'{"translatedText":"<first>"}' in first.recv(4096)
+    first.close()
+    assert send("after").recv(4096).endswith(b'{"translatedText":"<after>"}')
+    assert engine.batches == [["first"], ["after"]]
+    until(lambda: 'endpoint="translate",status="499"} 1' in metrics.text())
+  finally:
+    engine.gate.set()
+    uvicorn_server.should_exit = True
+    thread.join(10)
+    batcher.close()

@@ -97,9 +97,9 @@ def test_the_server_translates_into_the_target_a_request_names(bilingual):
     tagged = Translator(str(workdir), source_tag=TAGS["ende" if target == "de" else "deen"],
                         alignments=True)
     (hyps,) = tagged.translate([sentence])
-    served = engine.translate([sentence], [""], Options(target=target, alignments=True))
-    assert served == [[{"translation": hyps[0].text, "score": float(hyps[0].score),
-                        "alignment": tagged.alignments([sentence], hyps[:1])[0]}]]
+    (served,) = engine.translate([sentence], [""], Options(target=target, alignments=True))
+    assert served.hypotheses == [{"translation": hyps[0].text, "score": float(hyps[0].score),
+                                  "alignment": tagged.alignments([sentence], hyps[:1])[0]}]
   with pytest.raises(ConfigError, match=r"target language 'fr' is not served \(this model: "
                                         r"de/en -> de, en\)"):
     engine.check_target("fr")
@@ -133,8 +133,8 @@ def test_the_ctranslate2_engine_reads_the_target_tag_as_our_search_does(bilingua
   sentences = ["Ein Hund läuft im Schnee.", "Zwei Männer sitzen.", "A dog runs.", ""]
   for target in ("en", "de"):
     given.clear()
-    texts = [[[h["translation"] for h in hyps]
-              for hyps in engine.translate(sentences, [""] * 4, Options(target=target))]
+    texts = [[[h["translation"] for h in answer.hypotheses]
+              for answer in engine.translate(sentences, [""] * 4, Options(target=target))]
              for engine in (ours, theirs)]
     assert texts[0] == texts[1] and texts[0][3] == [], (target, texts)
     assert given == [tokenizer.pieces(tokenizer.encode(f">>{target}<< {s}")[:-1])

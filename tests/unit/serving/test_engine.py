@@ -1,0 +1,40 @@
+"""The server's engine: each sentence's n-best and what its client is told of it."""
+
+import types
+
+from tests import helpers
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.decoding.batches import Hypothesis
+from transformer_jax.serving.engine import Engine, Options, Translated
+
+
+class Stub:
+  """A translator of the tiny config with the tiny tokenizer: each sentence's n-best is a
+  finished hypothesis and, from a sentence with "cut" in it, one its cap stopped (ids as
+  many as the cap)."""
+  engine, alignment_layer, source_prefix, seeds_each_call = "stub", None, [], True
+
+  def __init__(self, tokenizer_path):
+    cfg = helpers.tiny_train_config()
+    self.decode = cfg.decode
+    self.run = types.SimpleNamespace(cfg=cfg, tokenizer=Tokenizer.load(tokenizer_path))
+
+  def translate(self, sentences, prefixes=None, seed=None, decode=None):
+    return [[Hypothesis("done", -1.0, (5, 6)),
+             *([Hypothesis("cut", -2.0, (5,) * 9, ended=False)] if "cut" in s else [])]
+            for s in sentences]
+
+
+def test_a_source_past_the_models_positions_and_a_capped_translation_are_noted(tiny_tokenizer):
+  engine = Engine(Stub(tiny_tokenizer))
+  long = "Ein Hund läuft durch den Schnee. " * 60  # (2,000 characters, over 256 subwords)
+  length = len(engine.tokenizer.encode(long))
+  assert length > 256
+  answers = engine.translate(["Ein Hund.", long, "cut here"], ["", "", ""], Options())
+  assert answers == [
+      Translated([{"translation": "done", "score": -1.0}], []),
+      Translated([{"translation": "done", "score": -1.0}],
+                 [f"its {length} subwords are more than the model reads (256): translated "
+                  "from the first 256"]),
+      Translated([{"translation": "done", "score": -1.0}, {"translation": "cut", "score": -2.0}],
+                 ["hypothesis 2 of its 2 stopped at the length cap of 9 subwords, unfinished"])]

@@ -1,9 +1,10 @@
 """CTranslate2 as the engine of a decoding tool (translate, translate-corpus, evaluate, serve):
 a run's checkpoint exported on the fly into a cache keyed by its fingerprint (the run, the
-checkpoint's steps and weights and their files' times, CTranslate2's version; reused while they
-are unchanged), decoded by CTranslate2's `translate_batch` behind `Translator`'s interface: the
-run's decoding settings with the tool's overrides (`ctranslate2_decoding.translate_options`),
-n-best with scores, empty lines kept."""
+checkpoint's steps and weights and their files' times, CTranslate2's version, this package's
+source as the program store keys its programs; reused while they are unchanged), decoded by
+CTranslate2's `translate_batch` behind `Translator`'s interface: the run's decoding settings
+with the tool's overrides (`ctranslate2_decoding.translate_options`), n-best with scores, empty
+lines kept."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from transformer_jax.errors import ConfigError, UsageError
 from transformer_jax.inference import trained_run
 from transformer_jax.inference.translator import Translator
 from transformer_jax.interop import ctranslate2_decoding, ctranslate2_export
+from transformer_jax.parallel import program_store
 from transformer_jax.workdir import layout
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,8 @@ def cache_root() -> Path:
 
 def fingerprint(run, selected, version: str) -> str:
   """What the exported folder depends on, hashed (not the selection's name: `latest` and the
-  step it names share an export)."""
+  step it names share an export). The package's source is in it: the converter's code is, and
+  a version that exports differently must not be served the folder an earlier one wrote."""
   times = []
   for step in selected.steps:
     for folder in (layout.CHECKPOINTS, layout.BEST_CHECKPOINTS):
@@ -48,7 +51,8 @@ def fingerprint(run, selected, version: str) -> str:
   # (the weights resolved: "auto" and the one it means share an export)
   ema = selected.weights != "raw" and run.cfg.optimizer.ema_decay > 0
   record = {"workdir": str(Path(run.workdir).resolve()), "steps": list(selected.steps),
-            "weights": "ema" if ema else "raw", "files": times, "ctranslate2": version}
+            "weights": "ema" if ema else "raw", "files": times, "ctranslate2": version,
+            "source": program_store.source_digest()}
   return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 

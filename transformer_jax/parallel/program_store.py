@@ -89,8 +89,17 @@ def _count_cache_hit(event: str, **_):
     _store["hits"] += 1
 
 
+def source_digest() -> str:
+  """A digest of the package's source files as this process first read them (at `enable`, or
+  at the first call): what keys the programs, and the CTranslate2 exports, that a version of
+  the code makes."""
+  if not _store["source"]:
+    _store["source"] = _source()
+  return _store["source"]
+
+
 def _source() -> str:
-  """A digest of the package's source files."""
+  """A digest of the package's source files, read now."""
   digest = hashlib.sha256()
   package = Path(__file__).resolve().parents[1]
   for path in sorted(package.rglob("*.py")):

@@ -7,10 +7,11 @@ bootstrap resampling (default) or paired approximate randomization, for runs and
 
 A system is a hypothesis file (several, comma-separated: a population by hand), a run's
 workdir (its translations in eval/<set>/, as evaluate and training's test write them: the
-last evaluated unless --label names one) or a population's (each member's). A population is
-scored on all its members' translations pooled, and its members' mean ± standard deviation
-is printed beside (evaluation/significance.py). Prints, per metric: the score, the bootstrap
-mean ± 95% interval and each system's p-value against the baseline.
+last evaluated unless --label names one) or a population's (each member's). Runs are compared
+alike: each run's translations are those made as the first run's were (engine, checkpoint
+selection and weights, steps aside, decoding settings), else it is refused naming what
+differs. A population is scored on its members' translations pooled. Prints what was compared
+and, per metric, the score, bootstrap mean ± 95% interval and each system's p-value.
 """
 
 import json
@@ -31,7 +32,7 @@ def define_flags(fv: flags.FlagValues):
                       "run's data).", flag_values=fv)
   flags.DEFINE_string("set", "", "The set in eval/ (default: the only one).", flag_values=fv)
   flags.DEFINE_string("label", "", "The translations in eval/<set>/ (e.g. step_1200_ema; "
-                      "default: the last evaluated).", flag_values=fv)
+                      "default: the last evaluated alike).", flag_values=fv)
   flags.DEFINE_enum("test", "bs", ["bs", "ar"], "Paired bootstrap resampling or approximate "
                     "randomization.", flag_values=fv)
   flags.DEFINE_integer("samples", 0, "Resamples (bs) or trials (ar); 0: sacreBLEU's 1000 or "
@@ -42,8 +43,7 @@ def define_flags(fv: flags.FlagValues):
 
 
 def compare(args: runner.Args):
-  baseline = compared.system(args.baseline, args.set, args.label)
-  systems = [compared.system(s, args.set, args.label) for s in args.system]
+  baseline, *systems = compared.systems([args.baseline, *args.system], args.set, args.label)
   refs = compared.references(args.reference, [baseline, *systems], args.set)
   lines, report = compared.tested(baseline, systems, refs, args.test, args.samples, args.seed)
   print("\n".join(lines))

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
+import transformer_jax  # noqa: F401  (its import leaves an absent TPU out: a quiet start)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("steps", 2000, "Iterations of each loop.")
 flags.DEFINE_integer("rows", 8, "Rows of the decoding buffers (sentences x beams).")

@@ -17,7 +17,6 @@ from ml_collections import config_flags
 
 from transformer_jax.aot import check, targets
 from transformer_jax.config.parse import from_config_dict
-from transformer_jax.parallel import platforms
 
 config_flags.DEFINE_config_file("config", "configs/default.py", "Training config.")
 flags.DEFINE_string("target", "v5e-1", "TPU slice (transformer-jax-compile's names).")
@@ -26,7 +25,6 @@ FLAGS = flags.FLAGS
 
 
 def main(_):
-  platforms.leave_out_absent_tpu()
   base = from_config_dict(FLAGS.config)
   target = targets.target(FLAGS.target)
   print(f"{targets.describe(target)}; config {FLAGS.config.model.dtype} model, batch "

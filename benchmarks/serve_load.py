@@ -28,7 +28,7 @@ from absl import app, flags
 
 from transformer_jax.data import text
 from transformer_jax.interop import engines
-from transformer_jax.parallel import hardware, platforms
+from transformer_jax.parallel import hardware
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained run.", required=True)
@@ -103,7 +103,6 @@ def _load(url: str, sentences: list[str], expected: list[str], clients: int) -> 
 
 
 def main(_):
-  platforms.leave_out_absent_tpu()
   sentences = list(itertools.islice(text.read_lines(SOURCES), FLAGS.sentences))
   print(hardware.describe_machine(), flush=True)
   offline_speed, expected = _offline(sentences, [])

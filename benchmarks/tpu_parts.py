@@ -21,7 +21,6 @@ from transformer_jax.config.parse import from_config_dict
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.platform import tracing_for
 from transformer_jax.parallel import mesh as mesh_lib
-from transformer_jax.parallel import platforms
 from transformer_jax.training import step as step_lib
 from transformer_jax.training.settled_config import make_mesh
 from transformer_jax.training.state import abstract_state
@@ -68,7 +67,6 @@ def _parts(cfg, mesh):
 
 
 def main(_):
-  platforms.leave_out_absent_tpu()
   cfg = check.for_target(from_config_dict(FLAGS.config))
   target = targets.target(FLAGS.target)
   devices = targets.devices(target)

@@ -25,7 +25,6 @@ from absl import flags
 
 from transformer_jax import errors
 from transformer_jax.config import files
-from transformer_jax.parallel import platforms
 from transformer_jax.parallel.compilation import enable_compilation_cache
 from transformer_jax.reporting import logs
 
@@ -103,7 +102,6 @@ def run(tool: str, doc: str, define_flags: Callable[[flags.FlagValues], None],
     given = {name: [f"--{name}={flag_values[name].value}", *overrides[name]]
              for name in configs}
     logs.setup(flag_values.verbosity)
-    platforms.leave_out_absent_tpu()
     enable_compilation_cache()
     with _interrupted_by_sigterm() if stop_on_sigterm else contextlib.nullcontext():
       body(Args(flag_values, loaded, given))

@@ -2,9 +2,9 @@
 `transformer-jax-compile`), JAX tries a TPU before anything else in every process, also on a
 machine without one: libtpu prints several error lines on stderr before JAX falls back to
 the CPU. On such a machine the TPU is left out, unless the user chose the backends
-(JAX_PLATFORMS) or another accelerator plugin is installed (then JAX's own choice stands).
-The TPU compiler stays usable without the backend: `jax.experimental.topologies` loads libtpu
-by itself."""
+(JAX_PLATFORMS) or another accelerator plugin is installed (then JAX's own choice stands):
+the package's import does it, so every entry point starts quietly. The TPU compiler stays
+usable without the backend: `jax.experimental.topologies` loads libtpu by itself."""
 
 from __future__ import annotations
 

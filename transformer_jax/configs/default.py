@@ -32,7 +32,8 @@ def get_config():
   config.nonfinite_updates = "stop"     # NaN/Inf loss or gradient: "stop" the run or "skip" it
   # Training ends (saved, validated, tested) after this many minutes of the training loop, summed
   # over resumed runs, if num_train_steps is not reached first; 0 = no limit. 22 keeps `make
-  # demo` within 30 minutes on slow CPUs (AVX2 only, ~6x slower); fast ones finish all steps.
+  # demo` within 30 minutes on slow CPUs (AVX2 only: BENCHMARKS.md, "The default recipe and how
+  # it was chosen"); fast ones finish all steps.
   config.time_budget_minutes = 22.0
 
   config.model = ml_collections.ConfigDict()

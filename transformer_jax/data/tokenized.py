@@ -6,9 +6,9 @@ vocabulary fits, else int32; EOS included, as `Tokenizer.encode` gives them) and
 (`<side>.offsets`: int64, pairs + 1 of them), plus `meta.json`. Any pair is read in O(1) at any
 corpus size: two offsets and its ids, each with one `pread`. (Not through a memory map: for each
 page a random read faults in, the kernel maps the pages around it too, "fault-around", 64 KB,
-so resident memory grew with the corpus: 219 -> 299 MiB from Tatoeba x1 to x10; with pread it
-holds what a read returns.) The store is written streamed (bounded memory), under its final
-name only when complete: an interrupted write is redone.
+so resident memory grew with the corpus (BENCHMARKS.md, "An input pipeline for
+accelerators"); with pread it holds what a read returns.) The store is written streamed
+(bounded memory), under its final name only when complete: an interrupted write is redone.
 """
 
 from __future__ import annotations

@@ -23,10 +23,9 @@ from transformer_jax.decoding import resizing
 def shares_caches(beam_impl: str) -> bool:
   """Whether beam search runs flat for `beam_impl`: "flat" and "auto". Flat removes the
   loop's gathers and casts of the caches, for products of W queries over W times the keys:
-  measured 1.2x the sentences/s of gather on a 2-core AVX-512 EPYC (test2016, bf16 and f32)
-  and 1.3-1.6x on an H200 (bf16); the compile tool predicts a v5e step 1.4x faster for the
-  default config, 1.8x for wmt_base, in less memory. BENCHMARKS.md "Flat beam search" and
-  "Flat beam search on CPUs too"."""
+  the faster search on the CPUs and the GPU measured and on the TPUs the compile tool
+  predicts, in less memory (the figures: BENCHMARKS.md, "Flat beam search: caches never
+  reordered" and "Flat beam search on CPUs too")."""
   return beam_impl in ("flat", "auto")
 
 

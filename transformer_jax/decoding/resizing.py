@@ -14,11 +14,10 @@ Each (rows, length) pair is one compiled program per batch shape; the ladders ke
 (a batch starts at its size or a smaller power of two and compacts into powers of four and
 FEWEST_ROWS; lengths are multiples of SEGMENT), and the program store
 (`parallel.program_store`) keeps them, compiled, across processes. The ladders trade the
-first decode's compiling against the warm speed: on test2016 (the default config, 2 CPU
-cores) compacting by fours with 16-position segments ran 1.03-1.34x as fast warm as by twos
-with 32 positions (a shorter cache is copied and attended over with fewer empty positions),
-for about as much compiling (fewer sizes, more lengths: 39 programs instead of 32).
-BENCHMARKS.md "Fewer, cheaper shapes".
+first decode's compiling against the warm speed: compacting by fours with 16-position
+segments runs faster warm than by twos with 32 positions (a shorter cache is copied and
+attended over with fewer empty positions), for about as much compiling (fewer sizes, more
+lengths; the figures: BENCHMARKS.md, "Fewer, cheaper shapes").
 """
 
 from __future__ import annotations

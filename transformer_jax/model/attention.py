@@ -46,8 +46,8 @@ def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> s
   program is traced for, ops.platform): cuDNN's fused attention on GPUs where its
   constraints hold (bf16 inputs, head_dim a multiple of 8 up to 128); on TPUs
   jax.nn.dot_product_attention's XLA implementation (the TPU compiler predicts wmt_base's
-  step 6% faster with it than with the einsum products: BENCHMARKS.md, "Compiled for TPUs
-  without one"); our einsum products elsewhere (tuned for XLA:CPU)."""
+  step faster with it than with the einsum products: BENCHMARKS.md, "What the compiler
+  showed"); our einsum products elsewhere (tuned for XLA:CPU)."""
   if cfg.attention_impl != "auto":
     return cfg.attention_impl
   platform = platform or traced_for()
@@ -87,8 +87,9 @@ def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
   dropped_BHTS = weights_BHTS if dropout is None else dropout(weights_BHTS)
   if kv_layout == "bhsk":
     # (the head-major product, then the small output transposed: asked for (B, T, H, K)
-    # directly, XLA:CPU runs the product with its operands swapped, 10x slower for a beam's
-    # queries of the encoder's keys; decoding only: no backward order to keep)
+    # directly, XLA:CPU runs the product with its operands swapped, far slower for a beam's
+    # queries of the encoder's keys (BENCHMARKS.md, "Flat beam search on CPUs too"); decoding
+    # only: no backward order to keep)
     out_BHTK = attention_matmul("bhts,bhsk->bhtk", dropped_BHTS, v_BSHK, dtype)
     return out_BHTK.transpose(0, 2, 1, 3), weights_BHTS
   out_BTHK = attention_matmul(f"bhts,{kv_layout}->bthk", dropped_BHTS, v_BSHK, dtype,
@@ -252,7 +253,8 @@ class MultiHeadAttention(nn.Module):
     """Writes this step's key/value at the cache index; attends to positions <= index.
     Returns keys, values, mask and their layout: the cache is kept as (B, H, max_len, K), in
     the compute dtype (bf16 halves the cache traffic); each step writes one contiguous (H, K)
-    slice per row (the (B, H, K, max_len) layout wrote strided columns, 10% slower overall).
+    slice per row (the (B, H, K, max_len) layout wrote strided columns, slower: BENCHMARKS.md,
+    "Against the PyTorch peer").
 
     A cache of fewer rows than the step's is shared by each sentence's W hypotheses (flat
     beam search, `decoding.search`): (B, H, W * C, K), step i's keys/values at slots

@@ -109,8 +109,9 @@ def rotary(x_BTHK, positions_BT, max_len: int):
 
   On CPUs sin and cos are looked up (`rotary_table`; positions in 0 .. max_len - 1, at or
   past `max_len` NaN, not a silently wrong angle): computed in the program, XLA:CPU fuses
-  them into each rotation and evaluates them per element, about 8% of a decoding step.
-  Elsewhere they are computed."""
+  them into each rotation and evaluates them per element, a visible part of a decoding step
+  (BENCHMARKS.md, "Decoding on CPUs past CTranslate2 float32"). Elsewhere they are
+  computed."""
   half = x_BTHK.shape[-1] // 2
   if traced_for() == "cpu":
     sin_LK, cos_LK = rotary_table(max_len, half)

@@ -2,14 +2,15 @@
 tool's first sentence come in its first seconds.
 
 JAX's persistent cache is keyed by the lowered program, so even a hit costs tracing the Python
-function and lowering it (0.3-0.6 s for a search loop, against 0.05 s to load it), in every
-process and for every shape a search meets. `stored_jit` keys a program by what determines it
-before any tracing: this package's source (read when the store is enabled), the versions of
-Python, jax, jaxlib, flax, numpy and ml_dtypes, the devices and their runtime, JAX's tracing
-settings, the function (its name and code; closures are refused), its static arguments, and
-the pytree, shapes, dtypes, weak types and shardings of the others. A program found under its
-key is deserialized and called (`jax.experimental.serialize_executable`); one not found is
-compiled as `jax.jit` would and stored. A process keeps the programs it has met in memory.
+function and lowering it (several times what loading a stored program takes: BENCHMARKS.md,
+"A decoding tool's first seconds"), in every process and for every shape a search meets.
+`stored_jit` keys a program by what determines it before any tracing: this package's source
+(`source_digest`, read when the store is enabled), the versions of Python, jax, jaxlib, flax,
+numpy and ml_dtypes, the devices and their runtime, JAX's tracing settings, the function (its
+name and code; closures are refused), its static arguments, and the pytree, shapes, dtypes,
+weak types and shardings of the others. A program found under its key is deserialized and
+called (`jax.experimental.serialize_executable`); one not found is compiled as `jax.jit`
+would and stored. A process keeps the programs it has met in memory.
 
 Only programs this process compiled itself are stored: one that JAX's persistent cache handed
 over cannot be serialized whole again (XLA:CPU; the copy fails to run), so each program is

@@ -37,9 +37,7 @@ log = logging.getLogger(__name__)
 EMBEDDED_MULTI30K = Path(__file__).parents[1] / "corpora" / "multi30k"
 
 
-# (imported when first used: time that translating text never needs, BENCHMARKS.md, "A
-# decoding tool's first seconds")
-def _tfds():
+def _tfds():  # (imported when first used; BENCHMARKS.md, "A decoding tool's first seconds")
   import tensorflow_datasets  # noqa: PLC0415 (a deliberate deferral of a heavy library)
   return tensorflow_datasets
 

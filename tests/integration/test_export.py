@@ -107,7 +107,14 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
     halves = list(pool.map(again.translate, [sources[:50], sources[50:]]))
   assert [h[0].text for half in halves for h in half] == expected
   served = Engine(again).translate(sources[:4], [""] * 4, Options())
-  assert [h[0]["translation"] for h in served] == expected[:4]
+  assert [answer.hypotheses[0]["translation"] for answer in served] == expected[:4]
+  # (whether a translation ended, or its cap stopped it, as our search says it: at a cap of
+  # 16 subwords some end, some do not)
+  capped = again.translate(sources, decode=dataclasses.replace(again.decode, max_length=16))
+  assert all(h[0].ended == (len(h[0].ids) < 16) and len(h[0].ids) <= 16 for h in capped)
+  assert {h[0].ended for h in capped} == {True, False}
+  assert [h[0].ended for h in translated] == [len(h[0].ids) < again.decode.max_length
+                                              for h in translated]
   with pytest.raises(ConfigError, match="alignments: not with the ctranslate2 engine"):
     Engine(again).decode_config(Options(alignments=True))
   with pytest.raises(ConfigError, match="--compute_type=float64: CTranslate2 on this cpu "

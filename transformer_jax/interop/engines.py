@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from transformer_jax.config.parse import replace_from_text
+from transformer_jax.data.tokenizer import EOS_ID
 from transformer_jax.decoding.batches import Hypothesis
 from transformer_jax.errors import ConfigError, UsageError
 from transformer_jax.inference import trained_run
@@ -132,7 +133,7 @@ class Ctranslate2Translator(Translator):
     if decode.sampling:
       ctranslate2.set_random_seed(decode.seed)
     options = {**ctranslate2_decoding.translate_options(decode, self.run.cfg.model.max_len),
-               "return_scores": True}
+               "return_scores": True, "return_end_token": True}  # (whether each ended)
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr) if progress else None
     chunk = decode.batch_size * 16  # (CTranslate2 sorts each call's sentences by length)
     for start in range(0, len(todo), chunk):
@@ -144,14 +145,20 @@ class Ctranslate2Translator(Translator):
           tokens, target_prefix=prefix, max_batch_size=decode.batch_size,
           batch_type="examples", **options)
       for i, result in zip(rows, results):
-        ids = [self.tokenizer.piece_ids(h) for h in result.hypotheses]
-        out[i] = [Hypothesis(self.tokenizer.decode(h), float(s), tuple(h))
-                  for h, s in zip(ids, result.scores)]
+        out[i] = [self._hypothesis(pieces, score)
+                  for pieces, score in zip(result.hypotheses, result.scores)]
       if bar is not None:
         bar.update(len(rows))
     if bar is not None:
       bar.close()
     return out
+
+  def _hypothesis(self, pieces: list[str], score: float) -> Hypothesis:
+    """A CTranslate2 hypothesis (asked with its end token) as our search's: ended when it
+    ends in EOS, which the ids leave out."""
+    ended = bool(pieces) and pieces[-1] == self.tokenizer.pieces([EOS_ID])[0]
+    ids = self.tokenizer.piece_ids(pieces[:-1] if ended else pieces)
+    return Hypothesis(self.tokenizer.decode(ids), float(score), tuple(ids), ended)
 
   def warm_up(self):
     """(CTranslate2 compiles nothing: one sentence loads its kernels; given to it directly,

@@ -48,26 +48,44 @@ class FilesystemError(Error):
 
 # errno values that mean "this filesystem will not take the write", whoever asked for it.
 WRITE_ERRNOS = frozenset({errno.EACCES, errno.ENOSPC, errno.EROFS, errno.EDQUOT})
+# What a failed write keeps, unless the writer says more: a file is replaced whole or not at
+# all, and a failed checkpoint save leaves the earlier ones.
+KEPT = "everything saved before it is kept"
+
+
+def on_write(error: OSError, path, kept: str = KEPT) -> OSError:
+  """`error`, raised writing `path` (whatever its errno), marked so: the runner's line then
+  names `path` and says what is `kept`."""
+  error.filename, error.filename2 = str(path), None
+  error.kept = kept
+  return error
 
 
 def filesystem_cause(error: BaseException) -> OSError | None:
-  """The OSError of WRITE_ERRNOS behind `error` (itself, or what caused it, as libraries such
-  as Orbax wrap it), or None. TensorStore (Orbax's writer) reports the OS error only in its
-  message text (`... local file "PATH" ... [os_error_code='28']`): that becomes an OSError too,
-  and the path of a file without one is taken from such a message."""
+  """The OSError of a write behind `error` (itself, or what caused it, as libraries such as
+  Orbax wrap it), or None: one of WRITE_ERRNOS, one marked by `on_write`, or any in an Orbax
+  checkpoint being written. TensorStore (Orbax's writer) reports the OS error only in its
+  message text (`... local file "PATH" ... [os_error_code='28']`): that becomes an OSError too
+  (of any errno when the text says it was writing), and the path of a file without one is
+  taken from such a message."""
   seen, found, path = set(), None, None
   while error is not None and id(error) not in seen:
     seen.add(id(error))
-    if found is None and isinstance(error, OSError) and error.errno in WRITE_ERRNOS:
+    if found is None and isinstance(error, OSError) and (
+        error.errno in WRITE_ERRNOS or hasattr(error, "kept")
+        or ".orbax-checkpoint-tmp" in str(error.filename)):
       found = error
     code = re.search(r"os_error_code='(\d+)'", str(error))
-    if code and int(code.group(1)) in WRITE_ERRNOS:
+    if code and (int(code.group(1)) in WRITE_ERRNOS or re.search(r"\b[Ww]rit(e|ing)\b",
+                                                                   str(error))):
       where = re.search(r'local file "(/[^"]+)"', str(error))
       path = path or (where and _checkpoint_of(where.group(1)))
       found = found or OSError(int(code.group(1)), os.strerror(int(code.group(1))), path)
     error = error.__cause__ or error.__context__
   if found is not None and found.filename is None and path:
     found = OSError(found.errno, found.strerror, path)
+  elif found is not None and ".orbax-checkpoint-tmp" in str(found.filename):
+    found = OSError(found.errno, found.strerror, _checkpoint_of(str(found.filename)))
   return found
 
 

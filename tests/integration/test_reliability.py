@@ -112,7 +112,7 @@ def test_a_full_disk_at_a_save_is_one_line_and_keeps_the_earlier_checkpoint(refe
   assert r.returncode == 1
   last = r.stderr.strip().splitlines()[-1]
   assert last == (f"train: cannot write {run.absolute() / 'checkpoints' / '8'}: No space left "
-                  "on device (nothing saved before it was lost)"), last
+                  "on device (everything saved before it is kept)"), last
   assert _steps(run) == [4]
   _assert_bitwise_equal(_state(run, 4), _state(reference, 4))
 
@@ -188,7 +188,7 @@ def test_a_full_filesystem_at_a_save_is_one_line_and_loses_nothing(reference, tr
   message = helpers.one_line_error(r.stderr)
   assert re.fullmatch(rf"train: cannot write {run}/checkpoints(_best)?/16: No space left on "
                       r"device \(0\.\d MiB free, the checkpoint needs about \d\.\d MiB\) "
-                      r"\(nothing saved before it was lost\)", message), message
+                      r"\(everything saved before it is kept\)", message), message
   assert _steps(run) == [4, 8, 12]
   for step in (4, 8, 12):
     _assert_bitwise_equal(_state(run, step), _state(reference, step))

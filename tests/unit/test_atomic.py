@@ -1,6 +1,11 @@
 """Atomic writes (transformer_jax/atomic.py): a failure or a kill at any point leaves the old
 file or folder or the new one at its path, never a part. Faults injected in-process."""
 
+import errno
+import os
+import socket
+import subprocess
+
 import pytest
 
 from transformer_jax import atomic
@@ -54,3 +59,47 @@ def test_a_failed_second_rename_puts_the_old_folder_back(tmp_path, monkeypatch):
   with pytest.raises(OSError):
     atomic.replace_folder(missing, out)
   assert (out / "model.bin").read_text() == "old"
+
+
+
+def test_a_write_removes_what_this_hosts_killed_writers_left_and_nothing_else(tmp_path):
+  """A writer SIGKILLed mid-write leaves its temporary file; the next write of that file
+  removes it, not those of a process still running or of another host, nor another file's."""
+  ended = subprocess.Popen(["true"])
+  ended.wait()
+  host = socket.gethostname()
+  killed = tmp_path / f".out.en.tmp-{host}-{ended.pid}"
+  kept = [tmp_path / f".out.en.tmp-{host}-{os.getppid()}",
+          tmp_path / f".out.en.tmp-elsewhere-{ended.pid}",
+          tmp_path / f".other.en.tmp-{host}-{ended.pid}"]
+  for path in (killed, *kept):
+    path.write_text("half a translation")
+  atomic.write_text(tmp_path / "out.en", "whole")
+  assert sorted(tmp_path.iterdir()) == sorted([tmp_path / "out.en", *kept])
+
+
+def test_an_os_error_of_a_write_names_the_file_and_what_is_kept(tmp_path, monkeypatch):
+  path = tmp_path / "out.en"
+  path.write_text("old")
+
+  def failing_disk(fd):
+    raise OSError(errno.EIO, "Input/output error")
+  monkeypatch.setattr(os, "fsync", failing_disk)
+  with pytest.raises(OSError) as caught:
+    atomic.write_text(path, "new")
+  assert (caught.value.filename, caught.value.kept) == (str(path),
+                                                        "the one there is kept as it was")
+  assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["out.en"]
+  monkeypatch.undo()
+  (tmp_path / "folder").mkdir()  # (e.g. translate --output=a folder)
+  with pytest.raises(IsADirectoryError) as caught:
+    atomic.write_text(tmp_path / "folder", "new")
+  assert caught.value.filename == str(tmp_path / "folder")
+  with pytest.raises(OSError) as caught:  # (a file where its folder would be)
+    atomic.write_text(path / "x", "new")
+  assert (caught.value.filename, caught.value.kept) == (str(path / "x"), "no part of it is left")
+  with pytest.raises(OSError) as caught:  # (another file read while writing: not this write's)
+    with atomic.replacing(tmp_path / "copy.en"):
+      (tmp_path / "missing.en").read_text()
+  assert caught.value.filename == str(tmp_path / "missing.en")
+  assert not hasattr(caught.value, "kept")

@@ -114,14 +114,14 @@ def run(tool: str, doc: str, define_flags: Callable[[flags.FlagValues], None],
     return _fail(f"{tool}: {e}", EXIT_INTERRUPTED)
   except errors.Error as e:
     return _fail(f"{tool}: {e}", EXIT_ERROR)
-  except Exception as e:  # noqa: BLE001 (only a filesystem refusing a write becomes one line)
+  except Exception as e:  # noqa: BLE001 (only a filesystem failing a write becomes one line)
     cause = errors.filesystem_cause(e)
     if cause is None:
       raise
     # (Orbax's background writers that failed alike are reported again by asyncio at exit)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     return _fail(f"{tool}: cannot write {cause.filename or 'a file'}: {cause.strerror} "
-                 "(nothing saved before it was lost)", EXIT_ERROR)
+                 f"({getattr(cause, 'kept', errors.KEPT)})", EXIT_ERROR)
   except KeyboardInterrupt:
     return _fail(f"{tool}: interrupted", EXIT_INTERRUPTED)
 

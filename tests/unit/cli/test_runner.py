@@ -7,6 +7,7 @@ import importlib
 import pytest
 
 from tests import helpers
+from transformer_jax import atomic
 from transformer_jax.cli import runner, train
 
 TOOLS = {"train": ["--config", "--workdir", "--coordinator_address", "--jax_platforms"],
@@ -110,8 +111,8 @@ def test_a_filesystem_refusing_a_write_is_one_line_whatever_wraps_it(capsys):
       raise ValueError("commit failed") from e
   assert runner.run("train", "A tool.", lambda fv: None, body, ["train"]) == runner.EXIT_ERROR
   err = capsys.readouterr().err.strip()
-  assert err == ("train: cannot write /runs/x/checkpoints/8: No space left on device (nothing "
-                 "saved before it was lost)")
+  assert err == ("train: cannot write /runs/x/checkpoints/8: No space left on device "
+                 "(everything saved before it is kept)")
 
   def tensorstore(args):  # (Orbax's writer on a full disk, mid-save: the error only as text)
     raise ValueError('RESOURCE_EXHAUSTED: Error writing "params.x/0" in OCDBT database at '
@@ -120,11 +121,50 @@ def test_a_filesystem_refusing_a_write_is_one_line_whatever_wraps_it(capsys):
                      "10: No space left on device [os_error_code='28']")
   assert runner.run("train", "A tool.", lambda fv: None, tensorstore, ["train"]) == 1
   assert capsys.readouterr().err.strip() == (
-      "train: cannot write /runs/x/checkpoints/16: No space left on device (nothing saved "
-      "before it was lost)")
+      "train: cannot write /runs/x/checkpoints/16: No space left on device (everything saved "
+      "before it is kept)")
 
   def other(args):
     raise ValueError("a bug, not the filesystem")
   with pytest.raises(ValueError, match="a bug"):  # (everything else keeps its traceback)
     runner.run("train", "A tool.", lambda fv: None, other, ["train"])
 
+
+
+def test_any_os_error_of_a_write_is_one_line_naming_the_file_and_what_is_kept(tmp_path, capsys):
+  (tmp_path / "out.en").mkdir()
+
+  def translate_into_a_folder(args):
+    atomic.write_text(tmp_path / "out.en", "a translation")
+  assert runner.run("translate", "A tool.", lambda fv: None, translate_into_a_folder,
+                    ["translate"]) == runner.EXIT_ERROR
+  assert capsys.readouterr().err.strip() == (
+      f"translate: cannot write {tmp_path / 'out.en'}: Is a directory (the one there is kept as "
+      "it was)")
+
+  def failing_disk_under_orbax(args):  # (a checkpoint's temporary folder, wrapped)
+    try:
+      raise OSError(errno.EIO, "Input/output error",
+                    "/runs/x/checkpoints/8.orbax-checkpoint-tmp/state")
+    except OSError as e:
+      raise ValueError("commit failed") from e
+  assert runner.run("train", "A tool.", lambda fv: None, failing_disk_under_orbax,
+                    ["train"]) == 1
+  assert capsys.readouterr().err.strip() == (
+      "train: cannot write /runs/x/checkpoints/8: Input/output error (everything saved before "
+      "it is kept)")
+
+  def tensorstore(args):  # (Orbax's writer, the error only as text)
+    raise ValueError('UNKNOWN: Error writing "params.x/0" in OCDBT database at local file '
+                     '"/runs/x/checkpoints/16.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/'
+                     "ocdbt.process_0/\": Failed to write 14897 bytes to file 10: Input/output "
+                     "error [os_error_code='5']")
+  assert runner.run("train", "A tool.", lambda fv: None, tensorstore, ["train"]) == 1
+  assert capsys.readouterr().err.strip() == (
+      "train: cannot write /runs/x/checkpoints/16: Input/output error (everything saved "
+      "before it is kept)")
+
+  def reading(args):  # (reading a file is not a write: its traceback is kept)
+    raise OSError(errno.EIO, "Input/output error", "/data/train.de")
+  with pytest.raises(OSError, match="train.de"):
+    runner.run("train", "A tool.", lambda fv: None, reading, ["train"])

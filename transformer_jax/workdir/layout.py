@@ -119,14 +119,36 @@ def save_config(config_dict: dict, workdir: str | Path):
 ADDED_KEYS = added_keys({"": TrainConfig, **SECTIONS})
 
 
-def read_config(workdir: str | Path) -> dict:
-  """The config a run was trained with, as saved in its config.json (keys added since it was
-  written filled in from ADDED_KEYS)."""
+def config_file(workdir: str | Path) -> Path:
+  """The run's config.json; a CheckpointError when there is none (not a workdir: a typo)."""
   path = Path(workdir) / CONFIG
   if not path.is_file():
     raise CheckpointError(
         f"{workdir} has no {CONFIG}: not a transformer_jax workdir (training writes it)")
-  return _with_added_keys(json.loads(path.read_text()))
+  return path
+
+
+def read_json(path: str | Path):
+  """A JSON file of a run; one that is not JSON (truncated, garbled, not UTF-8) is a
+  CheckpointError naming it."""
+  try:
+    return json.loads(Path(path).read_bytes().decode("utf-8"))
+  except json.JSONDecodeError as e:
+    raise CheckpointError(f"{path} is damaged: not JSON ({e.msg}: line {e.lineno} column "
+                          f"{e.colno}); it is left as it is") from None
+  except UnicodeDecodeError as e:
+    raise CheckpointError(f"{path} is damaged: not UTF-8 (byte {e.start}); it is left as "
+                          "it is") from None
+
+
+def read_config(workdir: str | Path) -> dict:
+  """The config a run was trained with, as saved in its config.json (keys added since it was
+  written filled in from ADDED_KEYS)."""
+  path = config_file(workdir)
+  config = read_json(path)
+  if not isinstance(config, dict):
+    raise CheckpointError(f"{path} is damaged: not a JSON object; it is left as it is")
+  return _with_added_keys(config)
 
 
 def _with_added_keys(config: dict) -> dict:
@@ -184,7 +206,7 @@ def tokenizer_mismatch(workdir: str | Path, tokenizer) -> str | None:
   record = Path(workdir) / TOKENIZER_RECORD
   if not record.is_file():
     return None
-  recorded = json.loads(record.read_text())
+  recorded = read_json(record)
   if recorded["fingerprint"] == tokenizer.fingerprint:
     return None
   return (f"tokenizer {tokenizer.path} is not the one {workdir} was trained with "
@@ -244,7 +266,7 @@ def result_record(label: str, steps: list[int], data: str, score, sentences: int
 
 def read_results(out_dir: Path) -> list[dict]:
   path = Path(out_dir) / RESULTS
-  return json.loads(path.read_text()) if path.is_file() else []
+  return read_json(path) if path.is_file() else []
 
 
 def with_added_decode_keys(decode: dict) -> dict:

@@ -2,11 +2,14 @@
 
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
 
 from tests import helpers
+from transformer_jax.cli import evaluate as evaluate_cli
+from transformer_jax.cli import train as train_cli
 from transformer_jax.cli import translate as translate_cli
 from transformer_jax.data import text, tokenizer
 from transformer_jax.errors import CheckpointError, ConfigError
@@ -81,6 +84,24 @@ def test_a_config_json_from_before_later_keys_still_loads(tiny_run, tmp_path):
   with pytest.raises(ConfigError, match=rf"^{run / 'config.json'}: .*dropout_rat"):
     trained_run.load(run)
   assert loaded.select_one("latest", "translate")  # and its checkpoints are there to use
+
+
+def test_a_config_json_that_is_not_json_is_one_line_naming_it_in_every_tool(tiny_run, tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  for name in ("spm.model", "tokenizer.json"):
+    shutil.copy(tiny_run / name, run / name)
+  (run / "checkpoints").symlink_to(tiny_run / "checkpoints")
+  config = run / "config.json"
+  cut = (tiny_run / "config.json").read_text()[:500]  # (cut short: a full disk, a bad copy)
+  config.write_text(cut)
+  for tool, args in ((translate_cli.main, []), (evaluate_cli.main, []),
+                     (train_cli.main, ["--config=configs/tiny.py"])):
+    status, _, err = helpers.run_tool(tool, f"--workdir={run}", *args, stdin=b"Ein Hund.\n")
+    line = helpers.one_line_error(err)
+    assert status == 1 and re.fullmatch(rf"\w+: {config} is damaged: not JSON \(.+: line \d+ "
+                                        r"column \d+\); it is left as it is", line), line
+  assert config.read_text() == cut
 
 
 def test_a_run_trained_in_bf16_decodes_in_this_machines_dtype_unless_asked(tiny_run, tmp_path):

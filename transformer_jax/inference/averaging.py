@@ -27,7 +27,7 @@ def average_to_workdir(workdir: str, selection: str, output: str) -> tuple[int, 
                           "overwritten)")
   if (out / layout.CHECKPOINTS).exists():
     raise CheckpointError(f"{out / layout.CHECKPOINTS} already exists; choose a new --output")
-  state = run.state(selected)
+  selected, state = run.restored(selected)
   out.mkdir(parents=True, exist_ok=True)
   for name in (layout.CONFIG, layout.TOKENIZER_RECORD):  # (the record: checked when loaded)
     if (Path(workdir) / name).is_file():

@@ -173,12 +173,13 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
   if decode_overrides:  # (another decoding of the same model: its own .hyp file and label)
     label += "+" + ",".join(decode_overrides)
   if translate is not None:
+  if translate is None:  # (as read: a damaged `latest` gives way to an older checkpoint)
+    model, params, group = trained_run.members(runs, list(group))
     label += f"@{engine}"
     t0 = time.time()
     hyps, prepared = translate(runs[0], selected, eval_set, decode)
     seconds = time.time() - t0
   else:
-    model, params = trained_run.members(runs, list(group))
     evaluator = Evaluator(eval_set, model, runs[0].tokenizer, decode, runs[0].mesh)
     t0, compiled = time.time(), compilation.program_seconds()
     with tqdm(total=len(eval_set), unit="sent", file=sys.stderr, desc=f"{label} on {name}",

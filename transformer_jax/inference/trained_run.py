@@ -48,9 +48,15 @@ class TrainedRun:
     return chosen[0]
 
   def state(self, selected: Selected, weights_only: bool = False):
-    """The train state of a selection: one checkpoint's, or their parameters' mean
-    (`weights_only`: only the weights `params` takes, the rest placeholders)."""
-    return checkpoint_selection.restore(
+    """The train state of a selection (`restored`'s)."""
+    return self.restored(selected, weights_only)[1]
+
+  def restored(self, selected: Selected, weights_only: bool = False):
+    """(the selection as read, its train state): one checkpoint's, or their parameters' mean
+    (`weights_only`: only the weights `params` takes, the rest placeholders); a damaged
+    `latest` read as the newest checkpoint before it that restores
+    (`checkpoint_selection.restored`)."""
+    return checkpoint_selection.restored(
         self.workdir, selected, abstract_state(self.cfg, self.model, self.mesh), weights_only)
 
   def source_prefix(self, tag: str) -> list[int]:
@@ -68,9 +74,14 @@ class TrainedRun:
                       "start each line with its tag)")
 
   def params(self, selected: Selected):
-    """The weights of a selection: the moving average unless "raw" was asked for (or the run
-    keeps none); only they are read from the checkpoints."""
-    return checkpoint_selection.weights(self.state(selected, weights_only=True), selected)
+    """The weights of a selection (`read_params`')."""
+    return self.read_params(selected)[1]
+
+  def read_params(self, selected: Selected):
+    """(the selection as read, its weights): the moving average unless "raw" was asked for
+    (or the run keeps none); only they are read from the checkpoints."""
+    selected, state = self.restored(selected, weights_only=True)
+    return selected, checkpoint_selection.weights(state, selected)
 
 
 def load(workdir: str | Path, dtype: str = "") -> TrainedRun:
@@ -123,7 +134,10 @@ def load_ensemble(workdirs: str | Path | list[str | Path], dtype: str = "") -> l
 
 
 def members(runs: list[TrainedRun], selections: list[Selected]):
-  """(model, params) to decode with: one run's, or tuples of each run's (an ensemble)."""
+  """(model, params, the selections as read) to decode with: one run's model and params, or
+  tuples of each run's (an ensemble)."""
   models = tuple(run.model for run in runs)
-  params = tuple(run.params(selected) for run, selected in zip(runs, selections))
-  return (models[0], params[0]) if len(runs) == 1 else (models, params)
+  read = [run.read_params(selected) for run, selected in zip(runs, selections)]
+  params = tuple(p for _, p in read)
+  used = [s for s, _ in read]
+  return (models[0], params[0], used) if len(runs) == 1 else (models, params, used)

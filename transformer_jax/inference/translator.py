@@ -41,9 +41,10 @@ class Translator:
     self.source_prefix = self.run.source_prefix(source_tag)
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
     selected = [run.select_one(checkpoint, "translate") for run in runs]
+    # (as read: a damaged `latest` gives way to the newest checkpoint that restores)
+    self.model, self.params, selected = trained_run.members(runs, selected)
     self.steps = [list(chosen.steps) for chosen in selected]  # (per run: the steps averaged)
     self.labels = [chosen.label for chosen in selected]
-    self.model, self.params = trained_run.members(runs, selected)
     self.members = prepare(self.model, self.params)  # (made ready once, for every call)
     # (word alignments: None = off, else the decoder layer whose cross-attention gives them)
     self.alignment_layer = None

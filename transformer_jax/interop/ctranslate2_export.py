@@ -77,10 +77,10 @@ def export(workdir: str | Path, checkpoint: str, out: str | Path, quantization: 
 
 def _export(workdir, checkpoint: str, out: Path, quantization: str, ctranslate2) -> dict:
   run = trained_run.load(workdir)
-  selected = run.select_one(checkpoint, "export")
+  # (as read: a damaged `latest` gives way to the newest checkpoint that restores)
+  selected, params = run.read_params(run.select_one(checkpoint, "export"))
   # (writable copies: CTranslate2 quantizes in place)
-  params = jax.tree_util.tree_map(lambda x: np.array(jax.device_get(x), np.float32),
-                                  run.params(selected))
+  params = jax.tree_util.tree_map(lambda x: np.array(jax.device_get(x), np.float32), params)
   _, params = unscanned(run.model, params)
   spec = ctranslate2_model.build_spec(run.cfg.model, params, run.tokenizer)
   partial = out.with_name(f".{out.name}.partial-{os.getpid()}")

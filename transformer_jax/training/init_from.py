@@ -90,7 +90,8 @@ def initial_state(cfg: TrainConfig, workdir: Path, model: Transformer, mesh, sta
   (selected,) = chosen
   abstract = abstract_state(src_cfg, Transformer(src_cfg.model), mesh)
   _check_shapes(shapes_by_path(abstract.params), shapes_by_path(state.params), src, selected)
-  restored = checkpoint_selection.restore(src, selected, abstract, weights_only=True)
+  # (as read: a damaged `latest` gives way to the newest checkpoint that restores)
+  selected, restored = checkpoint_selection.restored(src, selected, abstract, weights_only=True)
   params = checkpoint_selection.weights(restored, selected)
   params = jax.tree_util.tree_map(lambda new, old: new.astype(old.dtype), params, state.params)
   state = state.replace(params=params)

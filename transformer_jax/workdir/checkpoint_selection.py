@@ -5,12 +5,20 @@ what the tools' --checkpoint and config.init_from take."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from pathlib import Path
 
 from transformer_jax.errors import CheckpointError
 from transformer_jax.workdir import layout
-from transformer_jax.workdir.checkpoints import Checkpointer, average_states, parse_selection
+from transformer_jax.workdir.checkpoints import (
+  Checkpointer,
+  average_states,
+  one_line,
+  parse_selection,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +30,9 @@ class Selected:
   steps: list[int]
   from_best: bool = False
   weights: str = "auto"
+  # (`latest`: a damaged newest checkpoint gives way to the newest one before it that restores;
+  # not compared: it names the same model as its step)
+  newest: bool = dataclasses.field(default=False, compare=False)
 
 
 def checkpoints(workdir: Path, from_best: bool = False, by_bleu: bool = False) -> Checkpointer:
@@ -92,8 +103,8 @@ def select(workdir: Path, selection: str, has_ema: bool) -> list[Selected]:
           "validation BLEU during training")
     chosen = [Selected(f"best_step_{best}", [best], True)]
   else:
-    chosen = [Selected(label, steps_) for label, steps_ in parse_selection(selection,
-                                                                           steps(workdir))]
+    chosen = [Selected(label, steps_, newest=selection == "latest")
+              for label, steps_ in parse_selection(selection, steps(workdir))]
   if made_at and chosen[0].steps[-1] != int(made_at):
     raise CheckpointError(f"--checkpoint={given}: that model is gone ({selection} is now "
                           f"{chosen[0].label}); name its steps (steps:A,B,...) or a step")
@@ -104,16 +115,67 @@ def select(workdir: Path, selection: str, has_ema: bool) -> list[Selected]:
 
 
 def restore(workdir: Path, selected: Selected, abstract, weights_only: bool = False):
-  """The train state of a selection (shaped like `abstract`): one checkpoint's, or their
-  parameters' mean. `weights_only`: only the weights `weights` takes are read (the other
-  fields are placeholders)."""
+  """The train state of a selection (`restored`'s)."""
+  return restored(workdir, selected, abstract, weights_only)[1]
+
+
+def restored(workdir: Path, selected: Selected, abstract, weights_only: bool = False):
+  """(the selection as read, its train state shaped like `abstract`): one checkpoint's, or
+  their parameters' mean. `weights_only`: only the weights `weights` takes are read (the other
+  fields are placeholders). A damaged checkpoint (there, but failing to restore) is a
+  CheckpointError naming it, except under `latest`: then the newest one before it that
+  restores is read, and labelled by its step, with a warning naming each damaged one. Nothing
+  is moved: the tools only read a run."""
   fields = (_weights_field(abstract, selected),) if weights_only else None
   ckpt = checkpoints(workdir, selected.from_best)
   try:
-    states = [ckpt.restore(step, abstract, fields=fields) for step in selected.steps]
+    if selected.newest:
+      return _newest_restoring(ckpt, selected, abstract, fields)
+    states = []
+    for step in selected.steps:
+      state, damage = _read(ckpt, step, abstract, fields)
+      if damage:  # (never another checkpoint, or another set averaged, in its place)
+        raise CheckpointError(f"checkpoint step {step} in {ckpt.directory} is damaged "
+                              f"({damage}); nothing was moved: select another (steps there: "
+                              f"{ckpt.all_steps()})")
+      states.append(state)
   finally:
     ckpt.close()
-  return average_states(states, fields)
+  return selected, average_states(states, fields)
+
+
+def _newest_restoring(ckpt: Checkpointer, selected: Selected, abstract, fields):
+  """(Selected, state) of the newest checkpoint up to `latest`'s step that restores."""
+  (newest,) = selected.steps
+  suffix = selected.label.removeprefix(f"step_{newest}")  # (the weights': "_ema", "_raw")
+  damaged = []
+  for step in reversed([s for s in ckpt.all_steps() if s <= newest]):
+    state, damage = _read(ckpt, step, abstract, fields)
+    if damage:
+      damaged.append((step, damage))
+      continue
+    if not damaged:
+      return selected, state
+    log.warning("latest checkpoint: %s; using step %d, the newest that restores (nothing was "
+                "moved)", "; ".join(f"step {s} in {ckpt.directory} is damaged ({why})"
+                                    for s, why in damaged), step)
+    return dataclasses.replace(selected, label=f"step_{step}{suffix}", steps=[step]), state
+  raise CheckpointError(f"no checkpoint in {ckpt.directory} can be restored (nothing was "
+                        "moved): " + "; ".join(f"step {s} ({why})" for s, why in damaged))
+
+
+def _read(ckpt: Checkpointer, step: int, abstract, fields):
+  """(state, None), or (None, why) when the checkpoint of `step` is damaged: there, but failing
+  to restore. One that is missing, deleted while read, or of another model stays an error."""
+  ckpt.check_shapes(step, abstract)
+  try:
+    return ckpt.restore(step, abstract, fields=fields), None
+  except CheckpointError:
+    raise
+  except Exception as e:  # noqa: BLE001 (what a damaged file raises depends on the file)
+    while e.__cause__ is not None:  # (the read that failed, not the layers that wrap it)
+      e = e.__cause__
+    return None, one_line(e)
 
 
 def _weights_field(state, selected: Selected) -> str:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -130,6 +132,7 @@ class Checkpointer:
         state = self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
     except Exception:  # noqa: BLE001 (what a vanished file raises depends on where it vanished)
       if (self.directory / str(step)).exists():
+        _drop_reports_of_abandoned_reads()
         raise
       raise CheckpointError(
           f"checkpoint step {step} in {self.directory} was deleted while it was read (a "
@@ -150,11 +153,11 @@ class Checkpointer:
     """
     failed = []
     for step in reversed(self.all_steps()):
-      self._check_shapes(step, abstract_state)
+      self.check_shapes(step, abstract_state)
       try:
         state = self.restore(step, abstract_state, data_iterator)
       except Exception as e:  # noqa: BLE001 (what a damaged file raises depends on the file)
-        failed.append((step, _one_line(e)))
+        failed.append((step, one_line(e)))
         continue
       for bad, reason in failed:
         log.warning("checkpoint at step %d in %s is damaged (%s); moved to %s; resuming from "
@@ -166,12 +169,18 @@ class Checkpointer:
           + "; ".join(f"step {step}: {reason}" for step, reason in failed))
     return 0, None
 
-  def _check_shapes(self, step: int, abstract_state):
+  def check_shapes(self, step: int, abstract_state):
     """Raises CheckpointError when the saved arrays' shapes differ from the state's."""
+    # (a damaged checkpoint's metadata: Orbax warns that it cannot restore that item, and the
+    # restore that follows says why, in one line)
+    absl_log, level = logging.getLogger("absl"), logging.getLogger("absl").level
+    absl_log.setLevel(logging.ERROR)
     try:
       saved = self.manager.item_metadata(step)["state"]
     except Exception:  # noqa: BLE001 (unreadable metadata: damage, found by the restore)
       return
+    finally:
+      absl_log.setLevel(level)
     if saved is None:
       return
     expected = shapes_by_path(abstract_state)
@@ -217,7 +226,27 @@ def _restore_fields(path: Path, abstract_state, fields: tuple[str, ...]):
                                                                   restore_args=restore_args))
 
 
-def _one_line(e: Exception) -> str:
+def _drop_reports_of_abandoned_reads():
+  """Orbax runs a restore's reads in an event loop that it closes as soon as one fails, while
+  TensorStore completes the others: each of those then reports "Event loop is closed", and
+  each abandoned read its error, to sys.unraisablehook (thousands of lines for one damaged
+  checkpoint, whose restore error already says what is wrong). From now on this process drops
+  those reports; every other goes on to the hook before."""
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_abandoned_reads", False):
+    return
+
+  def hook(unraisable):
+    error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+    closed = isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+    if not (closed or (code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename)):
+      previous(unraisable)
+  hook.drops_abandoned_reads = True
+  sys.unraisablehook = hook
+
+
+def one_line(e: Exception) -> str:
+  """An error as one line: its type and the first line of its message."""
   first = str(e).splitlines()[0][:300] if str(e) else ""
   return f"{type(e).__name__}: {first}"
 

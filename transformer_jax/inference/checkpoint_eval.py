@@ -168,13 +168,13 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
            out_dir: Path, alignments: bool = False, engine: str = "jax", translate=None) -> dict:
   """The result record of one model (a Selected per run) on one set; its .hyp written (and
   its .align). `translate`: another engine's (see evaluate_checkpoints)."""
+  if translate is None:  # (as read: a damaged `latest` gives way to an older checkpoint)
+    model, params, group = trained_run.members(runs, list(group))
   selected = group[0]
   label = selected.label if len(runs) == 1 else f"ensemble{len(runs)}_{selected.label}"
   if decode_overrides:  # (another decoding of the same model: its own .hyp file and label)
     label += "+" + ",".join(decode_overrides)
   if translate is not None:
-  if translate is None:  # (as read: a damaged `latest` gives way to an older checkpoint)
-    model, params, group = trained_run.members(runs, list(group))
     label += f"@{engine}"
     t0 = time.time()
     hyps, prepared = translate(runs[0], selected, eval_set, decode)

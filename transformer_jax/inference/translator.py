@@ -125,17 +125,19 @@ class Translator:
 
   def output_lines(self, index: int, hyps: list[Hypothesis],
                    aligned: list[str] | None = None) -> list[str]:
-    """One line (nbest 1), or `nbest` lines `INDEX ||| translation ||| score`; with alignments
-    (`aligned`, one per hypothesis), ` ||| ALIGNMENT` after each (Marian's layout)."""
+    """One line (nbest 1), or `nbest` lines `INDEX ||| translation ||| score`, an empty input
+    line's too (empty translations: every sentence has as many lines, so a reader may count
+    them); with alignments (`aligned`, one per hypothesis), ` ||| ALIGNMENT` after each
+    (Marian's layout)."""
     if self.decode.nbest == 1:
       lines = [hyps[0].text if hyps else ""]
-    elif not hyps:  # (an empty input line keeps its index: one empty translation)
-      lines = [f"{index} |||  ||| 0.0000"]
+    elif not hyps:
+      lines = [f"{index} |||  ||| 0.0000"] * self.decode.nbest
     else:
       lines = [f"{index} ||| {h.text} ||| {h.score:.4f}" for h in hyps]
     if aligned is None:
       return lines
-    return [f"{line} ||| {links}" for line, links in zip(lines, aligned or [""])]
+    return [f"{line} ||| {links}" for line, links in zip(lines, aligned or [""] * len(lines))]
 
   def with_alignments(self, lines: list[str], results):
     """(hypotheses, their alignments or None) for each line."""

@@ -37,7 +37,8 @@ def test_translate_nbest_output(tiny_run, interactive):
   assert ("ready: one sentence per line (Ctrl-D ends)" in err) == (interactive == "true")
   rows = [x.split(" ||| ") for x in out.splitlines()]
   assert {int(x[0]) for x in rows} == {0, 1, 2}
-  assert [x for x in rows if int(x[0]) == 1] == [["1", "", "0.0000"]]  # the empty line's
+  # (the empty line's: as many lines as every other's, so that a reader may count them)
+  assert [x for x in rows if int(x[0]) == 1] == [["1", "", "0.0000"]] * 2
   for index in (0, 2):
     scores = [float(x[2]) for x in rows if int(x[0]) == index]
     assert len(scores) == 2 and scores == sorted(scores, reverse=True)
@@ -95,7 +96,7 @@ def test_translate_alignments_link_each_target_word_to_a_source_word(tiny_run, n
   rows = [line.split(" ||| ") for line in out.splitlines()]
   if nbest == 1:
     rows = [[str(i), text, "0", links] for i, (text, links) in enumerate(rows)]
-  assert len(rows) == (1 + 2 * nbest)
+  assert len(rows) == 3 * nbest
   for index, text, _, links in rows:
     pairs = [tuple(map(int, p.split("-"))) for p in links.split()]
     # (each target word once, in order, to a word of its source)

@@ -80,6 +80,8 @@ def _untagged_sets(run: trained_run.TrainedRun, split: str, source_file: str,
     if sets:
       return {name + first: eval_set for name, eval_set in sets.items()}
     split = cfg.data.eval_split
+    log.warning("%s has no test split (config.data.test_split is empty): scoring its "
+                "validation split %r instead (--split chooses another)", run.workdir, split)
   direction = direction_set(data, split, run.tokenizer, max_sentences)
   if direction is not None:
     return {split + first: direction}
@@ -89,10 +91,13 @@ def _untagged_sets(run: trained_run.TrainedRun, split: str, source_file: str,
 
 
 def writing_lock(workdir, output_dir: str):
-  """Writing into the workdir: one writer at a time (the run's lock); with `output_dir`
-  elsewhere, evaluate only reads the run."""
+  """Writing into the workdir: one writer at a time (the run's lock), taken only in a run's
+  folder (a mistyped one is an error, not made); with `output_dir` elsewhere, evaluate only
+  reads the run."""
   if output_dir:
     return contextlib.nullcontext()
+  if not (Path(workdir) / lock.LOCK_FILE).exists():  # (a starting run has it, no config yet)
+    layout.config_file(workdir)
   return lock.hold(workdir, "evaluate", way_out="wait for it to finish, or write the results "
                    "elsewhere with --output_dir=DIR (evaluate then only reads the run)")
 

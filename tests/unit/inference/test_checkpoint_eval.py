@@ -4,6 +4,7 @@ wrong said in one line."""
 
 import gzip
 import json
+import logging
 import re
 import shutil
 
@@ -141,6 +142,24 @@ def test_the_evaluate_tool_prints_the_table_and_says_what_is_wrong(tiny_run, tmp
   status, _, err = helpers.run_tool(evaluate_cli.main, f"--workdir={tiny_run}",
                                     "--source_file=x.de")
   assert status == 2 and "--source_file and --reference_file go together" in err
+  status, _, err = helpers.run_tool(evaluate_cli.main, f"--workdir={tmp_path / 'typo'}")
+  assert status == 1 and helpers.one_line_error(err) == (
+      f"evaluate: {tmp_path / 'typo'} has no config.json: not a transformer_jax workdir "
+      "(training writes it)")
+  assert not (tmp_path / "typo").exists()  # (no folder made, no lock left in it)
+
+
+def test_a_run_without_a_test_split_is_scored_on_its_validation_split_saying_so(tiny_run,
+                                                                                 caplog):
+  ours = logging.getLogger("transformer_jax")  # (whose lines the tools' set-up keeps to itself)
+  ours.addHandler(caplog.handler)
+  try:
+    sets = checkpoint_eval._eval_sets(trained_run.load(tiny_run), "", "", "", 2)
+  finally:
+    ours.removeHandler(caplog.handler)
+  assert list(sets) == ["val.first2"]
+  assert f"{tiny_run} has no test split (config.data.test_split is empty): scoring its " \
+      "validation split 'val' instead (--split chooses another)" in caplog.messages
 
 
 def test_an_ensemble_of_a_run_with_itself_scores_as_the_run(tiny_run, tmp_path):

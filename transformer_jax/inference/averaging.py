@@ -1,7 +1,7 @@
 """Checkpoint averaging into a new workdir that evaluate and translate use as they are: the
 run's config.json and tokenizer, and one checkpoint, at the last averaged step, whose
 parameters (and their moving averages, when the run keeps them) are the element-wise mean
-(optimizer state: the last one's)."""
+(optimizer state: the last one's), labelled by the tools as that mean (`average_A_B_...`)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def average_to_workdir(workdir: str, selection: str, output: str) -> tuple[int, 
   tokenizer_file = Path(run.tokenizer.path)
   if tokenizer_file.parent.resolve() == Path(workdir).resolve():
     shutil.copy(tokenizer_file, out / tokenizer_file.name)
+  if len(selected.steps) > 1:  # (what the tools then label its checkpoint: the mean it is)
+    layout.record_average(out, workdir, selected.steps)
   ckpt = Checkpointer(out / layout.CHECKPOINTS, max_to_keep=1)
   ckpt.save(selected.steps[-1], state)
   ckpt.close()

@@ -95,6 +95,9 @@ def select(workdir: Path, selection: str, has_ema: bool) -> list[Selected]:
   if weights == "ema" and not has_ema:
     raise CheckpointError(f"--checkpoint={selection}:ema: {workdir} keeps no moving "
                           "average (trained with config.optimizer.ema_decay=0)")
+  averaged = layout.averaged_steps(workdir)
+  if averaged and selection == "steps:" + ",".join(map(str, averaged)):
+    selection = str(averaged[-1])  # (its checkpoint is that mean)
   if selection == "best":
     best = best_step(workdir)
     if best is None:
@@ -105,6 +108,9 @@ def select(workdir: Path, selection: str, has_ema: bool) -> list[Selected]:
   else:
     chosen = [Selected(label, steps_, newest=selection == "latest")
               for label, steps_ in parse_selection(selection, steps(workdir))]
+  if averaged:  # (a workdir `average` wrote: its checkpoint labelled as the mean it is)
+    chosen = [dataclasses.replace(c, label="average_" + "_".join(map(str, averaged)))
+              if c.steps == averaged[-1:] and not c.from_best else c for c in chosen]
   if made_at and chosen[0].steps[-1] != int(made_at):
     raise CheckpointError(f"--checkpoint={given}: that model is gone ({selection} is now "
                           f"{chosen[0].label}); name its steps (steps:A,B,...) or a step")

@@ -6,6 +6,7 @@
   checkpoints/          Orbax checkpoints: train state + data-iterator position (checkpoints.py)
   checkpoints_best/     the best checkpoint by validation BLEU
   checkpoints_damaged/  checkpoints that failed to restore, set aside
+  averaged.json         in a workdir `average` wrote: the run and steps its checkpoint is a mean of
   metrics.jsonl, tensorboard/, metrics.png   the run's metrics and curves (reporting/)
   eval/<set>/           translations (<label>.hyp) and results.json of each evaluated set:
                         the test split at the end of training, and every `evaluate` run
@@ -44,6 +45,7 @@ RESULTS = "results.json"
 MEMBERS = "members"  # a population's: members/<i>/, each member's workdir
 VALIDATION = "validation"  # the main validation set's translations: last.*, best.*, references
 STOP_REQUEST = "stop_request"  # in a member's workdir: the member is to stop (a sweep pruned it)
+AVERAGED = "averaged.json"
 
 
 def check_writable(folder: str | Path):
@@ -101,6 +103,20 @@ def stop_request(member_workdir: str | Path) -> str | None:
   """Why the member is to stop, or None."""
   path = Path(member_workdir, STOP_REQUEST)
   return path.read_text().strip() or "stop requested" if path.is_file() else None
+
+
+def record_average(workdir: str | Path, source: str | Path, steps: list[int]):
+  """Records in a workdir `average` wrote that its checkpoint is the mean of `steps` of the
+  run in `source` (what its label then says)."""
+  if jax.process_index() == 0:
+    atomic.write_json(Path(workdir) / AVERAGED, {"workdir": str(Path(source).absolute()),
+                                                 "steps": list(steps)}, indent=2)
+
+
+def averaged_steps(workdir: str | Path) -> list[int] | None:
+  """The steps the checkpoint of a workdir `average` wrote is the mean of; None for a run."""
+  path = Path(workdir) / AVERAGED
+  return [int(s) for s in read_json(path)["steps"]] if path.is_file() else None
 
 
 def has_checkpoints(workdir: str | Path) -> bool:

@@ -10,7 +10,7 @@ from transformer_jax.inference import trained_run
 from transformer_jax.inference.averaging import average_to_workdir
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
 from transformer_jax.inference.trained_run import Selected
-from transformer_jax.workdir import checkpoints
+from transformer_jax.workdir import checkpoint_selection, checkpoints
 
 
 def test_averaging_identical_and_different_checkpoints(tiny_run, tmp_path):
@@ -28,7 +28,10 @@ def test_averaging_identical_and_different_checkpoints(tiny_run, tmp_path):
   for name in ("config.json", "spm.model", "tokenizer.json"):
     assert (tmp_path / "avg" / name).read_bytes() == (tiny_run / name).read_bytes()
   res, _ = evaluate_checkpoints(tmp_path / "avg", split="val", max_sentences=8)
-  assert res[0]["steps"] == [20]
+  # (labelled as the mean it is, a label that names it back)
+  assert res[0]["steps"] == [20] and res[0]["label"] == "average_10_20"
+  assert checkpoint_selection.select(tmp_path / "avg", "average_10_20", False) == \
+      checkpoint_selection.select(tmp_path / "avg", "latest", False)
 
 
 def test_the_average_tool_refuses_to_overwrite(tiny_run, tmp_path):

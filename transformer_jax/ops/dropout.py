@@ -7,8 +7,40 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from transformer_jax.config.population import is_static
+
+# The dtypes dropout may scale (the model's activations and matmul inputs).
+SCALED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def keep_threshold(rate: float) -> np.uint32:
+  """The 32-bit threshold of `rate`: an element is kept where its random bits are >= it."""
+  return np.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
+
+
+def kept_scale(rate: float, dtype) -> np.ndarray:
+  """1 / (1 - rate) in `dtype`: 1 - rate rounded into it, then its reciprocal there (the number
+  XLA multiplies by where a program divides by the constant 1 - rate)."""
+  dtype = jnp.dtype(dtype)
+  return np.asarray(1, dtype) / np.asarray(1.0 - rate, dtype)
+
+
+class TracedRate(struct.PyTreeNode):
+  """Rates known only as the program runs (a population's members': (K,) arrays, or one
+  member's scalars), as the numbers Dropout takes from a static rate: its keep threshold and
+  scale in each dtype. (A rate traced in float32 would round the threshold to 2^-24 of the
+  rate, and XLA would divide by 1 - rate where a static rate has it multiply.)"""
+  threshold: jax.Array  # uint32
+  scale: dict  # dtype name -> 1 / (1 - rate) in that dtype
+
+  @classmethod
+  def of(cls, rates) -> TracedRate:
+    rates = [float(r) for r in rates]
+    return cls(np.asarray([keep_threshold(r) for r in rates]),
+               {name: np.asarray([kept_scale(r, name) for r in rates])
+                for name in SCALED_DTYPES})
 
 
 class Dropout(nn.Module):
@@ -20,10 +52,10 @@ class Dropout(nn.Module):
   invertible avalanche mix). It costs a few integer operations per element, fused into the
   dropout itself, where drawing threefry bits per element was most of dropout's cost on CPU
   (a faster training step than 16-bit threefry draws or flax's nn.Dropout: BENCHMARKS.md,
-  "Against the PyTorch peer"). The rate is exact to 2^-32; a traced rate (a population
-  member's, in f32) to about 2^-24.
+  "Against the PyTorch peer"). The rate is exact to 2^-32. `rate` is a number, or a
+  `TracedRate` (a population member's), which keeps and scales as its number does.
   """
-  rate: float
+  rate: float | TracedRate
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
@@ -32,13 +64,10 @@ class Dropout(nn.Module):
     seeds = jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32)
     bits = _fmix32(_fmix32(_element_index(x.shape) ^ seeds[0]) + seeds[1])
     if is_static(self.rate):
-      threshold = np.uint32(min(round(self.rate * 2.0 ** 32), 2 ** 32 - 1))
-      kept = 1.0 - self.rate
-    else:  # (the largest float32 under 2^32: the conversion stays in uint32's range)
-      threshold = jnp.clip(jnp.round(self.rate * 2.0 ** 32), 0.0, 4294967040.0).astype(
-          jnp.uint32)
-      kept = (1.0 - self.rate).astype(x.dtype)
-    return jnp.where(bits >= threshold, x / kept, jnp.zeros_like(x))
+      threshold, scale = keep_threshold(self.rate), kept_scale(self.rate, x.dtype)
+    else:
+      threshold, scale = self.rate.threshold, self.rate.scale[jnp.dtype(x.dtype).name]
+    return jnp.where(bits >= threshold, x * scale, jnp.zeros_like(x))
 
 
 def _element_index(shape):

@@ -31,6 +31,7 @@ from transformer_jax.config.population import MEMBER_KEYS, SWITCHES
 from transformer_jax.config.sections import SECTIONS, TrainConfig
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.ops.dropout import TracedRate
 from transformer_jax.ops.platform import traced_for
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.training.optimizer import make_optimizer
@@ -105,19 +106,25 @@ def _replaced(cfg: TrainConfig, changes: dict) -> TrainConfig:
       for name, values in sections.items()})
 
 
+# The member keys that are dropout rates (traced as the numbers Dropout takes from a rate).
+DROPOUT_KEYS = ("dropout_rate", "attention_dropout_rate", "ffn_dropout_rate")
+
+
 @dataclasses.dataclass(frozen=True)
 class Population:
   """A run's members: their configs, and the values a step traces (for each varying key but
-  the seed, the members' values (K,) in float32, whatever the key's type)."""
+  the seed, the members' values (K,): a dropout rate as the keep threshold and scale its run
+  alone takes from it (`TracedRate`), any other in float32, whatever the key's type)."""
   members: tuple[TrainConfig, ...]
   values: dict
 
   @classmethod
   def of(cls, cfg: TrainConfig) -> Population:
     members = tuple(member_configs(cfg))
-    return cls(members, {key: np.asarray([config_value(m, MEMBER_KEYS[key]) for m in members],
-                                         np.float32)
-                         for key in varying_keys(cfg) if key != "seed"})
+    values = {key: [config_value(m, MEMBER_KEYS[key]) for m in members]
+              for key in varying_keys(cfg) if key != "seed"}
+    return cls(members, {key: TracedRate.of(v) if key in DROPOUT_KEYS
+                         else np.asarray(v, np.float32) for key, v in values.items()})
 
   @property
   def size(self) -> int:

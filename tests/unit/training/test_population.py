@@ -2,6 +2,7 @@
 following its config run alone step for step, and the mask that freezes a member."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -18,6 +19,7 @@ from tests.helpers import (
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.ops.dropout import Dropout
 from transformer_jax.training import population as pl
 from transformer_jax.training.population_run import member_config_dict, spread
 from transformer_jax.training.state import create_state
@@ -151,6 +153,39 @@ def test_traced_values_are_the_members_values_in_float32():
   assert set(pop.values) == {"learning_rate", "dropout_rate", "label_smoothing"}
   traced = pl.traced_config(pop.base, {"dropout_rate": 0.5})
   assert traced.model.dropout_rate == 0.5 and pop.base.model.dropout_rate == 0.1
+
+
+def _unmixed(h: int) -> int:
+  """The input that ops.dropout's murmur3 finalizer maps to `h` (it is a bijection)."""
+  h ^= h >> 16
+  h = h * pow(0xC2B2AE35, -1, 2 ** 32) % 2 ** 32
+  h ^= (h >> 13) ^ (h >> 26)
+  h = h * pow(0x85EBCA6B, -1, 2 ** 32) % 2 ** 32
+  return h ^ (h >> 16)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_member_s_dropout_keeps_and_scales_as_its_run_alone_does(monkeypatch, dtype):
+  """Each member's traced rate against the static rate of its run alone: the element whose
+  random bits are the run's keep threshold is kept, one under it dropped, and a kept element
+  is scaled by the same number."""
+  rates = (0.0, 0.1, 1 / 3, 0.6)
+  member_rates = pl.Population.of(tiny_train_config(**{"population.dropout_rate": rates})
+                                  ).values["dropout_rate"]
+  x = jnp.full((2,), 1.7, dtype)
+
+  def drop(rate, seeds):  # (seeds: the two words Dropout draws from its key)
+    monkeypatch.setattr(jax.random, "bits", lambda *_: seeds)
+    return Dropout(rate).apply({}, x, False, rngs={"dropout": jax.random.PRNGKey(0)})
+
+  for i, rate in enumerate(rates):
+    member = jax.tree_util.tree_map(lambda v, i=i: v[i], member_rates)
+    threshold = round(rate * 2 ** 32)
+    for bits in {max(threshold - 1, 0), threshold}:  # (element 0's: 0 ^ 0 mixes to 0)
+      seeds = jnp.asarray([0, _unmixed(bits)], jnp.uint32)
+      alone = np.asarray(drop(rate, seeds))
+      assert (alone[0] != 0) == (bits >= threshold), (rate, bits)
+      np.testing.assert_array_equal(jax.jit(drop)(member, seeds), alone, err_msg=str(rate))
 
 
 def test_members_stopping_early_end_the_population_which_reruns_to_no_step(

@@ -23,6 +23,8 @@ from transformer_jax.config.population import PopulationConfig
 from transformer_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")     # the device mesh's axes, in mesh_shape's order
+# config.optimizer.weight_decay_exclude's rule by rank, not name: what runs did before the key
+DECAY_BY_RANK = "ndim<2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +118,9 @@ class OptimizerConfig:
   # the parameters weight decay leaves alone: glob patterns matched against each parameter's path
   # (e.g. "decoder_0/ffn_block/layer_norm/scale"; `*` crosses "/"): by default biases (the
   # relative-position tables and the output bias included) and norm scales; kernels and embeddings
-  # decay
-  weight_decay_exclude: tuple[str, ...] = declared(before=("*bias", "*scale"))
+  # decay. "ndim<2" (runs from before this key) leaves out every parameter of fewer than two axes
+  # instead, whatever its name
+  weight_decay_exclude: tuple[str, ...] = declared(before=(DECAY_BY_RANK,))
   grad_clip_norm: float         # global-norm clipping; 0 disables
   # > 0: keep an exponential moving average of the parameters (decay per step, e.g. 0.999), used for
   # validation, the test and the tools; 0 = off

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from transformer_jax.config.population import is_static
-from transformer_jax.config.sections import OptimizerConfig
+from transformer_jax.config.sections import DECAY_BY_RANK, OptimizerConfig
 from transformer_jax.errors import ConfigError
 
 
@@ -41,18 +41,27 @@ def decayed(params, exclude: tuple[str, ...]):
   """A tree like `params` of whether weight decay applies to each parameter: to those whose
   path ("encoder_0/feed_forward/wo/kernel") no glob pattern of `exclude` matches. By name,
   not by rank: a scanned model's stacked norm scales and the (heads, head_dim) biases are
-  left out as an unscanned model's are."""
+  left out as an unscanned model's are. (`DECAY_BY_RANK` in `exclude`: every parameter of
+  fewer than two axes left out too, as runs from before the names did.)"""
   # (a parameter in its logical-axis box, as the state's initialisation has it, is one leaf:
   # the mask a prefix of the tree)
   paths, tree = jax.tree_util.tree_flatten_with_path(
       params, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
   names = [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in paths]
-  for pattern in exclude:  # (a misspelt pattern would decay what it meant to leave alone)
-    if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+  ranks = [len(getattr(nn.meta.unbox(leaf), "shape", ())) for _, leaf in paths]
+
+  def excluded(pattern: str) -> list[bool]:
+    if pattern == DECAY_BY_RANK:
+      return [rank < 2 for rank in ranks]
+    return [fnmatch.fnmatchcase(name, pattern) for name in names]
+
+  matches = [excluded(pattern) for pattern in exclude]
+  for pattern, hits in zip(exclude, matches):  # (a misspelt one would decay what it meant
+    if not any(hits):                           # to leave alone)
       raise ConfigError(f"config.optimizer.weight_decay_exclude: {pattern!r} matches no "
                         f"parameter of the model (paths such as {names[-1]!r})")
-  return jax.tree_util.tree_unflatten(tree, [
-      not any(fnmatch.fnmatchcase(name, pattern) for pattern in exclude) for name in names])
+  return jax.tree_util.tree_unflatten(tree, [not any(column) for column in zip(*matches)]
+                                      if matches else [True] * len(names))
 
 
 def make_optimizer(cfg: OptimizerConfig, num_steps: int) -> optax.GradientTransformation:

@@ -1,6 +1,7 @@
 """The learning-rate schedule: linear warmup, then inverse square root; the cooldown factor on
 the update (its value over training: test_decisions.py)."""
 
+import dataclasses
 import functools
 import re
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests import helpers, model_variants
+from transformer_jax.config import sections
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import optimizer
@@ -88,3 +90,18 @@ def test_a_weight_decay_pattern_that_names_no_parameter_is_a_config_error():
   kept = optimizer.decayed(state.params, ("*layer_norm/scale",))  # (a pattern crosses "/")
   assert not kept["encoder_0"]["ffn_block"]["layer_norm"]["scale"]
   assert kept["encoder_0"]["ffn_block"]["layer_norm"]["bias"]
+
+
+def test_runs_from_before_the_names_decay_by_rank_as_they_did():
+  """A config.json without weight_decay_exclude reads as "ndim<2": the (heads, head_dim)
+  biases (and a scanned model's stacked norm scales) decay, as they did in those runs."""
+  assert helpers.section("optimizer").weight_decay_exclude == ("*bias", "*scale")
+  field = {f.name: f for f in dataclasses.fields(sections.OptimizerConfig)}
+  assert field["weight_decay_exclude"].metadata["before"] == (sections.DECAY_BY_RANK,)
+  _, _, state = helpers.tiny_setup()
+  by_rank = optimizer.decayed(state.params, (sections.DECAY_BY_RANK,))
+  assert jax.tree_util.tree_leaves(by_rank) == [
+      p.ndim > 1 for p in jax.tree_util.tree_leaves(state.params)]
+  assert by_rank["encoder_0"]["self_attention"]["query"]["bias"]  # (shape (4, 8))
+  assert optimizer.decayed(state.params, ()) == jax.tree_util.tree_map(
+      lambda _: True, state.params)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import re
 import signal
 import sys
@@ -97,6 +98,9 @@ def run(tool: str, doc: str, define_flags: Callable[[flags.FlagValues], None],
     extra = flag_values(rest)[1:]
     if extra:
       raise errors.UsageError(f"unexpected arguments: {' '.join(extra)}")
+    for name, value in flag_values.flag_values_dict().items():  # (absl's bounds pass NaN)
+      if isinstance(value, float) and not math.isfinite(value):
+        raise errors.UsageError(f"--{name}={value}: not a finite number")
     loaded = {name: files.apply_overrides(files.load_file(flag_values[name].value),
                                           overrides[name], name) for name in configs}
     given = {name: [f"--{name}={flag_values[name].value}", *overrides[name]]

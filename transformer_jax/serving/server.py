@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 def serve(args):
   """Runs the server of the `transformer-jax-serve` flags until SIGTERM or Ctrl-C."""
+  if args.timeout_s <= 0 or args.max_wait_ms < 0:
+    raise UsageError(f"--timeout_s={args.timeout_s:g} must be > 0 and --max_wait_ms="
+                     f"{args.max_wait_ms:g} >= 0")
   if args.max_request_sentences > args.max_queue:
     raise UsageError(f"--max_request_sentences={args.max_request_sentences} is more than "
                      f"--max_queue={args.max_queue}: a request that large could never be "
@@ -90,18 +93,20 @@ def _bound(host: str, port: int) -> tuple[socket.socket, socket.socket | None]:
 
 
 def _claim(host: str, port: int) -> socket.socket | None:
-  """A Linux abstract Unix socket named by the port, bound while this server lives: a second
-  server starting on the port meanwhile is refused at once. (SO_REUSEADDR, which a restart
-  needs while the last run's connections linger in TIME_WAIT, lets two sockets bind a port
-  that neither listens on yet: the second would find out in listen(), after its warm-up.)
-  None where there are no abstract sockets, or for port 0 (the system picks a free one)."""
+  """A Linux abstract Unix socket named by the address and port, bound while this server
+  lives: a second server starting on them meanwhile is refused at once. (SO_REUSEADDR, which
+  a restart needs while the last run's connections linger in TIME_WAIT, lets two sockets bind
+  a port that neither listens on yet: the second would find out in listen(), after its
+  warm-up. A server on the wildcard address and one on a single address of the same port are
+  not told apart here: the later listen() says it in one line.) None where there are no
+  abstract sockets, or for port 0 (the system picks a free one)."""
   if not port or not sys.platform.startswith("linux"):
     return None
   claim = socket.socket(socket.AF_UNIX)
   try:
-    claim.bind(f"\0transformer_jax-serve-port-{port}")
+    claim.bind(f"\0transformer_jax-serve-{host}-{port}")
   except OSError:
     claim.close()
     raise UsageError(f"--host={host} --port={port}: another transformer-jax-serve is starting "
-                     "or serving on that port") from None
+                     "or serving there") from None
   return claim

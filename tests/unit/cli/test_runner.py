@@ -75,6 +75,8 @@ def test_a_bad_config_file_is_one_line(tmp_path, text, message):
     ((), "train: --config is required; --workdir is required"),
     (("--config=configs/tiny.py", "--workdri=x"), "train: Unknown command line flag 'workdri'"),
     (("--config=configs/tiny.py", "--workdir=x", "extra"), "train: unexpected arguments: extra"),
+    (("--config=configs/tiny.py", "--workdir=x", "--wait_for_workdir=nan"),
+     "train: --wait_for_workdir=nan: not a finite number"),
 ])
 def test_a_bad_command_line_is_one_line(args, message):
   status, _, err = helpers.run_tool(train.main, *args)

@@ -33,9 +33,11 @@ def test_a_second_server_starting_on_the_port_stops_before_its_warm_up():
   first, claim = server._bound("127.0.0.1", port)
   try:
     with pytest.raises(UsageError, match=rf"^--host=127.0.0.1 --port={port}: another "
-                                         "transformer-jax-serve is starting or serving on "
-                                         "that port$"):
+                                         "transformer-jax-serve is starting or serving there$"):
       server._bound("127.0.0.1", port)
+    elsewhere, its_claim = server._bound("127.0.0.2", port)  # (another address: its own)
+    elsewhere.close()
+    its_claim.close()
   finally:
     first.close()
     claim.close()
@@ -44,8 +46,13 @@ def test_a_second_server_starting_on_the_port_stops_before_its_warm_up():
   claim.close()
 
 
-def test_a_request_limit_above_the_queue_is_one_line_before_anything():
-  args = types.SimpleNamespace(max_request_sentences=300, max_queue=256)
+def test_limits_that_contradict_each_other_are_one_line_before_anything():
+  args = types.SimpleNamespace(max_request_sentences=300, max_queue=256, timeout_s=60.0,
+                               max_wait_ms=50.0)
   with pytest.raises(UsageError, match=r"^--max_request_sentences=300 is more than "
                                        r"--max_queue=256: a request that large could never "):
     server.serve(args)  # (before the port, the model or anything the other flags name)
+  args = types.SimpleNamespace(max_request_sentences=8, max_queue=256, timeout_s=0.0,
+                               max_wait_ms=50.0)
+  with pytest.raises(UsageError, match=r"^--timeout_s=0 must be > 0 and --max_wait_ms=50 >= "):
+    server.serve(args)  # (every request would be a 504)

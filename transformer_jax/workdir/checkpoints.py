@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import grain
@@ -49,6 +50,7 @@ class Checkpointer:
   def __init__(self, directory: str | Path, max_to_keep: int = 3, best_metric: str = ""):
     self.directory = Path(directory).absolute()
     self.best_metric = best_metric
+    _drop_reports_of_abandoned_reads()
     best = dict(best_fn=lambda metrics: metrics[best_metric], best_mode="max",
                 keep_checkpoints_without_metrics=False) if best_metric else {}
     # Orbax names a save's cross-host barriers by its step alone, so a run's newest and best
@@ -132,7 +134,6 @@ class Checkpointer:
         state = self.manager.restore(step, args=ocp.args.Composite(**items))["state"]
     except Exception:  # noqa: BLE001 (what a vanished file raises depends on where it vanished)
       if (self.directory / str(step)).exists():
-        _drop_reports_of_abandoned_reads()
         raise
       raise CheckpointError(
           f"checkpoint step {step} in {self.directory} was deleted while it was read (a "
@@ -229,12 +230,19 @@ def _restore_fields(path: Path, abstract_state, fields: tuple[str, ...]):
 def _drop_reports_of_abandoned_reads():
   """Orbax runs a restore's reads in an event loop that it closes as soon as one fails, while
   TensorStore completes the others: each of those then reports "Event loop is closed", and
-  each abandoned read its error, to sys.unraisablehook (thousands of lines for one damaged
-  checkpoint, whose restore error already says what is wrong). From now on this process drops
-  those reports; every other goes on to the hook before."""
+  each abandoned read its error, to sys.unraisablehook, or asyncio logs it when its task is
+  collected, or Python warns that its coroutine was never awaited (thousands of lines for one
+  damaged checkpoint, whose restore error already says what is wrong; a metadata read that
+  fails leaves them too). Once a Checkpointer is made, this process drops those reports (they
+  come as soon as a read fails, before its error reaches the caller); every other goes on to
+  the hook before, to the log, or to the warnings shown."""
   previous = sys.unraisablehook
   if getattr(previous, "drops_abandoned_reads", False):
     return
+  logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)
+  warnings.filterwarnings("ignore", "coroutine '(_read_shard|_read_array_index_and_device_put|"
+                          "_read_and_create_array|async_deserialize)' was never awaited",
+                          RuntimeWarning)
 
   def hook(unraisable):
     error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
@@ -243,6 +251,15 @@ def _drop_reports_of_abandoned_reads():
       previous(unraisable)
   hook.drops_abandoned_reads = True
   sys.unraisablehook = hook
+
+
+def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
+  """False for asyncio's report of an Orbax (TensorStore) read that no one awaited any more."""
+  message = str(record.msg)
+  error = str(record.exc_info[1]).lower() if record.exc_info else ""
+  return not (re.match(r"\w+ exception was never retrieved", message)
+              and (f"{os.sep}orbax{os.sep}" in message or "tensorstore" in error
+                   or "ocdbt" in error))
 
 
 def one_line(e: Exception) -> str:

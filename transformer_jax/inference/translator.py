@@ -40,6 +40,8 @@ class Translator:
     # (a tagged model's direction or data kind: the tag's id before every source)
     self.source_prefix = self.run.source_prefix(source_tag)
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
+    # (the longest source every member reads: the search cuts longer ones there)
+    self.max_len = min(run.cfg.model.max_len for run in runs)
     selected = [run.select_one(checkpoint, "translate") for run in runs]
     # (as read: a damaged `latest` gives way to the newest checkpoint that restores)
     self.model, self.params, selected = trained_run.members(runs, selected)
@@ -87,8 +89,8 @@ class Translator:
                                   self.source_prefix)
     if prefixes is not None:
       eval_set = eval_set.with_prefixes([prefixes[i] for i in todo], self.run.tokenizer)
-    if max(len(x) for x in eval_set.source_ids) > self.run.cfg.model.max_len:
-      log.warning("inputs longer than %d subwords are truncated", self.run.cfg.model.max_len)
+    if max(len(x) for x in eval_set.source_ids) > self.max_len:
+      log.warning("inputs longer than %d subwords are truncated", self.max_len)
     bar = None
     if progress:
       bar = tqdm(total=len(todo), unit="sent", file=sys.stderr)

@@ -107,6 +107,7 @@ class Ctranslate2Translator(Translator):
     self.source_prefix = self.run.source_prefix(source_tag)
     self.tokenizer = self.run.tokenizer
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
+    self.max_len = self.run.cfg.model.max_len  # (max_input_length: CTranslate2 cuts there)
     selected = self.run.select_one(checkpoint, "the ctranslate2 engine")
     self.steps, self.labels = [list(selected.steps)], [selected.label]
     self.alignment_layer = None

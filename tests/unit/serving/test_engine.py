@@ -16,7 +16,8 @@ class Stub:
 
   def __init__(self, tokenizer_path):
     cfg = helpers.tiny_train_config()
-    self.decode = cfg.decode
+    # (as an ensemble whose shortest member reads 64 positions: the first run's config says 256)
+    self.decode, self.max_len = cfg.decode, 64
     self.run = types.SimpleNamespace(cfg=cfg, tokenizer=Tokenizer.load(tokenizer_path))
 
   def translate(self, sentences, prefixes=None, seed=None, decode=None):
@@ -27,14 +28,14 @@ class Stub:
 
 def test_a_source_past_the_models_positions_and_a_capped_translation_are_noted(tiny_tokenizer):
   engine = Engine(Stub(tiny_tokenizer))
-  long = "Ein Hund läuft durch den Schnee. " * 60  # (2,000 characters, over 256 subwords)
+  long = "Ein Hund läuft durch den Schnee. " * 12  # (over 64 subwords, under 256)
   length = len(engine.tokenizer.encode(long))
-  assert length > 256
+  assert 64 < length < 256
   answers = engine.translate(["Ein Hund.", long, "cut here"], ["", "", ""], Options())
   assert answers == [
       Translated([{"translation": "done", "score": -1.0}], []),
       Translated([{"translation": "done", "score": -1.0}],
-                 [f"its {length} subwords are more than the model reads (256): translated "
-                  "from the first 256"]),
+                 [f"its {length} subwords are more than the model reads (64): translated "
+                  "from the first 64"]),
       Translated([{"translation": "done", "score": -1.0}, {"translation": "cut", "score": -2.0}],
                  ["hypothesis 2 of its 2 stopped at the length cap of 9 subwords, unfinished"])]

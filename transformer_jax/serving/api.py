@@ -256,21 +256,33 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
 def _fields_of(raw: bytes, content_type: str, query: str) -> dict:
   """A request's fields as LibreTranslate reads them: a JSON body's alone, else the query
   string's over a form body's (urlencoded, the default, or multipart); a body of another
-  content type (text/plain, say) is refused naming it."""
+  content type (text/plain, say), or JSON sent as a form (`curl -d` without a header), is
+  refused naming what was received."""
   media = content_type.split(";")[0].strip().lower()
   if media == "application/json" or media.endswith("+json"):
     return _json_fields(_utf8(raw, "request body"))
+  looks_like_json = raw.lstrip()[:1] in (b"{", b"[")
   if media == "multipart/form-data":
     form = _multipart(raw, content_type)
-  elif media in ("", "application/x-www-form-urlencoded") or not raw:
-    form = _fields(parse_qs(_utf8(raw, "request body"), keep_blank_values=True))
+  elif media in ("", "application/x-www-form-urlencoded") and not looks_like_json or not raw:
+    form = _form(_utf8(raw, "request body"), "form")
   else:
-    looks = (" (it looks like JSON: send it with Content-Type: application/json)"
-             if raw.lstrip()[:1] in (b"{", b"[") else "")
-    raise Refused(415, f"a body of Content-Type {media!r} is not read: send JSON "
+    received = f"Content-Type {media!r}" if media else "no Content-Type"
+    raise Refused(415, f"a body of {received} is not read as sent: send JSON "
                   "(application/json) or a form (application/x-www-form-urlencoded or "
-                  f"multipart/form-data){looks}")
-  return {**form, **_fields(parse_qs(query, keep_blank_values=True))}
+                  "multipart/form-data)" + (" (it looks like JSON: send it with Content-Type: "
+                                           "application/json)" if looks_like_json else ""))
+  return {**form, **_form(query, "query string")}
+
+
+def _form(text: str, where: str) -> dict:
+  """The fields of URL-encoded `text` (a form body or the query string); a field whose
+  percent-escaped bytes are not UTF-8 is a 400 naming it."""
+  form = parse_qs(text, keep_blank_values=True, errors="surrogateescape")
+  for name, values in form.items():
+    if any("\udc80" <= char <= "\udcff" for value in (name, *values) for char in value):
+      raise Refused(400, f"{where} field {name!r} is not UTF-8 (its percent-escaped bytes)")
+  return _fields(form)
 
 
 def _json_fields(text: str) -> dict:

@@ -215,11 +215,17 @@ def test_a_body_of_another_content_type_is_refused_saying_what_was_received(clie
   r = client.post("/translate", content=b'{"q": "Hallo", "target": "en"}',
                   headers={"Content-Type": "text/plain;charset=UTF-8"})
   assert r.status_code == 415 and r.json()["error"] == (
-      "a body of Content-Type 'text/plain' is not read: send JSON (application/json) or a "
-      "form (application/x-www-form-urlencoded or multipart/form-data) (it looks like JSON: "
-      "send it with Content-Type: application/json)")
+      "a body of Content-Type 'text/plain' is not read as sent: send JSON (application/json) "
+      "or a form (application/x-www-form-urlencoded or multipart/form-data) (it looks like "
+      "JSON: send it with Content-Type: application/json)")
   r = client.post("/translate", content=b"q=Hallo", headers={"Content-Type": "text/csv"})
   assert r.status_code == 415 and "looks like JSON" not in r.json()["error"]
+  for headers, received in (({}, "no Content-Type"),  # (curl -d: a form's type, or none)
+                            ({"Content-Type": "application/x-www-form-urlencoded"},
+                             "Content-Type 'application/x-www-form-urlencoded'")):
+    r = client.post("/translate", content=b' {"q": "Hallo"}', headers=headers)
+    assert r.status_code == 415 and r.json()["error"].startswith(
+        f"a body of {received} is not read as sent: ") and "looks like JSON" in r.text
   r = client.post("/translate", content=b'{"q": "Hallo", "target": "en"}',
                   headers={"Content-Type": "application/vnd.api+json"})
   assert r.json() == {"translatedText": "<Hallo>"}
@@ -247,6 +253,20 @@ def test_text_no_tokenizer_can_read_and_numbers_json_has_not_are_named(client, b
   assert r.status_code == 400 and r.json() == {"error": error}
   assert client.engine.batches == []  # (refused before the engine)
   assert client.post("/v1/translate", json={"text": "a \U0001F600"}).status_code == 200
+
+
+def test_form_and_query_fields_whose_bytes_are_not_utf8_are_named(client):
+  """(Percent-escaped: the body itself is ASCII. A replacement character would have been
+  translated.)"""
+  r = client.post("/translate", content=b"q=%ff%fe&target=en")
+  assert r.status_code == 400 and r.json()["error"] == (
+      "form field 'q' is not UTF-8 (its percent-escaped bytes)")
+  r = client.post("/translate?q=%ED%A0%80&target=en")  # (a surrogate's bytes)
+  assert r.status_code == 400 and r.json()["error"] == (
+      "query string field 'q' is not UTF-8 (its percent-escaped bytes)")
+  assert client.post("/translate?q=Gr%C3%BC%C3%9Fe&target=en").json() == {
+      "translatedText": "<Grüße>"}
+  assert client.engine.batches == [["Grüße"]]
 
 
 def test_a_cut_source_or_translation_is_said_in_the_response(client):

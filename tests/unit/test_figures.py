@@ -17,7 +17,8 @@ FIGURE = re.compile(
     r"(?<![\w.])(\d+\.\d+(-\d+(\.\d+)?)?[x×](?!\w)|\d+(-\d+)?[x×](?=\s+[a-z]))"
     r"|\d+(\.\d+)?\s?%[^.;:()]{0,30}\b(faster|slower|step|overall)\b"  # a share of the time
     r"|\d+-core\b"                                               # the machine measured on
-    r"|\d[\d,.]*\s?(sentences/s|sent/s|tokens/s|tok/s|GFLOP/s)")  # a speed
+    r"|\d[\d,.]*\s?(sentences/s|sent/s|tokens/s|tok/s|GFLOP/s)"  # a speed
+    r"|\d+(\.\d+)?\s?(µs|us|ms)\b")                                # a time measured
 CITED = re.compile(r'BENCHMARKS\.md,? "([^"]+)"')
 
 

@@ -125,7 +125,7 @@ def _fingerprint(folder: Path, splits: tuple[str, ...], langs: tuple[str, str]) 
 
 # Pairs per array_record shard of a prepared local corpus. Small on purpose: array_record
 # 0.8's read of a list of positions (what the data sources call) costs time in proportion to
-# the records in the file: 45 us per pair at 20k records per file, 330 us at 160k.
+# the records in the file (BENCHMARKS.md, "Data path: Tatoeba de–en").
 PAIRS_PER_SHARD = 10_000
 _NAME = "parallel_text"      # TFDS dataset name of prepared local corpora
 

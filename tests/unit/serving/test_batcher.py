@@ -210,12 +210,10 @@ def test_a_request_that_breaks_its_batch_fails_alone_and_the_others_are_translat
   the bad one the error."""
   class Picky(Slow):
     def translate(self, sentences, prefixes, options):
-      if self.gate is not None and not self.calls:
-        self.gate.wait(5)
-      self.calls.append((list(sentences), options))
+      answers = super().translate(sentences, prefixes, options)
       if "bad" in sentences:
         raise UnicodeEncodeError("utf-8", "bad", 0, 1, "surrogates not allowed")
-      return [[{"translation": s}] for s in sentences]
+      return answers
 
   gate = threading.Event()
   engine = Picky(gate)
@@ -233,7 +231,8 @@ def test_a_request_that_breaks_its_batch_fails_alone_and_the_others_are_translat
 
   good, (bad,) = asyncio.run(main())
   batcher.close()
-  assert good == [[{"translation": "good"}], [{"translation": "fine"}]]
+  assert good == [[{"translation": "good", "options": Options()}],
+                  [{"translation": "fine", "options": Options()}]]
   assert isinstance(bad, UnicodeEncodeError)
   assert [sentences for sentences, _ in engine.calls] == [
       ["a"], ["good", "fine", "bad"], ["good", "fine"], ["bad"]]

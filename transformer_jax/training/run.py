@@ -246,7 +246,7 @@ def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None, run_type
   checkpoint; on leaving, a save in flight completes (also on an error) before the process
   ends."""
   cfg, config_dict = settled_config.resolve_dtype(cfg, config_dict, workdir)
-  cfg, config_dict = settled_config.keep_data_order(cfg, config_dict, workdir)
+  cfg, config_dict = settled_config.keep_as_trained(cfg, config_dict, workdir)
   parts = _model_and_data(cfg, workdir, run_type)
   try:
     run = _resumed(parts, config_dict, run_type)

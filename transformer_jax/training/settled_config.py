@@ -1,5 +1,6 @@
 """How a run's config is settled before training: the device mesh checked against the batch,
-config.model.dtype="auto" resolved, and the data order of a resumed run kept."""
+config.model.dtype="auto" resolved, and what a resumed run must keep as it was trained (its
+data order, its weight-decay rule)."""
 
 from __future__ import annotations
 
@@ -45,28 +46,39 @@ def resolve_dtype(cfg: TrainConfig, config_dict: dict | None, workdir: Path
   return cfg, config_dict
 
 
-# What decides the order of the training batches besides the seed: a run resumes with the
-# values it was trained with, as its checkpoints hold a position in that order.
-DATA_ORDER_KEYS = ("pretokenize", "num_workers")
+# The keys a resumed run keeps at the values it was trained with (its config.json's; a run
+# from before a key existed gets what it then did: layout.ADDED_KEYS), whatever the command
+# line or config file says, and why.
+RESUMED_AS_TRAINED = {
+    ("data", "pretokenize"): "its checkpoints' data position belongs to that order",
+    ("data", "num_workers"): "its checkpoints' data position belongs to that order",
+    ("optimizer", "weight_decay_exclude"): "its weights were decayed by that rule",
+}
 
 
-def keep_data_order(cfg: TrainConfig, config_dict: dict | None, workdir: Path
+def keep_as_trained(cfg: TrainConfig, config_dict: dict | None, workdir: Path
                     ) -> tuple[TrainConfig, dict | None]:
-  """`cfg` with config.data's DATA_ORDER_KEYS taken from the workdir's config.json when the
-  run resumes (a run from before a key existed gets what it then did: layout.ADDED_KEYS), with
-  a warning naming each value that the command line or config file set otherwise."""
+  """`cfg` with the RESUMED_AS_TRAINED keys taken from the workdir's config.json when the run
+  resumes, with a warning naming each value that the command line or config file set
+  otherwise."""
   if not (workdir / layout.CONFIG).is_file():
     return cfg, config_dict
-  recorded = layout.read_config(workdir)["data"]
-  changed = {k: recorded[k] for k in DATA_ORDER_KEYS if recorded[k] != getattr(cfg.data, k)}
-  for key, value in changed.items():
-    log.warning("config.data.%s=%r differs from the %r this run was trained with (%s): "
-                "resuming with %r, which its checkpoints' data position belongs to; use "
-                "another --workdir for a run with the new value", key, getattr(cfg.data, key),
-                value, workdir / layout.CONFIG, value)
+  recorded = layout.read_config(workdir)
+  changed: dict[str, dict] = {}
+  for (section, key), why in RESUMED_AS_TRAINED.items():
+    value, given = recorded[section][key], getattr(getattr(cfg, section), key)
+    if isinstance(given, tuple):  # (JSON holds a list)
+      value = tuple(value)
+    if value != given:
+      log.warning("config.%s.%s=%r differs from the %r this run was trained with (%s): "
+                  "resuming with %r, as %s; use another --workdir for a run with the new "
+                  "value", section, key, given, value, workdir / layout.CONFIG, value, why)
+      changed.setdefault(section, {})[key] = value
   if not changed:
     return cfg, config_dict
-  cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **changed))
+  cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **keys)
+                                    for section, keys in changed.items()})
   if config_dict is not None:
-    config_dict = {**config_dict, "data": {**config_dict["data"], **changed}}
+    config_dict = {**config_dict, **{section: {**config_dict[section], **keys}
+                                     for section, keys in changed.items()}}
   return cfg, config_dict

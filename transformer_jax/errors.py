@@ -89,6 +89,19 @@ def filesystem_cause(error: BaseException) -> OSError | None:
   return found
 
 
+def os_error_of(error: BaseException) -> OSError | None:
+  """The OSError naming a file behind `error` (itself, or what caused it), or None: one that
+  no writer marked (a folder where a file is appended to, a device failing a read) is still a
+  file the user can look at."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+      return error
+    error = error.__cause__ or error.__context__
+  return None
+
+
 def _checkpoint_of(path: str) -> str:
   """An Orbax temporary path (`<dir>/16.orbax-checkpoint-tmp/...`) as the checkpoint's own."""
   return path.split(".orbax-checkpoint-tmp")[0].rstrip("/")

@@ -118,10 +118,13 @@ def run(tool: str, doc: str, define_flags: Callable[[flags.FlagValues], None],
     return _fail(f"{tool}: {e}", EXIT_INTERRUPTED)
   except errors.Error as e:
     return _fail(f"{tool}: {e}", EXIT_ERROR)
-  except Exception as e:  # noqa: BLE001 (only a filesystem failing a write becomes one line)
+  except Exception as e:  # noqa: BLE001 (only a file's OS error becomes one line)
     cause = errors.filesystem_cause(e)
     if cause is None:
-      raise
+      other = errors.os_error_of(e)  # (unmarked: whether it was read or written is not known)
+      if other is None:
+        raise
+      return _fail(f"{tool}: {other.filename}: {other.strerror} ({errors.KEPT})", EXIT_ERROR)
     # (Orbax's background writers that failed alike are reported again by asyncio at exit)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     return _fail(f"{tool}: cannot write {cause.filename or 'a file'}: {cause.strerror} "

@@ -35,8 +35,15 @@ def average_to_workdir(workdir: str, selection: str, output: str) -> tuple[int, 
   tokenizer_file = Path(run.tokenizer.path)
   if tokenizer_file.parent.resolve() == Path(workdir).resolve():
     shutil.copy(tokenizer_file, out / tokenizer_file.name)
-  if len(selected.steps) > 1:  # (what the tools then label its checkpoint: the mean it is)
+  # (what the tools then label its checkpoint: the mean it is, also when it comes from a
+  # workdir `average` wrote; a record an earlier --output left there never stays)
+  averaged = layout.averaged_steps(workdir)
+  if len(selected.steps) > 1:
     layout.record_average(out, workdir, selected.steps)
+  elif averaged and selected.steps == averaged[-1:]:
+    shutil.copy(Path(workdir) / layout.AVERAGED, out / layout.AVERAGED)
+  else:
+    (out / layout.AVERAGED).unlink(missing_ok=True)
   ckpt = Checkpointer(out / layout.CHECKPOINTS, max_to_keep=1)
   ckpt.save(selected.steps[-1], state)
   ckpt.close()

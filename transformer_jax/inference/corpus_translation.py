@@ -73,7 +73,7 @@ def _usable(raw: bytes, translator: Translator, counts: Counts) -> str:
   if not text:
     counts.empty += 1
   elif (len(translator.source_prefix) + len(translator.run.tokenizer.encode(text))
-        > translator.run.cfg.model.max_len):  # (the tag, the pieces and EOS)
+        > translator.max_len):  # (the tag, the pieces and EOS; an ensemble's shortest reach)
     counts.too_long += 1
     return ""
   return text

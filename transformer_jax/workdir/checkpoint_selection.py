@@ -9,7 +9,7 @@ import logging
 import re
 from pathlib import Path
 
-from transformer_jax.errors import CheckpointError
+from transformer_jax.errors import CheckpointError, Interrupted
 from transformer_jax.workdir import layout
 from transformer_jax.workdir.checkpoints import (
   Checkpointer,
@@ -172,11 +172,12 @@ def _newest_restoring(ckpt: Checkpointer, selected: Selected, abstract, fields):
 
 def _read(ckpt: Checkpointer, step: int, abstract, fields):
   """(state, None), or (None, why) when the checkpoint of `step` is damaged: there, but failing
-  to restore. One that is missing, deleted while read, or of another model stays an error."""
+  to restore. One that is missing, deleted while read, or of another model stays an error, as
+  does a stop asked for meanwhile (SIGTERM under translate-corpus) or memory running out."""
   ckpt.check_shapes(step, abstract)
   try:
     return ckpt.restore(step, abstract, fields=fields), None
-  except CheckpointError:
+  except (CheckpointError, Interrupted, MemoryError):
     raise
   except Exception as e:  # noqa: BLE001 (what a damaged file raises depends on the file)
     while e.__cause__ is not None:  # (the read that failed, not the layers that wrap it)

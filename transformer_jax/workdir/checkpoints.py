@@ -25,7 +25,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from transformer_jax.errors import CheckpointError
+from transformer_jax.errors import CheckpointError, Interrupted
 from transformer_jax.workdir import layout
 
 log = logging.getLogger(__name__)
@@ -178,6 +178,8 @@ class Checkpointer:
     absl_log.setLevel(logging.ERROR)
     try:
       saved = self.manager.item_metadata(step)["state"]
+    except (Interrupted, MemoryError):  # (a stop asked for meanwhile is no damage)
+      raise
     except Exception:  # noqa: BLE001 (unreadable metadata: damage, found by the restore)
       return
     finally:
@@ -241,8 +243,10 @@ def _drop_reports_of_abandoned_reads():
     return
   logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)
   warnings.filterwarnings("ignore", "coroutine '(_read_shard|_read_array_index_and_device_put|"
-                          "_read_and_create_array|async_deserialize)' was never awaited",
-                          RuntimeWarning)
+                          "_read_and_create_array|async_deserialize|Store._get_array_metadatas)'"
+                          " was never awaited", RuntimeWarning)
+  warnings.filterwarnings("ignore", "coroutine '.*' was never awaited", RuntimeWarning,
+                          module=r"orbax\.")  # (any other of Orbax's, reported where it was)
 
   def hook(unraisable):
     error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)

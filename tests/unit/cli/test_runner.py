@@ -144,6 +144,14 @@ def test_any_os_error_of_a_write_is_one_line_naming_the_file_and_what_is_kept(tm
       f"translate: cannot write {tmp_path / 'out.en'}: Is a directory (the one there is kept as "
       "it was)")
 
+  def append_to_a_folder(args):  # (a write no writer marks: metrics.jsonl, say)
+    with open(tmp_path / "out.en", "a") as f:
+      f.write("a line")
+  assert runner.run("train", "A tool.", lambda fv: None, append_to_a_folder,
+                    ["train"]) == runner.EXIT_ERROR
+  assert capsys.readouterr().err.strip() == (
+      f"train: {tmp_path / 'out.en'}: Is a directory (everything saved before it is kept)")
+
   def failing_disk_under_orbax(args):  # (a checkpoint's temporary folder, wrapped)
     try:
       raise OSError(errno.EIO, "Input/output error",
@@ -166,7 +174,13 @@ def test_any_os_error_of_a_write_is_one_line_naming_the_file_and_what_is_kept(tm
       "train: cannot write /runs/x/checkpoints/16: Input/output error (everything saved "
       "before it is kept)")
 
-  def reading(args):  # (reading a file is not a write: its traceback is kept)
+  def reading(args):  # (a read: one line too, not said to be a write)
     raise OSError(errno.EIO, "Input/output error", "/data/train.de")
-  with pytest.raises(OSError, match="train.de"):
-    runner.run("train", "A tool.", lambda fv: None, reading, ["train"])
+  assert runner.run("train", "A tool.", lambda fv: None, reading, ["train"]) == 1
+  assert capsys.readouterr().err.strip() == (
+      "train: /data/train.de: Input/output error (everything saved before it is kept)")
+
+  def a_bug(args):  # (an error that names no file keeps its traceback)
+    raise OSError(errno.EIO, "Input/output error")
+  with pytest.raises(OSError, match="Input/output error"):
+    runner.run("train", "A tool.", lambda fv: None, a_bug, ["train"])

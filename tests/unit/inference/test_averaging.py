@@ -1,5 +1,7 @@
 """Checkpoint averaging: the element-wise mean, written as a workdir evaluate can use."""
 
+import shutil
+
 import jax
 import numpy as np
 import pytest
@@ -32,6 +34,15 @@ def test_averaging_identical_and_different_checkpoints(tiny_run, tmp_path):
   assert res[0]["steps"] == [20] and res[0]["label"] == "average_10_20"
   assert checkpoint_selection.select(tmp_path / "avg", "average_10_20", False) == \
       checkpoint_selection.select(tmp_path / "avg", "latest", False)
+  # The average's own checkpoint copied on is still that mean; a single step written where an
+  # earlier average left its record is that step.
+  average_to_workdir(str(tmp_path / "avg"), "latest", str(tmp_path / "again"))
+  assert [c.label for c in checkpoint_selection.select(tmp_path / "again", "latest", False)] \
+      == ["average_10_20"]
+  shutil.rmtree(tmp_path / "avg" / "checkpoints")
+  average_to_workdir(str(tiny_run), "20", str(tmp_path / "avg"))
+  assert [c.label for c in checkpoint_selection.select(tmp_path / "avg", "latest", False)] == [
+      "step_20"]
 
 
 def test_the_average_tool_refuses_to_overwrite(tiny_run, tmp_path):

@@ -157,13 +157,15 @@ def test_distillation_by_an_ensemble_records_its_members_and_matches_one_copy(ti
 
 
 def test_a_line_that_fits_only_without_the_tag_is_too_long_with_it(tiny_tokenizer):
+  """(Counted against what every member of an ensemble reads: the first run's config may
+  say more.)"""
   tokenizer = Tokenizer.load(tiny_tokenizer)
   text = "Ein Hund rennt durch den Schnee."
   fits = len(tokenizer.encode(text))  # (its pieces and EOS)
   model = SimpleNamespace(tokenizer=tokenizer,
-                          cfg=SimpleNamespace(model=SimpleNamespace(max_len=fits)))
+                          cfg=SimpleNamespace(model=SimpleNamespace(max_len=fits + 10)))
   for prefix, expected in (([], text), ([5], "")):
     counts = Counts()
-    assert _usable(text.encode(), SimpleNamespace(run=model, source_prefix=prefix),
-                   counts) == expected
+    assert _usable(text.encode(), SimpleNamespace(run=model, source_prefix=prefix,
+                                                  max_len=fits), counts) == expected
     assert counts.too_long == (expected == "")

@@ -9,9 +9,12 @@ import os
 import pytest
 
 from tests import helpers
+from transformer_jax import errors
 from transformer_jax.cli import average as average_cli
 from transformer_jax.cli import evaluate as evaluate_cli
 from transformer_jax.cli import translate as translate_cli
+from transformer_jax.inference import trained_run
+from transformer_jax.workdir import checkpoints
 
 
 def _damage(checkpoint, truncated: bool = False):
@@ -83,3 +86,15 @@ def test_latest_falls_back_in_one_line_and_a_named_damaged_checkpoint_stops_nami
   assert _folders(run) == folders and not os.path.exists(run / "checkpoints_damaged")
   gc.collect()  # (nor does asyncio log the reads it abandoned, as their tasks go)
   assert [r.getMessage()[:80] for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_a_stop_asked_for_while_latest_is_read_is_no_damage(tiny_run, monkeypatch):
+  """SIGTERM under translate-corpus raises Interrupted in the middle of a restore: it stops the
+  tool, where taking it for damage fell back to an older checkpoint and went on to exit 0."""
+  def interrupted(self, step, abstract, data_iterator=None, fields=None):
+    raise errors.Interrupted("stopped by SIGTERM")
+
+  monkeypatch.setattr(checkpoints.Checkpointer, "restore", interrupted)
+  run = trained_run.load(tiny_run)
+  with pytest.raises(errors.Interrupted):
+    run.restored(run.select_one("latest", "translate"))

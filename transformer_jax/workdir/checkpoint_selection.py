@@ -9,14 +9,9 @@ import logging
 import re
 from pathlib import Path
 
-from transformer_jax.errors import CheckpointError, Interrupted
+from transformer_jax.errors import CheckpointError
 from transformer_jax.workdir import layout
-from transformer_jax.workdir.checkpoints import (
-  Checkpointer,
-  average_states,
-  one_line,
-  parse_selection,
-)
+from transformer_jax.workdir.checkpoints import Checkpointer, average_states, parse_selection
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +115,6 @@ def select(workdir: Path, selection: str, has_ema: bool) -> list[Selected]:
   return chosen
 
 
-def restore(workdir: Path, selected: Selected, abstract, weights_only: bool = False):
-  """The train state of a selection (`restored`'s)."""
-  return restored(workdir, selected, abstract, weights_only)[1]
-
-
 def restored(workdir: Path, selected: Selected, abstract, weights_only: bool = False):
   """(the selection as read, its train state shaped like `abstract`): one checkpoint's, or
   their parameters' mean. `weights_only`: only the weights `weights` takes are read (the other
@@ -139,7 +129,7 @@ def restored(workdir: Path, selected: Selected, abstract, weights_only: bool = F
       return _newest_restoring(ckpt, selected, abstract, fields)
     states = []
     for step in selected.steps:
-      state, damage = _read(ckpt, step, abstract, fields)
+      state, damage = ckpt.read(step, abstract, fields=fields)
       if damage:  # (never another checkpoint, or another set averaged, in its place)
         raise CheckpointError(f"checkpoint step {step} in {ckpt.directory} is damaged "
                               f"({damage}); nothing was moved: select another (steps there: "
@@ -156,7 +146,7 @@ def _newest_restoring(ckpt: Checkpointer, selected: Selected, abstract, fields):
   suffix = selected.label.removeprefix(f"step_{newest}")  # (the weights': "_ema", "_raw")
   damaged = []
   for step in reversed([s for s in ckpt.all_steps() if s <= newest]):
-    state, damage = _read(ckpt, step, abstract, fields)
+    state, damage = ckpt.read(step, abstract, fields=fields)
     if damage:
       damaged.append((step, damage))
       continue
@@ -168,21 +158,6 @@ def _newest_restoring(ckpt: Checkpointer, selected: Selected, abstract, fields):
     return dataclasses.replace(selected, label=f"step_{step}{suffix}", steps=[step]), state
   raise CheckpointError(f"no checkpoint in {ckpt.directory} can be restored (nothing was "
                         "moved): " + "; ".join(f"step {s} ({why})" for s, why in damaged))
-
-
-def _read(ckpt: Checkpointer, step: int, abstract, fields):
-  """(state, None), or (None, why) when the checkpoint of `step` is damaged: there, but failing
-  to restore. One that is missing, deleted while read, or of another model stays an error, as
-  does a stop asked for meanwhile (SIGTERM under translate-corpus) or memory running out."""
-  ckpt.check_shapes(step, abstract)
-  try:
-    return ckpt.restore(step, abstract, fields=fields), None
-  except (CheckpointError, Interrupted, MemoryError):
-    raise
-  except Exception as e:  # noqa: BLE001 (what a damaged file raises depends on the file)
-    while e.__cause__ is not None:  # (the read that failed, not the layers that wrap it)
-      e = e.__cause__
-    return None, one_line(e)
 
 
 def _weights_field(state, selected: Selected) -> str:

@@ -154,11 +154,9 @@ class Checkpointer:
     """
     failed = []
     for step in reversed(self.all_steps()):
-      self.check_shapes(step, abstract_state)
-      try:
-        state = self.restore(step, abstract_state, data_iterator)
-      except Exception as e:  # noqa: BLE001 (what a damaged file raises depends on the file)
-        failed.append((step, one_line(e)))
+      state, damage = self.read(step, abstract_state, data_iterator)
+      if damage:
+        failed.append((step, damage))
         continue
       for bad, reason in failed:
         log.warning("checkpoint at step %d in %s is damaged (%s); moved to %s; resuming from "
@@ -169,6 +167,22 @@ class Checkpointer:
           f"no checkpoint in {self.directory} can be restored (nothing was moved or deleted): "
           + "; ".join(f"step {step}: {reason}" for step, reason in failed))
     return 0, None
+
+  def read(self, step: int, abstract_state, data_iterator=None,
+           fields: tuple[str, ...] | None = None):
+    """(state, None), or (None, why) when the checkpoint of `step` is damaged: there, but
+    failing to restore (`why`: the read that failed, not the layers that wrap it, in one
+    line). One that is missing, deleted while read, or of another model stays an error, as
+    does a stop asked for meanwhile (SIGTERM under translate-corpus) or memory running out."""
+    self.check_shapes(step, abstract_state)
+    try:
+      return self.restore(step, abstract_state, data_iterator, fields), None
+    except (CheckpointError, Interrupted, MemoryError):
+      raise
+    except Exception as e:  # noqa: BLE001 (what a damaged file raises depends on the file)
+      while e.__cause__ is not None:
+        e = e.__cause__
+      return None, _one_line(e)
 
   def check_shapes(self, step: int, abstract_state):
     """Raises CheckpointError when the saved arrays' shapes differ from the state's."""
@@ -266,7 +280,7 @@ def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
                    or "ocdbt" in error))
 
 
-def one_line(e: Exception) -> str:
+def _one_line(e: Exception) -> str:
   """An error as one line: its type and the first line of its message."""
   first = str(e).splitlines()[0][:300] if str(e) else ""
   return f"{type(e).__name__}: {first}"

@@ -106,6 +106,7 @@ class Ctranslate2Translator(Translator):
     self.run = run or trained_run.load(workdirs[0])
     self.source_prefix = self.run.source_prefix(source_tag)
     self.tokenizer = self.run.tokenizer
+    self.eos_piece = self.tokenizer.pieces([EOS_ID])[0]  # (how CTranslate2 says a hypothesis ended)
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
     self.max_len = self.run.cfg.model.max_len  # (max_input_length: CTranslate2 cuts there)
     selected = self.run.select_one(checkpoint, "the ctranslate2 engine")
@@ -157,7 +158,7 @@ class Ctranslate2Translator(Translator):
   def _hypothesis(self, pieces: list[str], score: float) -> Hypothesis:
     """A CTranslate2 hypothesis (asked with its end token) as our search's: ended when it
     ends in EOS, which the ids leave out."""
-    ended = bool(pieces) and pieces[-1] == self.tokenizer.pieces([EOS_ID])[0]
+    ended = bool(pieces) and pieces[-1] == self.eos_piece
     ids = self.tokenizer.piece_ids(pieces[:-1] if ended else pieces)
     return Hypothesis(self.tokenizer.decode(ids), float(score), tuple(ids), ended)
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import typing
 
 from transformer_jax.config.corpora import CleaningConfig, CorpusConfig, SubwordSamplingConfig
+from transformer_jax.config.fields import ByEngine, options
 from transformer_jax.config.files import load_file
 from transformer_jax.config.model import ModelConfig
 from transformer_jax.config.population import PopulationConfig
@@ -87,7 +89,41 @@ def page() -> str:
       meaning = comments.get(field.name, "").replace("|", "\\|")
       lines.append(f"| `{key}` | {_default(default, key, field)} | {meaning} |")
     lines.append("")
+    lines += _options_table(prefix, cls)
   return "\n".join(lines)
+
+
+def _options_table(prefix: str, cls) -> list[str]:
+  """The decoding options of `cls` as their declarations say them (`fields.Option`): the
+  command line's item, a request's field, the values, whether a value compiles programs of
+  its own, CTranslate2's equivalent."""
+  declared = options(cls)
+  if not declared:
+    return []
+  hints = typing.get_type_hints(cls)
+  lines = [f"The same keys as decoding options (`{prefix}` of `fields.option`): "
+           "`--decode=KEY=VALUE` of the tools; the field of a `/v1/translate` request's "
+           "`options`; the values taken; \"shape\": a new value gives the search arrays of "
+           "other shapes (or another program), \"static\": it compiles the search anew; how "
+           "CTranslate2 (`--engine=ctranslate2`) honours it; whether our search does.", "",
+           "| key | request | values | compiles | CTranslate2 | our search |",
+           "|---|---|---|---|---|---|"]
+  for name, option in declared.items():
+    values = " ".join(filter(None, (hints[name].__name__, option.range_text())))
+    lines.append(f"| `--decode={name}=` | {f'`{option.request}`' if option.request else ''} | "
+                 f"{values} | {option.compiles} | {_ctranslate2(option.ctranslate2)} | "
+                 f"{'yes' if option.search else 'no: refused'} |")
+  return [*lines, ""]
+
+
+def _ctranslate2(equivalent) -> str:
+  if equivalent is None:
+    return "none: refused"
+  if isinstance(equivalent, str):
+    return f"`{equivalent}`"
+  if isinstance(equivalent, ByEngine):
+    return f"the engine: {equivalent.how}"
+  return " ".join(inspect.getdoc(equivalent).split())
 
 
 if __name__ == "__main__":

@@ -141,6 +141,8 @@ def get_config():
                                         # auto: flat (faster on a CPU and a GPU measured)
   config.decode.mbr = ""                # "chrf" / "bleu": minimum-Bayes-risk choice of the output
   config.decode.mbr_candidates = 4      # mbr: n-best of the beam (<= beam_size), or samples
+  config.decode.no_repeat_ngram_size = 0  # no n-gram of this size twice in a translation; 0 = off
+  config.decode.repetition_penalty = 1.0  # > 1: logits of tokens already chosen shrink; 1 = off
 
   # Fine-tuning: start from another run's weights (fresh optimizer, step 0, its tokenizer);
   # checkpoint as `evaluate --checkpoint` takes it: best, latest, a step, average:N (+ :raw).

@@ -2,14 +2,16 @@
 one place their values live."""
 
 import dataclasses
+import re
 
 import pytest
 
 from tests import helpers
-from transformer_jax.config import sections
+from transformer_jax.config import fields, sections
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.configs import default
 from transformer_jax.errors import ConfigError
+from transformer_jax.workdir import layout
 
 
 def test_every_field_is_set_by_the_default_config_and_defaults_nowhere_else():
@@ -74,3 +76,21 @@ def test_subword_sampling_settings_fail_fast_with_the_key_named():
   with pytest.raises(ConfigError, match="subword_sampling needs config.data.pretokenize=True"):
     helpers.section("data", subword_sampling={"alpha": 0.1}, pretokenize=False)
   assert not helpers.section("data").subword_sampling.active  # (off in the default config)
+
+
+@pytest.mark.parametrize("key, value, error", [
+    ("top_p", 0.0, "top_p=0.0 must be in (0, 1]"), ("top_p", 1.5, "top_p=1.5 must be in (0, 1]"),
+    ("temperature", 0.0, "temperature=0.0 must be > 0"), ("top_k", -1, "top_k=-1 must be >= 0"),
+    ("max_length", 0, "max_length=0 must be >= 1"), ("nbest", 0, "nbest=0 must be >= 1"),
+    ("no_repeat_ngram_size", -1, "no_repeat_ngram_size=-1 must be >= 0"),
+    ("repetition_penalty", 0.0, "repetition_penalty=0.0 must be > 0")])
+def test_a_decoding_option_out_of_its_declared_range_is_named(key, value, error):
+  with pytest.raises(ConfigError, match=f"^config\\.decode\\.{re.escape(error)}$"):
+    helpers.section("decode", **{key: value})
+
+
+def test_a_run_from_before_the_repetition_options_decodes_without_them():
+  """(config.json of such a run has neither key: it reads as 0 and 1.0, both off)"""
+  decode = layout.with_added_decode_keys({"beam_size": 4})
+  assert (decode["no_repeat_ngram_size"], decode["repetition_penalty"]) == (0, 1.0)
+  assert fields.unhonoured(helpers.section("decode"), "jax") == []

@@ -21,9 +21,11 @@ Every refusal is a 4xx or 5xx with a one-line JSON `{"error": ...}` (an unknown 
 method too): a body over the limit (413), too many sentences (413), malformed JSON (NaN and
 infinities included) or form, a body of another content type (415), text that is not UTF-8
 or not Unicode (a lone surrogate, named by its field), empty text, an unknown language or
-option (400), a full queue (503 with Retry-After), a request past its timeout (504). A
-client that leaves while its request waits is dropped from the queue; an engine call that
-fails is tried again request by request, so only the request that broke it fails."""
+option, an option of another type or range than its declaration's (config.fields.Option:
+`options.beam_size: "4" is not an integer`) or one the engine cannot honour (400), a full
+queue (503 with Retry-After), a request past its timeout (504). A client that leaves while
+its request waits is dropped from the queue; an engine call that fails is tried again
+request by request, so only the request that broke it fails."""
 
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ import email.policy
 import json
 import logging
 import math
+import re
 import time
+import typing
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -44,6 +48,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from transformer_jax.config import fields as config_fields
+from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.errors import ConfigError
 from transformer_jax.serving.batcher import Batcher, Closed, QueueFull
 from transformer_jax.serving.engine import REQUEST_OPTIONS, Options
@@ -112,7 +118,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     # (the options as values that differ from the run's: requests that ask for the same
     # decoding in other words, `beam_size: 4` of a beam-4 run, share batches)
     options = dataclasses.replace(options, decode=tuple(
-        (k, getattr(decode, k)) for k in REQUEST_OPTIONS
+        (k, getattr(decode, k)) for k in REQUEST_OPTIONS.values()
         if getattr(decode, k, None) != getattr(defaults, k, None)))
     waiting = asyncio.ensure_future(batcher.translate(sentences, prefixes, options))
     gone = asyncio.ensure_future(_disconnected(request))
@@ -145,11 +151,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     if fields.get("format", "text") != "text":
       raise Refused(400, f"format {fields.get('format')!r} is not served: this server "
                     "translates plain text (format=text), not markup")
-    try:
-      alternatives = int(fields.get("alternatives", 0))
-    except (TypeError, ValueError):
-      raise Refused(400, f"alternatives={fields.get('alternatives')!r} is not a number"
-                    ) from None
+    alternatives = _alternatives(fields.get("alternatives", 0), limits.max_beam_size - 1)
     decode = {}
     if alternatives > 0:
       beam = max(alternatives + 1, engine.beam_size)
@@ -182,6 +184,8 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     if unknown:
       raise Refused(400, f"unknown option {unknown[0]!r}; options: "
                     f"{', '.join((*REQUEST_OPTIONS, 'seed', 'prefix', 'alignments'))}")
+    decode = tuple(sorted(_option(name, given[name], limits.max_beam_size)
+                          for name in REQUEST_OPTIONS if name in given))
     prefix = given.get("prefix", "")
     prefixes = [prefix] * len(sentences) if isinstance(prefix, str) else prefix
     if (not isinstance(prefixes, list) or len(prefixes) != len(sentences)
@@ -191,8 +195,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
                              or not 0 <= seed < 2**31):
       raise Refused(400, f"seed={seed!r} is not an integer in [0, 2^31)")
-    options = Options(tuple(sorted((k, v) for k, v in given.items() if k in REQUEST_OPTIONS)),
-                      seed, bool(given.get("alignments", False)), target)
+    options = Options(decode, seed, bool(given.get("alignments", False)), target)
     results = await translated(request, sentences, prefixes, options)
     out = {"translations": [r.hypotheses for r in results]}
     if "id" in fields:
@@ -251,6 +254,37 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
       Route("/languages", endpoint("languages", languages), methods=["GET"]),
       Route("/health", endpoint("health", health), methods=["GET"]),
       Route("/metrics", metrics_text, methods=["GET"])])
+
+
+def _option(name: str, value, max_beam_size: int) -> tuple:
+  """(config.decode's key, the value) of a request's `options.<name>`, typed and ranged as
+  the option's declaration says (a bool is no integer, a string no number), or a 400
+  naming it."""
+  key = REQUEST_OPTIONS[name]
+  kind = typing.get_type_hints(DecodeConfig)[key]
+  declared = config_fields.options(DecodeConfig)[key]
+  what = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[kind]
+  taken = (int, float) if kind is float else kind
+  if not isinstance(value, taken) or (kind is not bool and isinstance(value, bool)):
+    raise Refused(400, f"options.{name}: {json.dumps(value)} is not {what}")
+  if not declared.within(value):
+    raise Refused(400, f"options.{name}: {json.dumps(value)} must be {declared.range_text()}")
+  if key == "beam_size" and value > max_beam_size:  # (a new beam width compiles new programs)
+    raise Refused(400, f"options.{name}: {value} is more than this server's {max_beam_size}")
+  return key, kind(value)
+
+
+def _alternatives(value, most: int) -> int:
+  """LibreTranslate's `alternatives`: an integer in [0, `most`], or its text (as a form
+  sends it, and as LibreTranslate takes it in JSON too), or a 400 naming it."""
+  if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+    value = int(value)
+  if not isinstance(value, int) or isinstance(value, bool):
+    raise Refused(400, f"alternatives: {json.dumps(value)} is not an integer")
+  if not 0 <= value <= most:
+    raise Refused(400, f"alternatives: {value} must be in [0, {most}] (this server's beams "
+                  f"are at most {most + 1} wide)")
+  return value
 
 
 def _fields_of(raw: bytes, content_type: str, query: str) -> dict:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from transformer_jax.config.parse import replace_from_text
+from transformer_jax.config import fields
+from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.data.plan import data_plan
 from transformer_jax.decoding import resizing
@@ -16,16 +17,17 @@ from transformer_jax.inference.translator import Translator
 
 log = logging.getLogger(__name__)
 
-# The decoding settings a request may choose (config.decode's keys).
-REQUEST_OPTIONS = ("beam_size", "length_penalty", "nbest", "sampling", "temperature", "top_k",
-                   "top_p")
+# The decoding settings a request may choose: {its field in `options`: config.decode's key},
+# as their declarations say (config.fields.Option.request).
+REQUEST_OPTIONS = {declared.request: key for key, declared in fields.options(DecodeConfig).items()
+                   if declared.request}
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
   """A request's decoding options: overrides of config.decode (`REQUEST_OPTIONS`), sampling's
   seed and whether to align. Requests with equal options share batches."""
-  decode: tuple = ()           # (key, value) pairs of REQUEST_OPTIONS
+  decode: tuple = ()           # (config.decode's key, value) pairs, each of the key's type
   seed: int | None = None
   alignments: bool = False
   target: str = ""             # a multilingual run's target language ("": its only one)
@@ -65,16 +67,17 @@ class Engine:
     self.beam_search = not (decode.greedy or decode.sampling)
 
   def decode_config(self, options: Options):
-    """config.decode with the request's options, checked as the config checks its own (a
-    ConfigError naming the key)."""
+    """config.decode with the request's options, checked as the config checks its own and
+    as the engine honours them (a ConfigError naming the key)."""
     if options.alignments and not self.aligns:
       raise ConfigError(f"alignments: not with the {self.name} engine (our search's: "
                         "--engine=jax)")
     if options.seed is not None and not self.translator.seeds_each_call:
       raise ConfigError(f"seed: not with the {self.name} engine, which seeds its sampling "
                         "once per process (our search's: --engine=jax)")
-    return replace_from_text(self.translator.decode,
-                             [f"{k}={v}" for k, v in options.decode], "decode")
+    decode = dataclasses.replace(self.translator.decode, **dict(options.decode))
+    fields.check_honoured(decode, self.name, "decode")
+    return decode
 
   def translate(self, sentences: list[str], prefixes: list[str], options: Options
                 ) -> list[Translated]:

@@ -159,12 +159,60 @@ def test_bad_options_name_themselves(client):
   assert r.status_code == 400 and r.json()["error"] == (
       "prefix must be a string or one string per sentence")
   r = client.post("/translate", json={"q": "a", "target": "en", "alternatives": 40})
-  assert r.status_code == 400 and r.json()["error"] == "beam_size=41; at most 16"
+  assert r.status_code == 400 and r.json()["error"] == (
+      "alternatives: 40 must be in [0, 15] (this server's beams are at most 16 wide)")
   r = client.post("/v1/translate", json={"text": "a", "options": {"beem_size": 2}})
   assert r.status_code == 400 and r.json()["error"].startswith("unknown option 'beem_size'")
   r = client.post("/v1/translate", json={"text": "a", "options": {"beam_size": 2, "nbest": 3}})
   assert r.status_code == 400 and r.json()["error"] == (
       "config.decode.nbest=3 must be in [1, beam_size=2]")
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"beam_size": "4"}, 'options.beam_size: "4" is not an integer'),
+    ({"beam_size": 2.5}, "options.beam_size: 2.5 is not an integer"),
+    ({"nbest": True}, "options.nbest: true is not an integer"),
+    ({"temperature": "0.7", "sampling": True}, 'options.temperature: "0.7" is not a number'),
+    ({"sampling": 1}, "options.sampling: 1 is not true or false"),
+    ({"beam_size": 0}, "options.beam_size: 0 must be >= 1"),
+    ({"sampling": True, "top_p": 1.5}, "options.top_p: 1.5 must be in (0, 1]"),
+    ({"sampling": True, "temperature": 0}, "options.temperature: 0 must be > 0"),
+    ({"repetition_penalty": -1}, "options.repetition_penalty: -1 must be > 0"),
+    ({"beam_size": 17}, "options.beam_size: 17 is more than this server's 16")])
+def test_an_option_of_the_wrong_type_or_out_of_range_is_refused_naming_its_field(client, options,
+                                                                              error):
+  """Each request field typed and ranged as its option's declaration says."""
+  r = client.post("/v1/translate", json={"text": "a", "options": options})
+  assert (r.status_code, r.json()) == (400, {"error": error})
+  assert client.engine.options == []
+
+
+@pytest.mark.parametrize("request_kw, error", [
+    ({"json": {"q": "a", "target": "en", "alternatives": -1}},
+     "alternatives: -1 must be in [0, 15] (this server's beams are at most 16 wide)"),
+    ({"data": {"q": "a", "target": "en", "alternatives": "-1"}},
+     "alternatives: -1 must be in [0, 15] (this server's beams are at most 16 wide)"),
+    ({"json": {"q": "a", "target": "en", "alternatives": 2.5}},
+     "alternatives: 2.5 is not an integer"),
+    ({"json": {"q": "a", "target": "en", "alternatives": True}},
+     "alternatives: true is not an integer"),
+    ({"data": {"q": "a", "target": "en", "alternatives": "two"}},
+     'alternatives: "two" is not an integer')])
+def test_libretranslates_alternatives_is_a_count_or_a_named_error(client, request_kw, error):
+  r = client.post("/translate", **request_kw)
+  assert (r.status_code, r.json()) == (400, {"error": error})
+  form = client.post("/translate", data={"q": "a", "target": "en", "alternatives": "1"})
+  assert form.json() == {"translatedText": "<a>", "alternatives": ["<a> #1"]}
+
+
+def test_request_options_are_typed_as_declared_and_cover_the_new_ones(client):
+  r = client.post("/v1/translate", json={"text": "a", "options": {
+      "sampling": True, "temperature": 1, "no_repeat_ngram_size": 3}})
+  assert r.status_code == 200
+  (options,) = client.engine.options
+  assert dict(options.decode) == {"no_repeat_ngram_size": 3, "sampling": True,
+                                  "temperature": 1.0}
+  assert isinstance(dict(options.decode)["temperature"], float)
 
 
 def test_metrics_count_requests_errors_and_batches(client):

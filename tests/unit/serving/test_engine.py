@@ -2,9 +2,12 @@
 
 import types
 
+import pytest
+
 from tests import helpers
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.decoding.batches import Hypothesis
+from transformer_jax.errors import ConfigError
 from transformer_jax.serving.engine import Engine, Options, Translated
 
 
@@ -12,7 +15,7 @@ class Stub:
   """A translator of the tiny config with the tiny tokenizer: each sentence's n-best is a
   finished hypothesis and, from a sentence with "cut" in it, one its cap stopped (ids as
   many as the cap)."""
-  engine, alignment_layer, source_prefix, seeds_each_call = "stub", None, [], True
+  engine, alignment_layer, source_prefix, seeds_each_call = "jax", None, [], True
 
   def __init__(self, tokenizer_path):
     cfg = helpers.tiny_train_config()
@@ -39,3 +42,16 @@ def test_a_source_past_the_models_positions_and_a_capped_translation_are_noted(t
                   "from the first 64"]),
       Translated([{"translation": "done", "score": -1.0}, {"translation": "cut", "score": -2.0}],
                  ["hypothesis 2 of its 2 stopped at the length cap of 9 subwords, unfinished"])]
+
+
+def test_an_option_the_engine_cannot_honour_is_refused_naming_option_and_engine(tiny_tokenizer):
+  """(as the options' declarations say: our search has no repetition options yet, CTranslate2
+  has both)"""
+  ours, request = Engine(Stub(tiny_tokenizer)), Options((("no_repeat_ngram_size", 3),))
+  with pytest.raises(ConfigError, match=r"^decode\.no_repeat_ngram_size=3: the jax engine "
+                                        r"cannot honour it \(leave it at 0, or use "
+                                        r"--engine=ctranslate2\)$"):
+    ours.decode_config(request)
+  theirs = Stub(tiny_tokenizer)
+  theirs.engine = "ctranslate2"
+  assert Engine(theirs).decode_config(request).no_repeat_ngram_size == 3

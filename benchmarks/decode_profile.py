@@ -34,6 +34,7 @@ from absl import app, flags
 
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.decoding.batches import sentence_caps
+from transformer_jax.decoding import search
 from transformer_jax.decoding.search import beam_search
 from transformer_jax.inference import trained_run
 from transformer_jax.parallel import hardware
@@ -50,7 +51,7 @@ flags.DEFINE_enum("beam_impl", "flat", ["gather", "flat"], "How hypotheses keep 
                   "caches (config.decode.beam_impl; flat: what auto runs).")
 flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
 
-LOOP = "jit__advance_beam"
+LOOP = f"jit_{search.beam_loop.__name__}"  # (its HLO module, the program store off)
 PARTS = (  # (part, a pattern of the operation's op_name), the first that matches
     ("output layer + log-softmax", r"log_softmax"),
     ("beam reorder (cache gather)", r"take_along_axis"),

@@ -60,18 +60,16 @@ def _exported(cfg: TrainConfig, mesh) -> dict[str, export.Exported]:
   out = {"train_step": export.export(step, platforms=[PLATFORM])(
       state, batch, jax.ShapeDtypeStruct((2,), jnp.uint32))}
 
-  models, params = programs.decoding_params(cfg, mesh)
-  params = _unsharded(params)
+  scorer = programs.decoding_model(cfg, mesh)
+  scorer = scorer.replace(params=_unsharded(scorer.params))
   inputs = jax.ShapeDtypeStruct((cfg.decode.batch_size, S), jnp.int32)
   caps = jax.ShapeDtypeStruct((cfg.decode.batch_size,), jnp.int32)
-  stored = search.BEAM_PROGRAMS
-  start = jax.jit(functools.partial(stored["start"].function, models=models,
+  start = jax.jit(functools.partial(search.beam_start.function,
                                     beam_size=cfg.decode.beam_size,
                                     beam_impl=cfg.decode.beam_impl))
-  out["beam_start"] = export.export(start, platforms=[PLATFORM])(params, inputs, caps, None)
-  loop = jax.jit(functools.partial(stored["loop"].function, models=models,
-                                   alpha=cfg.decode.length_penalty, num_return=1, min_len=0,
-                                   stop_at=0))
-  state = jax.eval_shape(start, params, inputs, caps, None)
-  out["beam_loop"] = export.export(loop, platforms=[PLATFORM])(params, state)
+  out["beam_start"] = export.export(start, platforms=[PLATFORM])(scorer, inputs, caps, None)
+  loop = jax.jit(functools.partial(search.beam_loop.function, alpha=cfg.decode.length_penalty,
+                                   num_return=1, min_len=0, stop_at=0))
+  state = jax.eval_shape(start, scorer, inputs, caps, None)
+  out["beam_loop"] = export.export(loop, platforms=[PLATFORM])(scorer, state)
   return out

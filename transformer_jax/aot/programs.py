@@ -18,9 +18,10 @@ import jax.numpy as jnp
 
 from transformer_jax.aot import flops
 from transformer_jax.config.sections import TrainConfig
-from transformer_jax.decoding import resizing, search
+from transformer_jax.decoding import ensemble, resizing, search
 from transformer_jax.evaluation.evaluator import eval_step
 from transformer_jax.model.embeddings import compute_dtype
+from transformer_jax.model.stepwise import StepwiseModel
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.platform import tracing_for
 from transformer_jax.parallel import mesh as mesh_lib
@@ -117,34 +118,32 @@ def eval_program(cfg: TrainConfig, mesh) -> Program:
                  flops.forward(cfg.model, rows, S, T), rows * T, "step")
 
 
-def decoding_params(cfg: TrainConfig, mesh):
-  """The model in its per-layer layout and its parameters in the compute dtype, as the
-  search receives them (`decoding.members.prepare`)."""
+def decoding_model(cfg: TrainConfig, mesh) -> StepwiseModel:
+  """The model as the search receives it (`decoding.ensemble.prepare`: the per-layer layout,
+  the kernels in the compute dtype), its parameters abstract and placed on `mesh`."""
   model_cfg = dataclasses.replace(cfg.model, scan_layers=False)
   model = Transformer(model_cfg)
-  params = abstract_state(dataclasses.replace(cfg, model=model_cfg), model, mesh).params
+  placed = abstract_state(dataclasses.replace(cfg, model=model_cfg), model, mesh).params
   dtype = compute_dtype(model_cfg)
-  params = jax.tree_util.tree_map(
-      lambda x: _sds(x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype,
-                     x.sharding), params)
-  return (model,), (params,)
+  cast = jax.eval_shape(functools.partial(ensemble.in_compute_dtype, dtype=dtype), placed)
+  params = jax.tree_util.tree_map(lambda x, p: _sds(x.shape, x.dtype, p.sharding), cast, placed)
+  return StepwiseModel(model, params)
 
 
 def beam_programs(cfg: TrainConfig, mesh) -> list[Program]:
   """Beam search's start (encoding the batch, creating the caches) and its loop; the loop's
   twin is one beam step, its figures per decoding step (at the cache's first length)."""
   rows, S, W = _decode_rows(cfg, mesh), cfg.data.max_source_length, cfg.decode.beam_size
-  models, params = decoding_params(cfg, mesh)
+  scorer = decoding_model(cfg, mesh)
   inputs = _sds((rows, S), jnp.int32, mesh_lib.batch_sharding(mesh))
   caps = _sds((rows,), jnp.int32, mesh_lib.batch_sharding(mesh))
-  alpha, stored = cfg.decode.length_penalty, search.BEAM_PROGRAMS
-  start = functools.partial(stored["start"].lower, params, inputs, caps, None, models=models,
-                            beam_size=W, beam_impl=cfg.decode.beam_impl)
+  settings = dict(alpha=cfg.decode.length_penalty, num_return=1, min_len=0)
+  start = functools.partial(search.beam_start.lower, scorer, inputs, caps, None, beam_size=W,
+                            beam_impl=cfg.decode.beam_impl)
   state = functools.cache(lambda: start().compile().out_info)
-  step = functools.partial(stored["step"], models, alpha=alpha, num_return=1, min_len=0)
-  lowered = {"start": start, "step": lambda: jax.jit(step).lower(params, state()),
-             "loop": lambda: stored["loop"].lower(params, state(), models=models, alpha=alpha,
-                                                  num_return=1, min_len=0, stop_at=0)}
+  step = functools.partial(search.beam_step, **settings)
+  lowered = {"start": start, "step": lambda: jax.jit(step).lower(scorer, state()),
+             "loop": lambda: search.beam_loop.lower(scorer, state(), **settings, stop_at=0)}
   m = cfg.model
   encode = rows * S * (flops.encoder_token(m, S) + flops.cross_keys_values(m))
   lowered = {name: _for_devices(lower, mesh) for name, lower in lowered.items()}

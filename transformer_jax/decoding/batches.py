@@ -14,7 +14,7 @@ from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import EOS_ID, content_ids
 from transformer_jax.decoding import resizing
 from transformer_jax.decoding.mbr import mbr_order
-from transformer_jax.decoding.members import prepare
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.search import beam_search, greedy_search
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.parallel import mesh as mesh_lib
@@ -35,22 +35,23 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
   """Decodes every source of `eval_set`; yields (row indices, sequences (B, N, L), scores
   (B, N)) per batch, N = the candidates asked for (cfg.nbest, or cfg.mbr_candidates with
   MBR), best first for beam search. `model`/`params`: one model or tuples (an ensemble), or
-  `members.prepare`'s Members (params None); the set's target prefixes, if any, are forced.
+  one made ready already (`ensemble.prepare`, params None); the set's target prefixes, if
+  any, are forced.
 
   Batches are length-sorted; each sentence has its own length cap (`sentence_caps`), so its
   translation does not depend on the batch. A batch has `cfg.batch_size` rows, the last one
   the smallest of a few sizes that holds it (`resizing.row_sizes`), split over the mesh's
   batch axes; sentences leave the search as they finish (see `search`). Samples (MBR over
   samples) are drawn together, a row per sample, each from its own key. `counts`: a Counter
-  that adds up the work done (see search._run).
+  that adds up the work done (see `search.beam_search`).
   """
   unit, batch_size = 1, cfg.batch_size
   if mesh is not None:
     unit = mesh_lib.data_parallel_size(mesh)
     batch_size = mesh_lib.round_up_to_data_parallel(batch_size, mesh)
   sizes = resizing.row_sizes(batch_size, unit)
-  members = prepare(model, params)  # (once: every batch decodes with the same kernels)
-  max_positions = min(m.config.max_len for m in members.models)  # (every member's positions)
+  scorer = prepare(model, params)  # (once: every batch decodes with the same kernels)
+  max_positions = scorer.max_len
   candidates = cfg.mbr_candidates if cfg.mbr else cfg.nbest
   draws = candidates if cfg.sampling else 1
   for rows, batch in eval_set.batches(batch_size, max_len=max_positions):
@@ -75,13 +76,13 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
         base_rng = jax.random.PRNGKey(cfg.seed)
         rng = jax.vmap(lambda i, n: jax.random.fold_in(jax.random.fold_in(base_rng, i), n))(
             jnp.repeat(ids, draws), jnp.tile(jnp.arange(draws), size))
-      seqs, scores = greedy_search(members, None, inputs, max_len=max_len, rng=rng,
+      seqs, scores = greedy_search(scorer, None, inputs, max_len=max_len, rng=rng,
                                    temperature=cfg.temperature, top_k=cfg.top_k,
                                    top_p=cfg.top_p, prefix_BP=prefixes, caps=caps, unit=unit,
                                    counts=counts)
       seqs, scores = seqs.reshape(size, draws, -1), scores.reshape(size, draws)
     else:
-      seqs, scores = beam_search(members, None, inputs, beam_size=cfg.beam_size,
+      seqs, scores = beam_search(scorer, None, inputs, beam_size=cfg.beam_size,
                                  alpha=cfg.length_penalty, max_len=max_len,
                                  num_return=candidates, min_len=cfg.min_length,
                                  prefix_BP=prefixes, caps=caps, unit=unit, counts=counts,

@@ -5,8 +5,8 @@
 - "flat" (Praxis' flat_beam_search): a sentence's W hypotheses share one append-only cache,
   step i's keys/values at slots i * W + w (hypothesis w's), and none is ever reordered; which
   slots a hypothesis attends to is its ancestry, its ancestors' slots, a (B, W, W * C) mask
-  that a step reorders instead of the caches (`reads`; the model's attention reads a shared
-  cache through it: `model.attention`).
+  that a step reorders instead of the caches (`reads`; the model reads a cache its rows share
+  through such a mask: `model.stepwise`).
 
 The outputs are the same (bit-equal tokens in f32, tested; in bf16 a product of other shapes
 rounds differently). "auto" is flat (`shares_caches`).
@@ -17,7 +17,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.decoding import resizing
 
 
 def shares_caches(beam_impl: str) -> bool:
@@ -29,14 +28,6 @@ def shares_caches(beam_impl: str) -> bool:
   return beam_impl in ("flat", "auto")
 
 
-def shared(cache, beams: int):
-  """A cache made for one hypothesis per sentence, its self-attention caches widened to the
-  `beams` hypotheses' shared slots: (B, H, C, K) -> (B, H, beams * C, K), empty as made."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: jnp.zeros(x.shape[:2] + (beams * x.shape[2],) + x.shape[3:], x.dtype)
-      if resizing.is_self_attention_cache(path) else x, cache)
-
-
 def reads(ancestry_BWS, step):
   """The slots each hypothesis reads at `step`: its ancestry and its own new slot."""
   W, slots = ancestry_BWS.shape[1:]
@@ -44,19 +35,17 @@ def reads(ancestry_BWS, step):
   return ancestry_BWS | own_BWS
 
 
-def reorder(tree, beam_indices_BW, batch_size):
-  """Picks, for each sentence, the beams `beam_indices_BW` from every (B*W, ...) leaf.
-
-  The encoder's keys/values cached for cross-attention are kept once per sentence (B rows,
-  shared by its beams), so they are left as they are.
-  """
-  def gather(path, x):
-    if x.ndim == 0:  # cache step counters are shared by all beams
-      return x
-    if any(getattr(k, "key", None) == "cross_attention" for k in path):
+def reorder(cache, cache_axes: tuple, beam_indices_BW, batch_size):
+  """Picks, for each sentence, the beams `beam_indices_BW` from every array of `cache` whose
+  rows are hypotheses (B*W, ...), as its description (`cache_axes`, in leaf order) says; one
+  row per sentence (the encoder's keys/values, shared by its beams) and step counters are
+  left as they are."""
+  def gather(x, axes):
+    if axes.rows is None or axes.per_source:
       return x
     x = x.reshape((batch_size, -1) + x.shape[1:])
     idx = beam_indices_BW.reshape(beam_indices_BW.shape + (1,) * (x.ndim - 2))
     taken = jnp.take_along_axis(x, idx, axis=1)
     return taken.reshape((-1,) + taken.shape[2:])
-  return jax.tree_util.tree_map_with_path(gather, tree)
+  leaves, tree = jax.tree_util.tree_flatten(cache)
+  return tree.unflatten([gather(x, axes) for x, axes in zip(leaves, cache_axes)])

@@ -1,46 +1,69 @@
-"""The models a search decodes with, made ready once for every batch of a set: one model or an
-ensemble (tuples of models and of their parameters, one vocabulary), each member in the
-per-layer layout, its projection kernels cast to the matmuls' dtype."""
+"""What a search decodes with, made ready once for every batch of a set (`prepare`): one model
+(`model.stepwise.StepwiseModel`) or an ensemble of several (`Ensemble`, the same interface;
+one vocabulary), each model in the per-layer layout, its projection kernels cast to the
+matmuls' dtype."""
 
 from __future__ import annotations
 
-import dataclasses
-
+import flax
 import jax
 import jax.numpy as jnp
 
 from transformer_jax.model.embeddings import compute_dtype
+from transformer_jax.model.stepwise import StepwiseModel
 from transformer_jax.model.transformer import unscanned
 from transformer_jax.parallel.program_store import stored_jit
 
 
-@stored_jit(static_argnames=("dtype",))
-def _in_compute_dtype(params, *, dtype):
-  """The projection kernels cast once to the matmuls' dtype, not at every step; the rest
-  (norms, biases, the embedding table, read in f32) as they are."""
+@flax.struct.dataclass
+class Ensemble:
+  """Several models decoding as one: each step's log-probabilities are their average; the
+  cache is a tuple of theirs."""
+  models: tuple  # StepwiseModels
+
+  @property
+  def max_len(self) -> int:
+    return min(m.max_len for m in self.models)  # (every model's positions)
+
+  def new_cache(self, inputs_BS, rows_per_source: int, length: int, shared: bool = False):
+    return tuple(m.new_cache(inputs_BS, rows_per_source, length, shared) for m in self.models)
+
+  def step(self, cache, inputs_BS, tokens_N, readable_BRS=None):
+    log_probs, caches = zip(*(m.step(c, inputs_BS, tokens_N, readable_BRS)
+                              for m, c in zip(self.models, cache)))
+    return sum(log_probs[1:], log_probs[0]) / len(log_probs), tuple(caches)
+
+  def cache_axes(self, cache):
+    return tuple(m.cache_axes(c) for m, c in zip(self.models, cache))
+
+
+def in_compute_dtype(params, *, dtype):
+  """The projection kernels cast to the matmuls' dtype (once, not at every step); the rest
+  (norms, biases, the embedding table, read in f32) as they are. Traceable: the compile tool
+  casts abstract parameters with it (`jax.eval_shape`)."""
   def cast(path, x):
     return x.astype(dtype) if getattr(path[-1], "key", None) == "kernel" else x
   return jax.tree_util.tree_map_with_path(cast, params)
 
 
-@dataclasses.dataclass(frozen=True)
-class Members:
-  """One model or an ensemble made ready to decode (`prepare`): each member in the per-layer
-  layout, its kernels in the compute dtype."""
-  models: tuple
-  params: tuple
+_in_compute_dtype = stored_jit(static_argnames=("dtype",))(in_compute_dtype)
 
 
-def prepare(model, params=None) -> Members:
-  """The members of one model or an ensemble (tuples of models and of their parameters), made
-  ready once for every batch a set is decoded in; a Members is returned as it is."""
-  if isinstance(model, Members):
+def _stepwise(model, params) -> StepwiseModel:
+  model, params = unscanned(model, params)
+  dtype = compute_dtype(model.config)
+  if dtype != jnp.float32:
+    params = _in_compute_dtype(params, dtype=dtype)
+  return StepwiseModel(model, params)
+
+
+def prepare(model, params=None):
+  """One model (a Transformer and its parameters) or an ensemble (tuples of both) made ready
+  to decode: a StepwiseModel or an Ensemble; one made ready already is returned as it is."""
+  if isinstance(model, (StepwiseModel, Ensemble)):
     return model
   if not isinstance(model, tuple):
-    model, params = (model,), (params,)
-  pairs = [unscanned(m, p) for m, p in zip(model, params)]
-  models = tuple(m for m, _ in pairs)
-  params = tuple(p if compute_dtype(m.config) == jnp.float32
-                 else _in_compute_dtype(p, dtype=compute_dtype(m.config))
-                 for m, (_, p) in zip(models, pairs))
-  return Members(models, params)
+    return _stepwise(model, params)
+  if len(model) == 1:
+    return _stepwise(model[0], params[0])
+  return Ensemble(tuple(_stepwise(m, p) for m, p in zip(model, params)))

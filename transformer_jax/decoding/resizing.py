@@ -6,8 +6,8 @@ functions change its shape between runs of the compiled search loop:
 
 - `compact` keeps the rows of the sentences still searching (and, to fill a size of the
   ladder, some finished ones, which stay finished): work per step follows the live sentences;
-- `grow` lengthens the self-attention key/value caches and the token buffers by `SEGMENT`
-  positions: a step attends over, and reorders, the filled part (rounded up to a segment)
+- `grow` lengthens the caches (along the axis the model's description of its cache names)
+  and the token buffers by `SEGMENT` positions: a step attends over, and reorders, the filled part (rounded up to a segment)
   instead of a cache allocated at the longest possible output.
 
 Each (rows, length) pair is one compiled program per batch shape; the ladders keep them few
@@ -85,39 +85,33 @@ def compact(state, keep, *, rows: int):
   return jax.tree_util.tree_map(lambda x: _take_rows(x, keep, rows), state)
 
 
-def _name(key) -> str:
-  return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", ""))))
+def cache_axes(scorer, cache) -> tuple:
+  """The model's description of each array of `cache` (`model.stepwise.CacheAxes`), in the
+  order of the cache's leaves: static, kept in the search state beside the cache."""
+  return tuple(jax.tree_util.tree_leaves(scorer.cache_axes(cache)))
 
 
-def is_self_attention_cache(path) -> bool:
-  names = [_name(k) for k in path]
-  return names[-1] in ("cached_key", "cached_value") and "self_attention" in names
-
-
-def _grown_axis(path) -> int | None:
-  """The axis `grow` lengthens of the leaf at `path`: a self-attention cache's positions
-  (B, H, C, K), a token buffer's last axis (a state field named *seqs), a flat beam search's
-  ancestry's slots; None: unchanged."""
-  if is_self_attention_cache(path):
-    return 2
-  if _name(path[0]).endswith("seqs") or _name(path[0]) == "ancestry":
-    return -1
-  return None
+def _grown(x, axis: int | None, capacity: int, length: int):
+  """`x` padded with zeros along `axis` from `capacity` positions to `length` (the axis may
+  hold several slots per position: a cache its rows share)."""
+  if axis is None:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, length * (x.shape[axis] // capacity) - x.shape[axis])
+  return jnp.pad(x, widths)
 
 
 @stored_jit(static_argnames=("length",))
 def grow(state, *, length: int):
-  """The state with its self-attention caches and token buffers padded with zeros to
-  `length` positions (a cache of slots shared by W hypotheses, and their ancestry, to W *
-  `length` slots)."""
-  def pad(path, x):
-    axis = _grown_axis(path)
-    if axis is None:
-      return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, length * (x.shape[axis] // state.capacity) - x.shape[axis])
-    return jnp.pad(x, widths)
-  return jax.tree_util.tree_map_with_path(pad, state)
+  """The state with its caches' positions (as their description says) and the token buffers
+  its class names (`grown`: their last axis) padded with zeros to `length` positions."""
+  leaves, tree = jax.tree_util.tree_flatten(state.cache)
+  cache = tree.unflatten([_grown(x, axes.length, state.capacity, length)
+                          for x, axes in zip(leaves, state.cache_axes)])
+  buffers = {name: getattr(state, name) for name in state.grown}
+  return state.replace(cache=cache, **{
+      name: None if x is None else _grown(x, -1, state.capacity, length)
+      for name, x in buffers.items()})
 
 
 def store_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray):

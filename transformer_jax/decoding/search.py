@@ -12,8 +12,10 @@ runs until it has to stop for one of `resizing`'s reasons (few sentences left, t
 then the state is compacted or grown and the loop goes on (see `resizing`).
 
 Both take one model or an ensemble (a tuple of models and a tuple of their parameters, one
-vocabulary), or the two made ready once for many batches (`members.prepare`): each step's
-log-probabilities are the members' average. Both can force a target prefix per sentence
+vocabulary), or the two made ready once for many batches (`ensemble.prepare`): a model's
+decoding interface (`model.stepwise`), whose step gives each row's log-probabilities and
+whose cache description says which axes resizing and reordering touch; the search imports
+no model. Both can force a target prefix per sentence
 (`prefix_BP`, 0-padded ids): its tokens are chosen, with their log-probabilities counted,
 before the search goes on.
 """
@@ -21,6 +23,7 @@ before the search goes on.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import flax
 import jax
@@ -29,8 +32,7 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import beam_caches, resizing
-from transformer_jax.decoding.members import prepare
-from transformer_jax.model.transformer import Transformer
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.top_k import top_k
 from transformer_jax.parallel import mesh as mesh_lib
@@ -50,22 +52,12 @@ def _unflat(x, batch_size):  # (B*W, ...) -> (B, W, ...)
   return x.reshape((batch_size, -1) + x.shape[1:])
 
 
-def _decoder_step(models, params, caches, inputs, tokens_N, ancestry_BWS=None):
-  """Log-probabilities (N, V) of the next token after `tokens_N`, averaged over the ensemble's
-  members; PAD is never generated. `ancestry_BWS`: the cache slots each row reads, when a
-  sentence's hypotheses share one (`beam_caches.reads`)."""
-  member_log_probs, new_caches = [], []
-  for model, p, cache in zip(models, params, caches):
-    # (the encoder's output is in the cache already, as cross-attention keys/values)
-    logits, mutated = model.apply({"params": p, "cache": cache}, None, inputs,
-                                  tokens_N[:, None], decode=True, method=Transformer.decode,
-                                  mutable=["cache"], ancestry_BWS=ancestry_BWS)
-    member_log_probs.append(jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)))
-    new_caches.append(mutated["cache"])
-  log_probs = member_log_probs[0]
-  if len(models) > 1:
-    log_probs = sum(member_log_probs[1:], log_probs) / len(models)
-  return log_probs.at[:, PAD_ID].set(NEG_INF), tuple(new_caches)
+def _next_log_probs(scorer, s, tokens_N, reads_BWS=None):
+  """Log-probabilities (N, V) of the next token after `tokens_N` and the new cache; PAD is
+  never generated. `reads_BWS`: the cache slots each row reads, when a sentence's
+  hypotheses share one (`beam_caches.reads`)."""
+  log_probs, cache = scorer.step(s.cache, s.inputs, tokens_N, reads_BWS)
+  return log_probs.at[:, PAD_ID].set(NEG_INF), cache
 
 
 def _force_prefix(log_probs_NV, prefix_BP, step, rows_per_sentence: int):
@@ -80,18 +72,12 @@ def _force_prefix(log_probs_NV, prefix_BP, step, rows_per_sentence: int):
   return jnp.where((forced_N > 0)[:, None] & ~keep_NV, NEG_INF, log_probs_NV)
 
 
-def _caches(models, params, inputs_BS, beams: int, capacity: int, flat: bool = False):
-  """Encodes each sentence once (per member) and creates the caches for `beams` hypotheses of
-  each, `capacity` positions long; `flat`: one self-attention cache per sentence that its
-  hypotheses share (`beam_caches`)."""
-  caches = []
-  for model, p in zip(models, params):
-    enc = model.apply({"params": p}, inputs_BS, method=Transformer.encode)
-    _, mutated = model.apply({"params": p}, enc, inputs_BS, capacity, 1 if flat else beams,
-                             method=Transformer.init_cache, mutable=["cache"])
-    cache = mutated["cache"]
-    caches.append(beam_caches.shared(cache, beams) if flat else cache)
-  return tuple(caches)
+def _cache(scorer, inputs_BS, rows_per_sentence: int, capacity: int, flat: bool = False):
+  """(The cache: each sentence encoded once and `rows_per_sentence` rows of it, `capacity`
+  positions long; `flat`: one self-attention cache per sentence that its rows share
+  (`beam_caches`), its description (`resizing.cache_axes`).)"""
+  cache = scorer.new_cache(inputs_BS, rows_per_sentence, capacity, flat)
+  return cache, resizing.cache_axes(scorer, cache)
 
 
 def _caps(caps, max_len: int, rows: int) -> np.ndarray:
@@ -165,7 +151,8 @@ class SearchState:
   caps: jax.Array                 # (B,) the most tokens each sentence (row) may have
   inputs: jax.Array               # (B, S) source ids
   prefix: jax.Array | None        # (B, P) target prefixes to force (0-padded), or None
-  cache: tuple                    # one decoding cache per ensemble member
+  cache: Any                      # the decoding cache (of the model, or each ensemble model's)
+  cache_axes: tuple = flax.struct.field(pytree_node=False)  # (resizing.cache_axes)
 
 
 @flax.struct.dataclass
@@ -176,17 +163,20 @@ class BeamState(SearchState):
   finished_scores: jax.Array      # (B, W) their length-normalised scores
   ancestry: jax.Array | None      # flat search: (B, W, W * C) the cache slots each live
                                   # hypothesis reads (its ancestors'); None: caches reordered
+  grown = ("live_seqs", "finished_seqs", "ancestry")  # (resizing.grow: their last axis)
 
   @property
   def capacity(self) -> int:
     return self.live_seqs.shape[-1]
 
 
-@stored_jit(static_argnames=("models", "beam_size", "beam_impl"))
-def _start_beam(params, inputs_BS, caps_B, prefix_BP, *, models, beam_size: int,
-                beam_impl: str = "auto"):
+@stored_jit(static_argnames=("beam_size", "beam_impl"))
+def beam_start(scorer, inputs_BS, caps_B, prefix_BP, *, beam_size: int,
+               beam_impl: str = "auto") -> BeamState:
+  """Beam search's first program: the batch encoded, its caches made, no token yet."""
   B, W, C = inputs_BS.shape[0], beam_size, resizing.SEGMENT
   flat = beam_caches.shares_caches(beam_impl)
+  cache, cache_axes = _cache(scorer, inputs_BS, W, C, flat)
   return BeamState(
       step=jnp.array(0, jnp.int32), caps=caps_B, inputs=inputs_BS, prefix=prefix_BP,
       live_seqs=jnp.zeros((B, W, C), jnp.int32),
@@ -194,7 +184,7 @@ def _start_beam(params, inputs_BS, caps_B, prefix_BP, *, models, beam_size: int,
       finished_seqs=jnp.zeros((B, W, C), jnp.int32),
       finished_scores=jnp.full((B, W), NEG_INF),
       ancestry=jnp.zeros((B, W, W * C), bool) if flat else None,
-      cache=_caches(models, params, inputs_BS, W, C, flat))
+      cache=cache, cache_axes=cache_axes)
 
 
 def _beam_active(s: BeamState, alpha: float, num_return: int):
@@ -205,13 +195,14 @@ def _beam_active(s: BeamState, alpha: float, num_return: int):
   return (s.step < s.caps) & (best_possible > s.finished_scores[:, num_return - 1])
 
 
-def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_len: int):
+def beam_step(scorer, s: BeamState, *, alpha: float, num_return: int, min_len: int
+              ) -> BeamState:
+  """One step of beam search (what `beam_loop` repeats)."""
   B, W = s.live_seqs.shape[:2]
   active = _beam_active(s, alpha, num_return)
   previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
   reads_BWS = None if s.ancestry is None else beam_caches.reads(s.ancestry, s.step)
-  log_probs, cache = _decoder_step(models, params, s.cache, s.inputs, _flat(previous),
-                                   reads_BWS)
+  log_probs, cache = _next_log_probs(scorer, s, _flat(previous), reads_BWS)
   log_probs = _force_prefix(log_probs, s.prefix, s.step, W)
   if min_len:
     log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
@@ -238,7 +229,7 @@ def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_
   live_seqs = jnp.take_along_axis(seqs, keep[..., None], axis=1)
   live_beams = jnp.take_along_axis(beam_ids, keep, axis=1)
   if reads_BWS is None:  # (each hypothesis's cache: its parent's)
-    cache, ancestry = beam_caches.reorder(cache, live_beams, B), None
+    cache, ancestry = beam_caches.reorder(cache, s.cache_axes, live_beams, B), None
   else:  # (its slots: its parent's, this step's included)
     ancestry = jnp.take_along_axis(reads_BWS, live_beams[..., None], axis=1)
   return s.replace(step=s.step + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
@@ -246,21 +237,18 @@ def _beam_step(models, params, s: BeamState, alpha: float, num_return: int, min_
                    cache=cache, ancestry=ancestry)
 
 
-@stored_jit(static_argnames=("models", "alpha", "num_return", "min_len", "stop_at"))
-def _advance_beam(params, state: BeamState, *, models, alpha: float, num_return: int,
-                  min_len: int, stop_at: int):
+@stored_jit(static_argnames=("alpha", "num_return", "min_len", "stop_at"))
+def beam_loop(scorer, state: BeamState, *, alpha: float, num_return: int, min_len: int,
+              stop_at: int):
   """Beam steps while the cache has room and more than `stop_at` sentences are searching;
   returns the state and which sentences are."""
   def go_on(s):
     return (s.step < s.capacity) & (jnp.sum(_beam_active(s, alpha, num_return)) > stop_at)
 
   state = jax.lax.while_loop(
-      go_on, lambda s: _beam_step(models, params, s, alpha, num_return, min_len), state)
+      go_on, lambda s: beam_step(scorer, s, alpha=alpha, num_return=num_return,
+                                 min_len=min_len), state)
   return state, _beam_active(state, alpha, num_return)
-
-
-# (for compiling ahead of time: aot.programs lowers them for devices this process lacks)
-BEAM_PROGRAMS = {"start": _start_beam, "loop": _advance_beam, "step": _beam_step}
 
 
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
@@ -276,8 +264,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   data-parallel size); `counts`: a Counter that adds up the work done (see `_run`);
   `beam_impl`: how hypotheses keep their self-attention caches (`beam_caches`)."""
   B, W = inputs_BS.shape[0], beam_size
-  members = prepare(model, params)
-  models, params = members.models, members.params
+  scorer = prepare(model, params)
   seqs = np.zeros((B, W, max_len), np.int32)
   scores = np.full((B, W), NEG_INF, np.float32)
 
@@ -285,10 +272,10 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
     resizing.store_rows(seqs, sentences, mesh_lib.fetch(s.finished_seqs))
     scores[sentences] = mesh_lib.fetch(s.finished_scores)
 
-  state = _start_beam(params, inputs_BS, _caps(caps, max_len, B), prefix_BP, models=models,
-                      beam_size=W, beam_impl=beam_impl)
-  advance = functools.partial(_advance_beam, params, models=models, alpha=alpha,
-                              num_return=num_return, min_len=min_len)
+  state = beam_start(scorer, inputs_BS, _caps(caps, max_len, B), prefix_BP, beam_size=W,
+                     beam_impl=beam_impl)
+  advance = functools.partial(beam_loop, scorer, alpha=alpha, num_return=num_return,
+                              min_len=min_len)
   _run(state, advance, B, unit, store, counts)
   return seqs, scores
 
@@ -315,25 +302,27 @@ class GreedyState(SearchState):
   seqs: jax.Array                 # (B, C) the tokens so far
   logprobs: jax.Array             # (B,) their total log-probability
   done: jax.Array                 # (B,) ended (EOS or the cap)
+  grown = ("seqs",)               # (resizing.grow: their last axis)
 
   @property
   def capacity(self) -> int:
     return self.seqs.shape[-1]
 
 
-@stored_jit(static_argnames=("models",))
-def _start_greedy(params, inputs_BS, caps_B, prefix_BP, keys_B2, *, models):
+@stored_jit()
+def greedy_start(scorer, inputs_BS, caps_B, prefix_BP, keys_B2) -> GreedyState:
+  """Greedy search's (and sampling's) first program: the batch encoded, its caches made."""
   B, C = inputs_BS.shape[0], resizing.SEGMENT
+  cache, cache_axes = _cache(scorer, inputs_BS, 1, C)
   return GreedyState(
       step=jnp.array(0, jnp.int32), caps=caps_B, inputs=inputs_BS, prefix=prefix_BP,
       keys=keys_B2, seqs=jnp.zeros((B, C), jnp.int32), logprobs=jnp.zeros((B,)),
-      done=caps_B <= 0, cache=_caches(models, params, inputs_BS, 1, C))
+      done=caps_B <= 0, cache=cache, cache_axes=cache_axes)
 
 
-def _greedy_step(models, params, s: GreedyState, temperature: float, top_k: int,
-                 top_p: float):
+def _greedy_step(scorer, s: GreedyState, temperature: float, top_k: int, top_p: float):
   previous = jnp.where(s.step == 0, 0, jnp.take(s.seqs, s.step - 1, axis=1))
-  log_probs, cache = _decoder_step(models, params, s.cache, s.inputs, previous)
+  log_probs, cache = _next_log_probs(scorer, s, previous)
   log_probs = _force_prefix(log_probs, s.prefix, s.step, 1)
   if s.keys is None:
     token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
@@ -349,16 +338,16 @@ def _greedy_step(models, params, s: GreedyState, temperature: float, top_k: int,
   return s.replace(step=s.step + 1, seqs=seqs, logprobs=logprobs, done=done, cache=cache)
 
 
-@stored_jit(static_argnames=("models", "temperature", "top_k", "top_p", "stop_at"))
-def _advance_greedy(params, state: GreedyState, *, models, temperature: float, top_k: int,
-                    top_p: float, stop_at: int):
+@stored_jit(static_argnames=("temperature", "top_k", "top_p", "stop_at"))
+def greedy_loop(scorer, state: GreedyState, *, temperature: float, top_k: int, top_p: float,
+                stop_at: int):
   """Greedy (or sampling) steps while the cache has room and more than `stop_at` rows are
   unfinished; returns the state and which rows are."""
   def go_on(s):
     return (s.step < s.capacity) & (jnp.sum(~s.done) > stop_at)
 
   state = jax.lax.while_loop(
-      go_on, lambda s: _greedy_step(models, params, s, temperature, top_k, top_p), state)
+      go_on, lambda s: _greedy_step(scorer, s, temperature, top_k, top_p), state)
   return state, ~state.done
 
 
@@ -376,8 +365,7 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
   `row_keys`). Returns (sequences (B, max_len), total log-probabilities (B,)) as numpy
   arrays. `model`/`params`, `prefix_BP`, `caps`, `unit` and `counts` as for beam_search."""
   B = inputs_BS.shape[0]
-  members = prepare(model, params)
-  models, params = members.models, members.params
+  scorer = prepare(model, params)
   if rng is not None and jnp.ndim(rng) == 1:
     rng = row_keys(rng, np.arange(B))
   seqs = np.zeros((B, max_len), np.int32)
@@ -387,9 +375,8 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
     resizing.store_rows(seqs, sentences, mesh_lib.fetch(s.seqs))
     logprobs[sentences] = mesh_lib.fetch(s.logprobs)
 
-  state = _start_greedy(params, inputs_BS, _caps(caps, max_len, B), prefix_BP, rng,
-                        models=models)
-  advance = functools.partial(_advance_greedy, params, models=models, temperature=temperature,
-                              top_k=top_k, top_p=top_p)
+  state = greedy_start(scorer, inputs_BS, _caps(caps, max_len, B), prefix_BP, rng)
+  advance = functools.partial(greedy_loop, scorer, temperature=temperature, top_k=top_k,
+                              top_p=top_p)
   _run(state, advance, B, unit, store, counts)
   return seqs, logprobs

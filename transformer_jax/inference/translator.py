@@ -16,7 +16,7 @@ from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import EOS_ID, UNK_ID
 from transformer_jax.decoding.batches import Hypothesis, translate_nbest
-from transformer_jax.decoding.members import prepare
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.errors import DataError, UsageError
 from transformer_jax.evaluation import alignment
 from transformer_jax.inference import trained_run
@@ -47,7 +47,7 @@ class Translator:
     self.model, self.params, selected = trained_run.members(runs, selected)
     self.steps = [list(chosen.steps) for chosen in selected]  # (per run: the steps averaged)
     self.labels = [chosen.label for chosen in selected]
-    self.members = prepare(self.model, self.params)  # (made ready once, for every call)
+    self.scorer = prepare(self.model, self.params)  # (made ready once, for every call)
     # (word alignments: None = off, else the decoder layer whose cross-attention gives them)
     self.alignment_layer = None
     if alignments:
@@ -96,7 +96,7 @@ class Translator:
       bar = tqdm(total=len(todo), unit="sent", file=sys.stderr)
     decode = decode or self.decode
     decode = decode if seed is None else dataclasses.replace(decode, seed=seed)
-    nbest = translate_nbest(self.members, None, eval_set, self.run.tokenizer,
+    nbest = translate_nbest(self.scorer, None, eval_set, self.run.tokenizer,
                             decode, self.run.mesh,
                             on_batch=bar.update if bar is not None else None)
     if bar is not None:
@@ -122,7 +122,7 @@ class Translator:
     ids = [np.asarray(self.source_prefix + [UNK_ID + 1] * n + [EOS_ID], np.int32)  # (a piece)
            for n in (1, 17)]
     for source in ids:
-      translate_nbest(self.members, None, EvalSet([""], [""], [source], [source]),
+      translate_nbest(self.scorer, None, EvalSet([""], [""], [source], [source]),
                       self.run.tokenizer, self.decode, self.run.mesh)
 
   def output_lines(self, index: int, hyps: list[Hypothesis],

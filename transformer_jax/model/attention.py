@@ -87,9 +87,9 @@ def scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype,
   dropped_BHTS = weights_BHTS if dropout is None else dropout(weights_BHTS)
   if kv_layout == "bhsk":
     # (the head-major product, then the small output transposed: asked for (B, T, H, K)
-    # directly, XLA:CPU runs the product with its operands swapped, far slower for a beam's
-    # queries of the encoder's keys (BENCHMARKS.md, "Flat beam search on CPUs too"); decoding
-    # only: no backward order to keep)
+    # directly, XLA:CPU runs the product with its operands swapped, far slower for several
+    # rows' queries of one source's keys (figures: docs/design/decoding.md); decoding only:
+    # no backward order to keep)
     out_BHTK = attention_matmul("bhts,bhsk->bhtk", dropped_BHTS, v_BSHK, dtype)
     return out_BHTK.transpose(0, 2, 1, 3), weights_BHTS
   out_BTHK = attention_matmul(f"bhts,{kv_layout}->bthk", dropped_BHTS, v_BSHK, dtype,
@@ -105,21 +105,21 @@ def repeat_kv_heads(x, groups: int, layout: str):
   return jnp.repeat(x, groups, axis=layout.index("h"))
 
 
-def write_slots(cache_BHSK, new_BHWK, first):
-  """The cache with slots first .. first + W - 1 replaced by `new_BHWK` (W slots); `first` a
-  multiple of W below the cache's length (a step's slots, as the decoding cache writes them).
+def write_slots(cache_BHSK, new_BHRK, first):
+  """The cache with slots first .. first + R - 1 replaced by `new_BHRK` (R slots); `first` a
+  multiple of R below the cache's length (a step's slots, as the decoding cache writes them).
 
   A dynamic-update-slice writes in place, except where XLA:CPU has no 16-bit-float kernel for
   it: it then runs the update in f32, converting the whole cache there and back every step
-  (about a tenth of a bf16 beam step). There a select of the new slots over the cache stays in
+  (about a tenth of a bf16 decoding step). There a select of the new slots over the cache stays in
   bf16 and costs about what reading the cache does."""
   if traced_for() != "cpu" or jnp.dtype(cache_BHSK.dtype).itemsize != 2:
-    return jax.lax.dynamic_update_slice(cache_BHSK, new_BHWK, (0, 0, first, 0))
-  S, W = cache_BHSK.shape[2], new_BHWK.shape[2]
+    return jax.lax.dynamic_update_slice(cache_BHSK, new_BHRK, (0, 0, first, 0))
+  S, R = cache_BHSK.shape[2], new_BHRK.shape[2]
   slot_S = jnp.arange(S)
-  written_11S1 = ((slot_S >= first) & (slot_S < first + W))[None, None, :, None]
-  # slot first + w holds new w: first is a multiple of W, so slot s takes new s % W
-  return jnp.where(written_11S1, jnp.tile(new_BHWK, (1, 1, S // W, 1)), cache_BHSK)
+  written_11S1 = ((slot_S >= first) & (slot_S < first + R))[None, None, :, None]
+  # slot first + r holds new r: first is a multiple of R, so slot s takes new s % R
+  return jnp.where(written_11S1, jnp.tile(new_BHRK, (1, 1, S // R, 1)), cache_BHSK)
 
 
 class MultiHeadAttention(nn.Module):
@@ -175,8 +175,8 @@ class MultiHeadAttention(nn.Module):
       k_BSHK = self.get_variable("cache", "cached_key")
       v_BSHK = self.get_variable("cache", "cached_value")
       kv_layout = "bhsk"  # (k_BSHK, v_BSHK hold (B, H, S, K) here)
-      # The encoder ran once per sentence; its `beams` decoder rows (consecutive) query the
-      # same keys/values, as extra query positions: (B*W, T) -> (B, W*T).
+      # The encoder ran once per source; the R decoder rows of a source (consecutive) query
+      # the same keys/values, as extra query positions: (B*R, T) -> (B, R*T).
       q_BTHK = q_BTHK.reshape((k_BSHK.shape[0], -1) + q_BTHK.shape[2:])
     else:
       k_BSHK = split_heads("key")(context_BSD)
@@ -194,11 +194,10 @@ class MultiHeadAttention(nn.Module):
       if scheme == "relative":
         bias_BHTS = self._relative_bias(query_positions_BT, key_positions_BS)
       if decode and k_BSHK.shape[0] < rows:
-        # A sentence's beams share one cache (flat beam search: `_update_self_attention_cache`)
-        # and query it as extra positions, each through its own ancestry mask:
-        # (B*W, 1) -> (B, W).
+        # R rows share one cache (`_update_self_attention_cache`) and query it as extra
+        # positions, each through its own mask of the slots it reads: (B*R, 1) -> (B, R).
         q_BTHK = q_BTHK.reshape((k_BSHK.shape[0], -1) + q_BTHK.shape[2:])
-        if bias_BHTS is not None:  # (B*W, H, 1, S) -> (B, H, W, S)
+        if bias_BHTS is not None:  # (B*R, H, 1, S) -> (B, H, R, S)
           bias_BHTS = bias_BHTS.reshape((q_BTHK.shape[0], -1) + bias_BHTS.shape[1:]
                                         ).squeeze(3).transpose(0, 2, 1, 3)
 
@@ -230,7 +229,7 @@ class MultiHeadAttention(nn.Module):
     if decode and self.has_variable("cache", "index"):
       step = self.get_variable("cache", "index")
       cached = self.get_variable("cache", "cached_key")
-      per_step = B // cached.shape[0]  # (slots a step fills: its beams', in a shared cache)
+      per_step = B // cached.shape[0]  # (slots a step fills: one per row sharing the cache)
       slots = jnp.arange(cached.shape[2], dtype=jnp.int32)
       return jnp.full((B, T), step, jnp.int32), (slots // per_step)[None]
     if positions_BT is None:
@@ -256,10 +255,10 @@ class MultiHeadAttention(nn.Module):
     slice per row (the (B, H, K, max_len) layout wrote strided columns, slower: BENCHMARKS.md,
     "Against the PyTorch peer").
 
-    A cache of fewer rows than the step's is shared by each sentence's W hypotheses (flat
-    beam search, `decoding.search`): (B, H, W * C, K), step i's keys/values at slots
-    i * W .. i * W + W - 1, never reordered; `mask_BHTS` (B, 1, W, W * C) then says which slots
-    each hypothesis reads (its ancestors' and its own)."""
+    A cache of fewer rows than the step's is shared by R consecutive rows (see
+    `Transformer.init_cache`): (B, H, R * C, K), step i's keys/values at slots
+    i * R .. i * R + R - 1, never moved; `mask_BHTS` (B, 1, R, R * C) then says which slots
+    each row reads."""
     initialized = self.has_variable("cache", "cached_key")
     B, L, H, K = k_B1HK.shape  # (when the cache is created: L = max_len)
     dtype = compute_dtype(self.config)
@@ -272,19 +271,19 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f"cached decoding takes one token per step, got {L}")
     i = index.value
 
-    rows = cached_key.value.shape[0]  # (the step's B rows, or B / W sentences' shared caches)
-    W = B // rows
-    if W > 1 and mask_BHTS.shape != (rows, 1, W, cached_key.value.shape[2]):
-      raise ValueError(f"a cache shared by {W} hypotheses is read through their ancestry "
-                       f"({rows}, 1, {W}, {cached_key.value.shape[2]}), got {mask_BHTS.shape}")
+    rows = cached_key.value.shape[0]  # (the step's B rows, or B / R shared caches)
+    R = B // rows
+    if R > 1 and mask_BHTS.shape != (rows, 1, R, cached_key.value.shape[2]):
+      raise ValueError(f"a cache shared by {R} rows is read through their masks of slots "
+                       f"({rows}, 1, {R}, {cached_key.value.shape[2]}), got {mask_BHTS.shape}")
 
-    def to_cache(x_B1HK):  # (rows * W, 1, H, K) -> (rows, H, W, K), in the cache's dtype
-      return x_B1HK.reshape(rows, W, H, K).transpose(0, 2, 1, 3).astype(dtype)
+    def to_cache(x_B1HK):  # (rows * R, 1, H, K) -> (rows, H, R, K), in the cache's dtype
+      return x_B1HK.reshape(rows, R, H, K).transpose(0, 2, 1, 3).astype(dtype)
 
-    cached_key.value = write_slots(cached_key.value, to_cache(k_B1HK), i * W)
-    cached_value.value = write_slots(cached_value.value, to_cache(v_B1HK), i * W)
+    cached_key.value = write_slots(cached_key.value, to_cache(k_B1HK), i * R)
+    cached_value.value = write_slots(cached_value.value, to_cache(v_B1HK), i * R)
     index.value = i + 1
-    if W > 1:
+    if R > 1:
       return cached_key.value, cached_value.value, mask_BHTS, "bhsk"
     max_len = cached_key.value.shape[2]
     causal_11TS = (jnp.arange(max_len) <= i)[None, None, None, :]

@@ -235,20 +235,20 @@ class Transformer(nn.Module):
   def decode(self, encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT=None,
              targets_positions_BT=None, inputs_segmentation_BS=None,
              targets_segmentation_BT=None, train: bool = False, decode: bool = False,
-             return_hidden: bool = False, ancestry_BWS=None):
+             return_hidden: bool = False, readable_BRS=None):
     """Logits (B, T, V) over the next token given decoder inputs (the shifted targets).
 
     Teacher forcing needs `targets_BT` (for the padding mask). With `decode=True` it runs one
     step (T == 1) against the cache: the position and the causal mask come from the cache,
-    or, for hypotheses sharing their sentence's cache (flat beam search), which slots each
-    reads from `ancestry_BWS` (B, W, W * C).
+    or, for R rows sharing one cache (`init_cache`), which of its R * C slots each row reads
+    from `readable_BRS` (B, R, R * C).
     """
     cfg = self.config
     T = decoder_inputs_BT.shape[1]
     if decode:
       positions_BT = None  # kept in the cache by the positional encoding
       # (the causal mask: used only when the cache is created)
-      self_mask_B1TT = causal_mask(T) if ancestry_BWS is None else ancestry_BWS[:, None]
+      self_mask_B1TT = causal_mask(T) if readable_BRS is None else readable_BRS[:, None]
       cross_mask_B1TS = (inputs_BS > 0)[:, None, None, :]
     else:
       positions_BT = (default_positions(decoder_inputs_BT) if targets_positions_BT is None
@@ -296,12 +296,13 @@ class Transformer(nn.Module):
                        targets_positions_BT, inputs_segmentation_BS, targets_segmentation_BT,
                        train, return_hidden=return_hidden)
 
-  def init_cache(self, encoded_BSD, inputs_BS, max_decode_len: int, beams: int = 1):
+  def init_cache(self, encoded_BSD, inputs_BS, max_decode_len: int, rows_per_source: int = 1):
     """Creates the decoding cache (run with mutable=['cache']): empty self-attention
-    keys/values of `beams` hypotheses per sentence for `max_decode_len` steps, and the
-    encoder's cross-attention keys/values, once per sentence. Decoding steps then take
-    B * beams rows, each sentence's hypotheses consecutive."""
-    dummy_BT = jnp.zeros((inputs_BS.shape[0] * beams, max_decode_len), jnp.int32)
+    keys/values of `rows_per_source` decoder rows per source for `max_decode_len` steps, and
+    the encoder's cross-attention keys/values, once per source. Decoding steps then take
+    B * rows_per_source rows, each source's rows consecutive. (A cache whose R rows share
+    their self-attention keys/values, R slots a step: `shared_cache`.)"""
+    dummy_BT = jnp.zeros((inputs_BS.shape[0] * rows_per_source, max_decode_len), jnp.int32)
     return self.decode(encoded_BSD, inputs_BS, dummy_BT, decode=True)
 
 

@@ -121,8 +121,8 @@ def test_a_set_decoded_with_stored_programs_equals_jax_jit(random_model, search,
   model, params, sources = random_model
   cfg = helpers.section("decode", beam_size=3, sampling=search == "sampling", max_length=64,
                         max_length_a=1.0, max_length_b=2, batch_size=len(sources), seed=5)
-  stored = (search_lib._start_beam, search_lib._advance_beam, search_lib._start_greedy,
-            search_lib._advance_greedy, resizing.compact, resizing.grow)
+  stored = (search_lib.beam_start, search_lib.beam_loop, search_lib.greedy_start,
+            search_lib.greedy_loop, resizing.compact, resizing.grow)
   traced = []
 
   def listen(event, _, fun_name="", **__):

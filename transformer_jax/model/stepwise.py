@@ -1,0 +1,97 @@
+"""The model's decoding interface: what a search needs of a Transformer, and nothing of how it
+searches (`decoding.search` imports no model; it takes this interface, or an ensemble of it).
+
+- `new_cache`: the sources encoded, and a cache for R decoder rows per source (R = 1: one
+  row each), C positions long; `shared=True`: the R rows of a source share one self-attention
+  cache, a step writing R slots (row r's at step i: slot i * R + r), which each row reads
+  through its own mask (`step`'s `readable_BRS`) instead of the cache being moved;
+- `step`: each row's log-probabilities of its next token after `tokens_N`, and the cache with
+  this step's keys/values in it;
+- `cache_axes`: what each array of a cache holds along its axes (`CacheAxes`), so that code
+  outside the model resizes and reorders caches without knowing their variable names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.model.transformer import Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheAxes:
+  """What a cache array holds along its axes."""
+  rows: int | None    # the axis of rows; None: one value for every row (a step counter)
+  per_source: bool    # its rows are sources (the encoder's keys/values), not decoder rows
+  length: int | None  # the axis of decoded positions (their slots); None: none
+
+
+def _name(key) -> str:
+  return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", ""))))
+
+
+def cache_axes(cache):
+  """The `CacheAxes` of each array of a Transformer's decoding cache (the same tree)."""
+  def describe(path, x):
+    names = [_name(k) for k in path]
+    if x.ndim == 0:  # (the positional encoding's and each self-attention's step counter)
+      return CacheAxes(None, False, None)
+    if names[-1] in ("cached_key", "cached_value"):  # (B, H, C, K)
+      cross = "cross_attention" in names
+      return CacheAxes(0, cross, None if cross else 2)
+    raise ValueError(f"no description of the decoding cache's {'/'.join(names)}")
+  return jax.tree_util.tree_map_with_path(describe, cache)
+
+
+def _shared(cache, rows_per_source: int):
+  """A cache made for one row per source, its self-attention keys/values widened to slots
+  for `rows_per_source` rows: (B, H, C, K) -> (B, H, R * C, K), empty as made."""
+  def widen(x, axes: CacheAxes):
+    if axes.length is None:
+      return x
+    shape = list(x.shape)
+    shape[axes.length] *= rows_per_source
+    return jnp.zeros(shape, x.dtype)
+  return jax.tree_util.tree_map(widen, cache, cache_axes(cache))
+
+
+@flax.struct.dataclass
+class StepwiseModel:
+  """A Transformer in the per-layer layout and its parameters, as a search decodes with it."""
+  model: Transformer = flax.struct.field(pytree_node=False)
+  params: Any
+
+  @property
+  def max_len(self) -> int:
+    """The longest source and translation its positions allow."""
+    return self.model.config.max_len
+
+  def new_cache(self, inputs_BS, rows_per_source: int, length: int, shared: bool = False):
+    """The sources `inputs_BS` encoded, and a cache of `length` positions for
+    `rows_per_source` decoder rows of each (consecutive), shared by them or not."""
+    variables = {"params": self.params}
+    encoded_BSD = self.model.apply(variables, inputs_BS, method=Transformer.encode)
+    _, mutated = self.model.apply(variables, encoded_BSD, inputs_BS, length,
+                                  1 if shared else rows_per_source,
+                                  method=Transformer.init_cache, mutable=["cache"])
+    cache = mutated["cache"]
+    return _shared(cache, rows_per_source) if shared else cache
+
+  def step(self, cache, inputs_BS, tokens_N, readable_BRS=None):
+    """(log-probabilities (N, V) in f32 of each row's next token after `tokens_N`, the
+    cache); `inputs_BS`: the sources (their padding is masked); `readable_BRS`: with a
+    shared cache, the slots each of a source's R rows reads."""
+    # (the encoder's output is in the cache already, as cross-attention keys/values)
+    logits, mutated = self.model.apply(
+        {"params": self.params, "cache": cache}, None, inputs_BS, tokens_N[:, None],
+        decode=True, method=Transformer.decode, mutable=["cache"], readable_BRS=readable_BRS)
+    return jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)), mutated["cache"]
+
+  @staticmethod
+  def cache_axes(cache):
+    return cache_axes(cache)

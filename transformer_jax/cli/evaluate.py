@@ -43,12 +43,12 @@ def define_flags(fv: flags.FlagValues):
 
 
 def evaluate(args: runner.Args):
+  chosen = engines.evaluation_engines(args.engine, args.compute_type, args.dtype)
   with writing_lock(args.workdir[0], args.output_dir):
     results, out_dirs = evaluate_checkpoints(
         args.workdir, args.split, args.checkpoint, args.source_file, args.reference_file,
         args.max_sentences, args.decode, args.lowercase, args.output_dir, args.alignments,
-        args.source_tag, args.dtype,
-        engines.evaluation_engines(args.engine, args.compute_type))
+        args.source_tag, args.dtype, chosen)
   print(format_table(results), *(f"wrote {d}/results.json" for d in out_dirs), sep="\n")
 
 

@@ -22,6 +22,7 @@ import jax
 from tqdm import tqdm
 
 from transformer_jax import atomic
+from transformer_jax.config.fields import check_honoured
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
 from transformer_jax.data.eval_sets import EvalSet, direction_set, load_eval_set, scoring_sets
@@ -125,8 +126,10 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   `alignments`, each .hyp has an .align beside it (`evaluation.alignment`, default layer);
   `source_tag`: the tag before every source of a set that has none of its own; `dtype`: the
   matmuls' (`trained_run.load`); `engines`: {name: translate(run, selected, eval_set,
-  decode) -> (translations, seconds preparing)} of other engines than our search (None),
-  each a result of its own, labelled `<checkpoint>@<name>`."""
+  decode) -> (translations, seconds preparing, what it ran)} of other engines than our
+  search (None), each a result of its own, labelled `<checkpoint>@<name>`, what it ran
+  recorded beside the decoding settings (`engine_settings`). Our search refuses an option
+  it cannot honour (config.fields.Option.search)."""
   workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
   others = sorted(set(engines or {}) - {"jax"})
   if others and (alignments or len(workdirs) > 1):
@@ -135,6 +138,8 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   runs = trained_run.load_ensemble(workdirs, dtype)
   run = runs[0]
   decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
+  if "jax" in (engines or {"jax": None}):
+    check_honoured(decode, "jax", "decode")
   sets = _eval_sets(run, split, source_file, reference_file, max_sentences, source_tag)
   out_dirs = {name: (Path(output_dir) / name if output_dir and len(sets) > 1 else
                      Path(output_dir) if output_dir else layout.eval_dir(workdirs[0], name))
@@ -182,7 +187,7 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
   if translate is not None:
     label += f"@{engine}"
     t0 = time.time()
-    hyps, prepared = translate(runs[0], selected, eval_set, decode)
+    hyps, prepared, settings = translate(runs[0], selected, eval_set, decode)
     seconds = time.time() - t0
   else:
     evaluator = Evaluator(eval_set, model, runs[0].tokenizer, decode, runs[0].mesh)
@@ -196,7 +201,7 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
                                 scoring.score(hyps, eval_set.references), len(hyps), seconds,
                                 decode, prepared)
   if translate is not None:
-    result["engine"] = engine
+    result["engine"], result["engine_settings"] = engine, settings
   if len(runs) > 1:
     result["ensemble"] = [str(r.workdir) for r in runs]
   if lowercase:

@@ -12,6 +12,7 @@ from typing import TextIO
 import numpy as np
 from tqdm import tqdm
 
+from transformer_jax.config.fields import check_honoured
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import EOS_ID, UNK_ID
@@ -40,6 +41,7 @@ class Translator:
     # (a tagged model's direction or data kind: the tag's id before every source)
     self.source_prefix = self.run.source_prefix(source_tag)
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
+    self.check_honoured(self.decode)
     # (the longest source every member reads: the search cuts longer ones there)
     self.max_len = min(run.cfg.model.max_len for run in runs)
     selected = [run.select_one(checkpoint, "translate") for run in runs]
@@ -57,6 +59,11 @@ class Translator:
       if not 0 <= self.alignment_layer < layers:
         raise UsageError(f"--alignment_layer={alignment_layer}: the decoder has layers 0 to "
                          f"{layers - 1}")
+
+  def check_honoured(self, decode):
+    """A ConfigError naming the first of `decode`'s options this engine cannot honour at its
+    value (as the options' declarations say)."""
+    check_honoured(decode, self.engine, "decode")
 
   def alignments(self, sentences: list[str], translations: list[Hypothesis]) -> list[str]:
     """Pharaoh word alignments (`evaluation.alignment`) of each translation to its sentence,
@@ -80,6 +87,8 @@ class Translator:
     `prefixes` (line-aligned; "" = none) each translation starts with its prefix; `seed`:
     sampling's, instead of the decoding settings'; `decode`: settings instead of the
     translator's (a server's request)."""
+    decode = decode or self.decode
+    self.check_honoured(decode)
     results: list[list[Hypothesis]] = [[] for _ in sentences]
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     if not todo:
@@ -94,7 +103,6 @@ class Translator:
     bar = None
     if progress:
       bar = tqdm(total=len(todo), unit="sent", file=sys.stderr)
-    decode = decode or self.decode
     decode = decode if seed is None else dataclasses.replace(decode, seed=seed)
     nbest = translate_nbest(self.scorer, None, eval_set, self.run.tokenizer,
                             decode, self.run.mesh,

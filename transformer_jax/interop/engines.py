@@ -16,11 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.tokenizer import EOS_ID
-from transformer_jax.decoding.batches import Hypothesis
+from transformer_jax.decoding.batches import Hypothesis, sentence_caps
+from transformer_jax.decoding.mbr import mbr_order
 from transformer_jax.errors import ConfigError, UsageError
 from transformer_jax.inference import trained_run
 from transformer_jax.inference.translator import Translator
@@ -108,6 +110,8 @@ class Ctranslate2Translator(Translator):
     self.tokenizer = self.run.tokenizer
     self.eos_piece = self.tokenizer.pieces([EOS_ID])[0]  # (how CTranslate2 says a hypothesis ended)
     self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
+    self.check_honoured(self.decode)
+    self.told: set[str] = set()  # (the differences from ours said: each once)
     self.max_len = self.run.cfg.model.max_len  # (max_input_length: CTranslate2 cuts there)
     selected = self.run.select_one(checkpoint, "the ctranslate2 engine")
     self.steps, self.labels = [list(selected.steps)], [selected.label]
@@ -122,8 +126,12 @@ class Ctranslate2Translator(Translator):
   def translate(self, sentences: list[str], progress: bool = False,
                 prefixes: list[str] | None = None, seed: int | None = None, decode=None
                 ) -> list[list[Hypothesis]]:
+    """As our Translator's, with `decode` as CTranslate2 honours it (`settings`): each group
+    of sentences of one length cap (ours: `decoding.batches.sentence_caps`) translated with
+    that `max_decoding_length`, MBR's candidates ordered as ours orders them."""
     import ctranslate2
     decode = decode or self.decode
+    self.check_honoured(decode)
     out: list[list[Hypothesis]] = [[] for _ in sentences]
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     self.check_tagged([sentences[i] for i in todo])
@@ -134,26 +142,66 @@ class Ctranslate2Translator(Translator):
     tag = self.tokenizer.pieces(self.source_prefix)  # (--source_tag's piece, or none)
     if decode.sampling:
       ctranslate2.set_random_seed(decode.seed)
-    options = {**ctranslate2_decoding.translate_options(decode, self.run.cfg.model.max_len),
-               "return_scores": True, "return_end_token": True}  # (whether each ended)
+    settings = self.settings(decode)
+    for note in set(settings["differences"]) - self.told:
+      log.warning("--engine=ctranslate2: %s", note)
+      self.told.add(note)
+    options = settings["translate_batch"]
+    tokens = {i: tag + self.tokenizer.encode_pieces(sentences[i]) for i in todo}
+    prefix = ({i: self.tokenizer.encode_pieces(prefixes[i], "target") if prefixes[i].strip()
+               else [] for i in todo} if prefixes and any(prefixes) else None)
+    caps = self._caps(decode, [tokens[i] for i in todo],
+                      None if prefix is None else [prefix[i] for i in todo])
     bar = tqdm(total=len(todo), unit="sent", file=sys.stderr) if progress else None
     chunk = decode.batch_size * 16  # (CTranslate2 sorts each call's sentences by length)
-    for start in range(0, len(todo), chunk):
-      rows = todo[start:start + chunk]
-      tokens = [tag + self.tokenizer.encode_pieces(sentences[i]) for i in rows]
-      prefix = ([self.tokenizer.encode_pieces(prefixes[i], "target") if prefixes[i] else None
-                 for i in rows] if prefixes and any(prefixes) else None)
-      results = self.translator.translate_batch(
-          tokens, target_prefix=prefix, max_batch_size=decode.batch_size,
-          batch_type="examples", **options)
-      for i, result in zip(rows, results):
-        out[i] = [self._hypothesis(pieces, score)
-                  for pieces, score in zip(result.hypotheses, result.scores)]
-      if bar is not None:
-        bar.update(len(rows))
+    for cap in sorted(set(caps)):
+      group = [i for i, c in zip(todo, caps) if c == cap]
+      for start in range(0, len(group), chunk):
+        rows = group[start:start + chunk]
+        results = self.translator.translate_batch(
+            [tokens[i] for i in rows],
+            target_prefix=None if prefix is None else [prefix[i] or None for i in rows],
+            batch_type="examples", **{**options, "max_decoding_length": cap,
+                                      "min_decoding_length": min(decode.min_length, cap)})
+        for i, result in zip(rows, results):
+          out[i] = self._nbest(decode, [self._hypothesis(pieces, score) for pieces, score
+                                        in zip(result.hypotheses, result.scores)])
+        if bar is not None:
+          bar.update(len(rows))
     if bar is not None:
       bar.close()
     return out
+
+  def settings(self, decode) -> dict:
+    """What CTranslate2 runs for `decode`: the `translate_batch` keywords (each call's
+    `max_decoding_length` at most the one here: its sentences' cap) and what it does
+    differently from ours (`ctranslate2_decoding.differences`)."""
+    return {"translate_batch": {**ctranslate2_decoding.translate_options(decode, self.max_len),
+                                "return_end_token": True},  # (whether each ended)
+            "differences": ctranslate2_decoding.differences(decode, engine=True)}
+
+  def _caps(self, decode, tokens: list[list[str]], prefixes: list[list[str]] | None
+            ) -> list[int]:
+    """Each sentence's length cap as our search gives it (sources of `tokens` and EOS, cut
+    at the model's positions as the search cuts them; prefixes of `prefixes`)."""
+    lengths = np.array([min(len(t) + 1, self.max_len) for t in tokens])
+    inputs = (np.arange(lengths.max())[None, :] < lengths[:, None]).astype(np.int32)
+    forced = None
+    if prefixes is not None:
+      counts = np.array([len(p) for p in prefixes])
+      forced = (np.arange(max(1, counts.max()))[None, :] < counts[:, None]).astype(np.int32)
+    return [int(cap) for cap in sentence_caps(decode, inputs, forced, self.max_len)]
+
+  def _nbest(self, decode, hyps: list[Hypothesis]) -> list[Hypothesis]:
+    """A sentence's n-best as our search returns it: with MBR, CTranslate2's candidates
+    ordered by expected utility (their scores kept), the first `nbest`."""
+    if not decode.mbr:
+      return hyps
+    return [hyps[i] for i in mbr_order([h.text for h in hyps], decode.mbr)][:decode.nbest]
+
+  def alignments(self, sentences: list[str], translations: list[Hypothesis]) -> list[str]:
+    raise UsageError("alignments: not with the ctranslate2 engine (our search's: "
+                     "--engine=jax)")
 
   def _hypothesis(self, pieces: list[str], score: float) -> Hypothesis:
     """A CTranslate2 hypothesis (asked with its end token) as our search's: ended when it
@@ -176,27 +224,37 @@ def translator(engine: str, workdir, checkpoint: str = "latest", decode_override
   """The `--engine` flag's translator: our search (jax) or CTranslate2, each refusing the
   other's flags in one line; `calls_at_once`: CTranslate2's calls from threads run at once
   (our search runs each thread's call as it comes)."""
+  check_flags([engine], dtype, compute_type, alignments, alignment_layer)
   if engine == "ctranslate2":
+    return Ctranslate2Translator(workdir, checkpoint, decode_overrides, source_tag,
+                                 compute_type, calls_at_once=calls_at_once)
+  return Translator(workdir, checkpoint, decode_overrides, source_tag, dtype, alignments,
+                    alignment_layer)
+
+
+def check_flags(engines: list[str], dtype: str = "", compute_type: str = "",
+                alignments: bool = False, alignment_layer: int | None = None):
+  """A UsageError naming the first flag given that none of `engines` takes (our search's
+  --dtype, --alignments and --alignment_layer; CTranslate2's --compute_type)."""
+  if "jax" not in engines:
     for flag, given in (("--dtype", dtype), ("--alignments", alignments),
                         ("--alignment_layer", alignment_layer is not None)):
       if given:
         raise UsageError(f"{flag}: not with --engine=ctranslate2 (use --compute_type; "
                          "alignments come from our search)")
-    return Ctranslate2Translator(workdir, checkpoint, decode_overrides, source_tag,
-                                 compute_type, calls_at_once=calls_at_once)
-  if compute_type:
+  if "ctranslate2" not in engines and compute_type:
     raise UsageError("--compute_type is CTranslate2's: with --engine=ctranslate2 (our search "
                      "takes --dtype)")
-  return Translator(workdir, checkpoint, decode_overrides, source_tag, dtype, alignments,
-                    alignment_layer)
 
 
-def evaluation_engines(names: list[str], requested_type: str = "") -> dict:
-  """`evaluate --engine`'s engines: {name: None (our search) or a translate function}."""
+def evaluation_engines(names: list[str], requested_type: str = "", dtype: str = "") -> dict:
+  """`evaluate --engine`'s engines: {name: None (our search) or a translate function}; a flag
+  that none of them takes (`check_flags`: `requested_type` is --compute_type) refused."""
   unknown = sorted(set(names) - set(ENGINES))
   if unknown:
     raise ConfigError(f"--engine={','.join(names)}: {unknown[0]!r} is no engine; expected jax "
                       "and/or ctranslate2")
+  check_flags(names, dtype, requested_type)
   return {name: None if name == "jax" else evaluation(requested_type) for name in names}
 
 
@@ -204,14 +262,14 @@ def evaluation(requested_type: str = ""):
   """`evaluate`'s translate function for CTranslate2 (see
   inference.checkpoint_eval.evaluate_checkpoints): the selected checkpoint's export (cached)
   translating the set's sources, after the set's tag if it has one, with `decode`, in its
-  batch size; returns the translations and the seconds spent exporting (or finding the
-  export) and loading it."""
-  def translate(run, selected, eval_set, decode) -> list[str]:
+  batch size; returns the translations, the seconds spent exporting (or finding the export)
+  and loading it, and what CTranslate2 ran (`Ctranslate2Translator.settings`)."""
+  def translate(run, selected, eval_set, decode) -> tuple[list[str], float, dict]:
     start = time.time()
     tag = run.tokenizer.pieces(eval_set.source_prefix)  # (its own, or --source_tag's)
     engine = Ctranslate2Translator(str(run.workdir), selected.label, (), "".join(tag),
                                    requested_type, run=run)
     prepared = time.time() - start  # (the export or the cache, and loading)
     results = engine.translate(eval_set.sources, decode=decode)
-    return [r[0].text if r else "" for r in results], prepared
+    return [r[0].text if r else "" for r in results], prepared, engine.settings(decode)
   return translate

@@ -147,6 +147,13 @@ def test_the_evaluate_tool_prints_the_table_and_says_what_is_wrong(tiny_run, tmp
       f"evaluate: {tmp_path / 'typo'} has no config.json: not a transformer_jax workdir "
       "(training writes it)")
   assert not (tmp_path / "typo").exists()  # (no folder made, no lock left in it)
+  # (an option our search cannot honour, as its declaration says: refused, not ignored)
+  status, _, err = helpers.run_tool(evaluate_cli.main, f"--workdir={tiny_run}",
+                                    f"--output_dir={tmp_path / 'out'}",
+                                    "--decode=no_repeat_ngram_size=3")
+  assert status == 2 and helpers.one_line_error(err) == (
+      "config error: decode.no_repeat_ngram_size=3: the jax engine cannot honour it (leave it "
+      "at 0, or use --engine=ctranslate2)")
 
 
 def test_a_run_without_a_test_split_is_scored_on_its_validation_split_saying_so(tiny_run,

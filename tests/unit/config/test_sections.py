@@ -94,3 +94,21 @@ def test_a_run_from_before_the_repetition_options_decodes_without_them():
   decode = layout.with_added_decode_keys({"beam_size": 4})
   assert (decode["no_repeat_ngram_size"], decode["repetition_penalty"]) == (0, 1.0)
   assert fields.unhonoured(helpers.section("decode"), "jax") == []
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+  theirs: str = fields.option(before="", ctranslate2=None)
+  ours: int = fields.option(before=0, ctranslate2="keyword", search=False)
+
+
+def test_an_engine_refuses_what_its_declaration_says_it_cannot_honour_in_one_line():
+  assert fields.unhonoured(_Options("", 0), "jax") == []
+  with pytest.raises(ConfigError, match=r"^decode\.theirs='x': the ctranslate2 engine cannot "
+                                        r"honour it \(leave it at '', or use --engine=jax\)$"):
+    fields.check_honoured(_Options("x", 0), "ctranslate2", "decode")
+  with pytest.raises(ConfigError, match=r"^decode\.ours=2: the jax engine cannot honour it "
+                                        r"\(leave it at 0, or use --engine=ctranslate2\)$"):
+    fields.check_honoured(_Options("", 2), "jax", "decode")
+  with pytest.raises(TypeError, match="needs `before`"):
+    fields.option(ctranslate2=None)

@@ -2,6 +2,7 @@
 and plot, the best and an average side by side, any pair of (gzipped) files, and what goes
 wrong said in one line."""
 
+import dataclasses
 import gzip
 import json
 import logging
@@ -12,6 +13,8 @@ import pytest
 
 from tests import helpers
 from transformer_jax.cli import evaluate as evaluate_cli
+from transformer_jax.config import fields
+from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data import corpus
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.errors import CheckpointError, DataError, UsageError
@@ -147,7 +150,13 @@ def test_the_evaluate_tool_prints_the_table_and_says_what_is_wrong(tiny_run, tmp
       f"evaluate: {tmp_path / 'typo'} has no config.json: not a transformer_jax workdir "
       "(training writes it)")
   assert not (tmp_path / "typo").exists()  # (no folder made, no lock left in it)
-  # (an option our search cannot honour, as its declaration says: refused, not ignored)
+
+
+def test_evaluate_refuses_an_option_our_search_cannot_honour(tiny_run, tmp_path, monkeypatch):
+  """(as its declaration says; here no_repeat_ngram_size declared without our search)"""
+  declared = fields.options(DecodeConfig)
+  monkeypatch.setattr(fields, "options", lambda cls: {**declared, "no_repeat_ngram_size": (
+      dataclasses.replace(declared["no_repeat_ngram_size"], search=False))})
   status, _, err = helpers.run_tool(evaluate_cli.main, f"--workdir={tiny_run}",
                                     f"--output_dir={tmp_path / 'out'}",
                                     "--decode=no_repeat_ngram_size=3")

@@ -1,10 +1,13 @@
 """The server's engine: each sentence's n-best and what its client is told of it."""
 
+import dataclasses
 import types
 
 import pytest
 
 from tests import helpers
+from transformer_jax.config import fields
+from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.decoding.batches import Hypothesis
 from transformer_jax.errors import ConfigError
@@ -44,9 +47,13 @@ def test_a_source_past_the_models_positions_and_a_capped_translation_are_noted(t
                  ["hypothesis 2 of its 2 stopped at the length cap of 9 subwords, unfinished"])]
 
 
-def test_an_option_the_engine_cannot_honour_is_refused_naming_option_and_engine(tiny_tokenizer):
-  """(as the options' declarations say: our search has no repetition options yet, CTranslate2
-  has both)"""
+def test_an_option_the_engine_cannot_honour_is_refused_naming_option_and_engine(tiny_tokenizer,
+                                                                             monkeypatch):
+  """(as the options' declarations say; here our search declared without no_repeat_ngram_size,
+  CTranslate2 with it)"""
+  declared = fields.options(DecodeConfig)
+  monkeypatch.setattr(fields, "options", lambda cls: {**declared, "no_repeat_ngram_size": (
+      dataclasses.replace(declared["no_repeat_ngram_size"], search=False))})
   ours, request = Engine(Stub(tiny_tokenizer)), Options((("no_repeat_ngram_size", 3),))
   with pytest.raises(ConfigError, match=r"^decode\.no_repeat_ngram_size=3: the jax engine "
                                         r"cannot honour it \(leave it at 0, or use "

@@ -78,6 +78,35 @@ def test_greedy_translations_equal_ours_on_99_percent_of_test2016(exported, monk
   assert len({*ours}) > 50  # (a model that says something, not one sentence for all)
 
 
+def _repeated_bigrams(ids) -> int:
+  grams = list(zip(ids, ids[1:]))
+  return len(grams) - len(set(grams))
+
+
+@pytest.mark.parametrize("option", ["no_repeat_ngram_size=2", "repetition_penalty=1.5"])
+def test_ctranslate2_honours_the_repetition_options_as_ours(exported, monkeypatch, option):
+  """Greedy, so that the two engines' length penalties play no part: with each option both
+  give the same translations (as without it), and the option changes many of them."""
+  workdir, folder = exported
+  sources = _lines("test2016.de.gz")[:200]
+  monkeypatch.setattr(engines, "cached_export", lambda run, selected: folder)
+  decode = ["greedy=true", option]
+  engine = engines.Ctranslate2Translator(str(workdir), "latest", decode,
+                                         requested_type="float32")
+  ours = Translator(str(workdir), "latest", decode, dtype="float32")
+  our_hyps = [h[0] for h in ours.translate(sources)]
+  their_hyps = [h[0] for h in engine.translate(sources)]
+  same = sum(a.ids == b.ids for a, b in zip(our_hyps, their_hyps))
+  assert same >= 0.99 * len(sources), [(a.text, b.text) for a, b in zip(our_hyps, their_hyps)
+                                       if a.ids != b.ids][:3]
+  plain = Translator(str(workdir), "latest", ["greedy=true"], dtype="float32")
+  changed = sum(a.ids != h[0].ids for a, h in zip(our_hyps, plain.translate(sources)))
+  print(f"{option}: {same}/{len(sources)} equal, {changed} changed by it")
+  assert changed >= 0.05 * len(sources)
+  if option.startswith("no_repeat"):
+    assert sum(_repeated_bigrams(h.ids) for h in our_hyps + their_hyps) == 0
+
+
 def test_beam_4_bleu_is_within_0_3_of_ours(exported):
   references = [_lines("test2016.en.gz")[:SENTENCES]]
   ours, theirs = _both(*exported, ["beam_size=4"])

@@ -294,11 +294,11 @@ class DecodeConfig:
   # no n-gram of this many tokens twice in a translation (its forced prefix included): a token
   # that would repeat one is never chosen; 0 = off
   no_repeat_ngram_size: int = option(before=0, minimum=0, request="no_repeat_ngram_size",
-                                     ctranslate2="no_repeat_ngram_size", search=False)
+                                     ctranslate2="no_repeat_ngram_size", compiles="static")
   # > 1: each token already in the translation has its logit divided by this (a negative
   # one multiplied) before the softmax (Keskar et al., 2019); 1 = off
   repetition_penalty: float = option(before=1.0, above=0, request="repetition_penalty",
-                                     ctranslate2="repetition_penalty", search=False)
+                                     ctranslate2="repetition_penalty", compiles="static")
 
   def __post_init__(self):
     check_ranges("config.decode", self)

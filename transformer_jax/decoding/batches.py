@@ -4,6 +4,7 @@ the mesh's batch axes, turned back into text in input order."""
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import NamedTuple
 
 import jax
@@ -14,6 +15,7 @@ from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import EOS_ID, content_ids
 from transformer_jax.decoding import resizing
 from transformer_jax.decoding.mbr import mbr_order
+from transformer_jax.decoding.rules import TokenRules
 from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.search import beam_search, greedy_search
 from transformer_jax.ops.masking import NEG_INF
@@ -42,7 +44,9 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
   translation does not depend on the batch. A batch has `cfg.batch_size` rows, the last one
   the smallest of a few sizes that holds it (`resizing.row_sizes`), split over the mesh's
   batch axes; sentences leave the search as they finish (see `search`). Samples (MBR over
-  samples) are drawn together, a row per sample, each from its own key. `counts`: a Counter
+  samples) are drawn together, a row per sample, each from its own key, made from the seed
+  and the sentence's own ids: a sample does not depend on the sentence's neighbours or its
+  place in the input (the same source, the same sample). `counts`: a Counter
   that adds up the work done (see `search.beam_search`).
   """
   unit, batch_size = 1, cfg.batch_size
@@ -54,6 +58,7 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
   max_positions = scorer.max_len
   candidates = cfg.mbr_candidates if cfg.mbr else cfg.nbest
   draws = candidates if cfg.sampling else 1
+  rules = TokenRules.of(cfg)
   for rows, batch in eval_set.batches(batch_size, max_len=max_positions):
     size = resizing.fitting_size(len(rows), sizes)
     inputs, prefixes = batch["inputs"][:size], batch.get("prefixes")
@@ -70,23 +75,24 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
         prefixes = mesh_lib.global_array_from_full(prefixes, mesh)
     if cfg.greedy or cfg.sampling:
       rng = None
-      if cfg.sampling:  # (the key of draw n of sentence i: the seed folded with i, then n)
-        ids = np.zeros((size,), np.int32)
-        ids[:len(rows)] = rows
+      if cfg.sampling:  # (draw n of a sentence: the seed folded with its ids' hash, then n)
+        ids = np.zeros((size,), np.uint32)
+        ids[:len(rows)] = [zlib.crc32(np.asarray(eval_set.source_ids[i], "<i4").tobytes())
+                           for i in rows]
         base_rng = jax.random.PRNGKey(cfg.seed)
         rng = jax.vmap(lambda i, n: jax.random.fold_in(jax.random.fold_in(base_rng, i), n))(
             jnp.repeat(ids, draws), jnp.tile(jnp.arange(draws), size))
       seqs, scores = greedy_search(scorer, None, inputs, max_len=max_len, rng=rng,
                                    temperature=cfg.temperature, top_k=cfg.top_k,
                                    top_p=cfg.top_p, prefix_BP=prefixes, caps=caps, unit=unit,
-                                   counts=counts)
+                                   counts=counts, rules=rules)
       seqs, scores = seqs.reshape(size, draws, -1), scores.reshape(size, draws)
     else:
       seqs, scores = beam_search(scorer, None, inputs, beam_size=cfg.beam_size,
                                  alpha=cfg.length_penalty, max_len=max_len,
                                  num_return=candidates, min_len=cfg.min_length,
                                  prefix_BP=prefixes, caps=caps, unit=unit, counts=counts,
-                                 beam_impl=cfg.beam_impl)
+                                 beam_impl=cfg.beam_impl, rules=rules)
       seqs, scores = seqs[:, :candidates], scores[:, :candidates]
     yield rows, seqs, scores
 

@@ -28,8 +28,8 @@ class Ensemble:
   def new_cache(self, inputs_BS, rows_per_source: int, length: int, shared: bool = False):
     return tuple(m.new_cache(inputs_BS, rows_per_source, length, shared) for m in self.models)
 
-  def step(self, cache, inputs_BS, tokens_N, readable_BRS=None):
-    log_probs, caches = zip(*(m.step(c, inputs_BS, tokens_N, readable_BRS)
+  def step(self, cache, inputs_BS, tokens_N, readable_BRS=None, adjust=None):
+    log_probs, caches = zip(*(m.step(c, inputs_BS, tokens_N, readable_BRS, adjust)
                               for m, c in zip(self.models, cache)))
     return sum(log_probs[1:], log_probs[0]) / len(log_probs), tuple(caches)
 

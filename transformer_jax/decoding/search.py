@@ -33,6 +33,7 @@ import numpy as np
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import beam_caches, resizing
 from transformer_jax.decoding.ensemble import prepare
+from transformer_jax.decoding.rules import TokenRules
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.top_k import top_k
 from transformer_jax.parallel import mesh as mesh_lib
@@ -52,24 +53,34 @@ def _unflat(x, batch_size):  # (B*W, ...) -> (B, W, ...)
   return x.reshape((batch_size, -1) + x.shape[1:])
 
 
-def _next_log_probs(scorer, s, tokens_N, reads_BWS=None):
-  """Log-probabilities (N, V) of the next token after `tokens_N` and the new cache; PAD is
-  never generated. `reads_BWS`: the cache slots each row reads, when a sentence's
-  hypotheses share one (`beam_caches.reads`)."""
-  log_probs, cache = scorer.step(s.cache, s.inputs, tokens_N, reads_BWS)
-  return log_probs.at[:, PAD_ID].set(NEG_INF), cache
-
-
-def _force_prefix(log_probs_NV, prefix_BP, step, rows_per_sentence: int):
-  """Log-probabilities with every token but the prefix's at `step` removed, for sentences
-  whose prefix is that long (prefix_BP: 0-padded ids; None: no prefix)."""
+def _forced(prefix_BP, step, rows_per_sentence: int):
+  """(N,) each row's token forced by its sentence's prefix at `step`, 0 where none is
+  (prefix_BP: 0-padded ids; None: no prefix)."""
   if prefix_BP is None:
-    return log_probs_NV
+    return None
   P = prefix_BP.shape[1]
   forced_B = jnp.take(prefix_BP, jnp.minimum(step, P - 1), axis=1)
-  forced_N = jnp.repeat(jnp.where(step < P, forced_B, 0), rows_per_sentence)
-  keep_NV = jax.nn.one_hot(forced_N, log_probs_NV.shape[-1], dtype=bool)
-  return jnp.where((forced_N > 0)[:, None] & ~keep_NV, NEG_INF, log_probs_NV)
+  return jnp.repeat(jnp.where(step < P, forced_B, 0), rows_per_sentence)
+
+
+def _next_log_probs(scorer, s, tokens_N, history_NC, rules: TokenRules, reads_BWS=None):
+  """Log-probabilities (N, V) of the next token after `tokens_N` and the new cache: PAD is
+  never generated; a token forced by the prefix is the only one its row may take; `rules`
+  rewrite each row's logits from its tokens so far (`history_NC`). `reads_BWS`: the cache
+  slots each row reads, when a sentence's hypotheses share one (`beam_caches.reads`)."""
+  rows_per_sentence = tokens_N.shape[0] // s.inputs.shape[0]
+  forced_N = _forced(s.prefix, s.step, rows_per_sentence)
+  adjust = None
+  if rules.active:
+    free_N = jnp.ones(tokens_N.shape, bool) if forced_N is None else forced_N == 0
+    adjust = functools.partial(rules.adjust, tokens_NC=history_NC, length=s.step,
+                               free_N=free_N)
+  log_probs, cache = scorer.step(s.cache, s.inputs, tokens_N, reads_BWS, adjust)
+  log_probs = log_probs.at[:, PAD_ID].set(NEG_INF)
+  if forced_N is not None:
+    keep_NV = jax.nn.one_hot(forced_N, log_probs.shape[-1], dtype=bool)
+    log_probs = jnp.where((forced_N > 0)[:, None] & ~keep_NV, NEG_INF, log_probs)
+  return log_probs, cache
 
 
 def _cache(scorer, inputs_BS, rows_per_sentence: int, capacity: int, flat: bool = False):
@@ -195,15 +206,15 @@ def _beam_active(s: BeamState, alpha: float, num_return: int):
   return (s.step < s.caps) & (best_possible > s.finished_scores[:, num_return - 1])
 
 
-def beam_step(scorer, s: BeamState, *, alpha: float, num_return: int, min_len: int
-              ) -> BeamState:
+def beam_step(scorer, s: BeamState, *, alpha: float, num_return: int, min_len: int,
+              rules: TokenRules = TokenRules()) -> BeamState:
   """One step of beam search (what `beam_loop` repeats)."""
   B, W = s.live_seqs.shape[:2]
   active = _beam_active(s, alpha, num_return)
   previous = jnp.where(s.step == 0, 0, jnp.take(s.live_seqs, s.step - 1, axis=2))
   reads_BWS = None if s.ancestry is None else beam_caches.reads(s.ancestry, s.step)
-  log_probs, cache = _next_log_probs(scorer, s, _flat(previous), reads_BWS)
-  log_probs = _force_prefix(log_probs, s.prefix, s.step, W)
+  log_probs, cache = _next_log_probs(scorer, s, _flat(previous), _flat(s.live_seqs), rules,
+                                     reads_BWS)
   if min_len:
     log_probs = jnp.where(s.step < min_len, log_probs.at[:, EOS_ID].set(NEG_INF), log_probs)
   V = log_probs.shape[-1]
@@ -237,9 +248,9 @@ def beam_step(scorer, s: BeamState, *, alpha: float, num_return: int, min_len: i
                    cache=cache, ancestry=ancestry)
 
 
-@stored_jit(static_argnames=("alpha", "num_return", "min_len", "stop_at"))
+@stored_jit(static_argnames=("alpha", "num_return", "min_len", "stop_at", "rules"))
 def beam_loop(scorer, state: BeamState, *, alpha: float, num_return: int, min_len: int,
-              stop_at: int):
+              stop_at: int, rules: TokenRules = TokenRules()):
   """Beam steps while the cache has room and more than `stop_at` sentences are searching;
   returns the state and which sentences are."""
   def go_on(s):
@@ -247,13 +258,14 @@ def beam_loop(scorer, state: BeamState, *, alpha: float, num_return: int, min_le
 
   state = jax.lax.while_loop(
       go_on, lambda s: beam_step(scorer, s, alpha=alpha, num_return=num_return,
-                                 min_len=min_len), state)
+                                 min_len=min_len, rules=rules), state)
   return state, _beam_active(state, alpha, num_return)
 
 
 def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
                 num_return: int = 1, min_len: int = 0, prefix_BP=None, caps=None,
-                unit: int = 1, counts=None, beam_impl: str = "auto"):
+                unit: int = 1, counts=None, beam_impl: str = "auto",
+                rules: TokenRules = TokenRules()):
   """Returns (sequences (B, W, max_len), scores (B, W)) as numpy arrays, best first;
   sequences end in EOS (or stop at their cap) and are padded with 0. The search of a
   sentence runs until its best `num_return` finished hypotheses can no longer change, so
@@ -262,7 +274,8 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   max_len for all. `model`/`params`: one model or tuples (an ensemble); `prefix_BP`: target
   prefixes to force (0-padded); `unit`: batch sizes stay multiples of it (the mesh's
   data-parallel size); `counts`: a Counter that adds up the work done (see `_run`);
-  `beam_impl`: how hypotheses keep their self-attention caches (`beam_caches`)."""
+  `beam_impl`: how hypotheses keep their self-attention caches (`beam_caches`); `rules`:
+  what a hypothesis may generate next beside its scores (`rules.TokenRules`)."""
   B, W = inputs_BS.shape[0], beam_size
   scorer = prepare(model, params)
   seqs = np.zeros((B, W, max_len), np.int32)
@@ -275,7 +288,7 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   state = beam_start(scorer, inputs_BS, _caps(caps, max_len, B), prefix_BP, beam_size=W,
                      beam_impl=beam_impl)
   advance = functools.partial(beam_loop, scorer, alpha=alpha, num_return=num_return,
-                              min_len=min_len)
+                              min_len=min_len, rules=rules)
   _run(state, advance, B, unit, store, counts)
   return seqs, scores
 
@@ -320,10 +333,10 @@ def greedy_start(scorer, inputs_BS, caps_B, prefix_BP, keys_B2) -> GreedyState:
       done=caps_B <= 0, cache=cache, cache_axes=cache_axes)
 
 
-def _greedy_step(scorer, s: GreedyState, temperature: float, top_k: int, top_p: float):
+def _greedy_step(scorer, s: GreedyState, temperature: float, top_k: int, top_p: float,
+                 rules: TokenRules):
   previous = jnp.where(s.step == 0, 0, jnp.take(s.seqs, s.step - 1, axis=1))
-  log_probs, cache = _next_log_probs(scorer, s, previous)
-  log_probs = _force_prefix(log_probs, s.prefix, s.step, 1)
+  log_probs, cache = _next_log_probs(scorer, s, previous, s.seqs, rules)
   if s.keys is None:
     token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)
   else:  # (each row draws from its own key: a sample depends on nothing else in the batch)
@@ -338,16 +351,16 @@ def _greedy_step(scorer, s: GreedyState, temperature: float, top_k: int, top_p: 
   return s.replace(step=s.step + 1, seqs=seqs, logprobs=logprobs, done=done, cache=cache)
 
 
-@stored_jit(static_argnames=("temperature", "top_k", "top_p", "stop_at"))
+@stored_jit(static_argnames=("temperature", "top_k", "top_p", "stop_at", "rules"))
 def greedy_loop(scorer, state: GreedyState, *, temperature: float, top_k: int, top_p: float,
-                stop_at: int):
+                stop_at: int, rules: TokenRules = TokenRules()):
   """Greedy (or sampling) steps while the cache has room and more than `stop_at` rows are
   unfinished; returns the state and which rows are."""
   def go_on(s):
     return (s.step < s.capacity) & (jnp.sum(~s.done) > stop_at)
 
   state = jax.lax.while_loop(
-      go_on, lambda s: _greedy_step(scorer, s, temperature, top_k, top_p), state)
+      go_on, lambda s: _greedy_step(scorer, s, temperature, top_k, top_p, rules), state)
   return state, ~state.done
 
 
@@ -359,11 +372,12 @@ def row_keys(rng, ids) -> jax.Array:
 
 def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, prefix_BP=None, caps=None,
-                  unit: int = 1, counts=None):
+                  unit: int = 1, counts=None, rules: TokenRules = TokenRules()):
   """Argmax decoding, or ancestral sampling when `rng` is given (with temperature, top-k and
   top-p filtering): one key, folded with each row's index, or (B, 2) keys, one per row (see
   `row_keys`). Returns (sequences (B, max_len), total log-probabilities (B,)) as numpy
-  arrays. `model`/`params`, `prefix_BP`, `caps`, `unit` and `counts` as for beam_search."""
+  arrays. `model`/`params`, `prefix_BP`, `caps`, `unit`, `counts` and `rules` as for
+  beam_search."""
   B = inputs_BS.shape[0]
   scorer = prepare(model, params)
   if rng is not None and jnp.ndim(rng) == 1:
@@ -377,6 +391,6 @@ def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperatu
 
   state = greedy_start(scorer, inputs_BS, _caps(caps, max_len, B), prefix_BP, rng)
   advance = functools.partial(greedy_loop, scorer, temperature=temperature, top_k=top_k,
-                              top_p=top_p)
+                              top_p=top_p, rules=rules)
   _run(state, advance, B, unit, store, counts)
   return seqs, logprobs

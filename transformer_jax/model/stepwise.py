@@ -6,7 +6,8 @@ searches (`decoding.search` imports no model; it takes this interface, or an ens
   cache, a step writing R slots (row r's at step i: slot i * R + r), which each row reads
   through its own mask (`step`'s `readable_BRS`) instead of the cache being moved;
 - `step`: each row's log-probabilities of its next token after `tokens_N`, and the cache with
-  this step's keys/values in it;
+  this step's keys/values in it (`adjust`: a function that rewrites the logits before their
+  log-softmax, e.g. the search's rules on repeated tokens);
 - `cache_axes`: what each array of a cache holds along its axes (`CacheAxes`), so that code
   outside the model resizes and reorders caches without knowing their variable names.
 """
@@ -82,15 +83,19 @@ class StepwiseModel:
     cache = mutated["cache"]
     return _shared(cache, rows_per_source) if shared else cache
 
-  def step(self, cache, inputs_BS, tokens_N, readable_BRS=None):
+  def step(self, cache, inputs_BS, tokens_N, readable_BRS=None, adjust=None):
     """(log-probabilities (N, V) in f32 of each row's next token after `tokens_N`, the
     cache); `inputs_BS`: the sources (their padding is masked); `readable_BRS`: with a
-    shared cache, the slots each of a source's R rows reads."""
+    shared cache, the slots each of a source's R rows reads; `adjust`: logits (N, V) ->
+    logits, applied before the log-softmax."""
     # (the encoder's output is in the cache already, as cross-attention keys/values)
     logits, mutated = self.model.apply(
         {"params": self.params, "cache": cache}, None, inputs_BS, tokens_N[:, None],
         decode=True, method=Transformer.decode, mutable=["cache"], readable_BRS=readable_BRS)
-    return jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)), mutated["cache"]
+    logits_NV = logits[:, 0].astype(jnp.float32)
+    if adjust is not None:
+      logits_NV = adjust(logits_NV)
+    return jax.nn.log_softmax(logits_NV), mutated["cache"]
 
   @staticmethod
   def cache_axes(cache):

@@ -11,6 +11,7 @@ from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.decoding.batches import Hypothesis
 from transformer_jax.errors import ConfigError
+from transformer_jax.inference.translator import Translator
 from transformer_jax.serving.engine import Engine, Options, Translated
 
 
@@ -62,3 +63,21 @@ def test_an_option_the_engine_cannot_honour_is_refused_naming_option_and_engine(
   theirs = Stub(tiny_tokenizer)
   theirs.engine = "ctranslate2"
   assert Engine(theirs).decode_config(request).no_repeat_ngram_size == 3
+
+
+def test_a_sentence_samples_the_same_alone_and_beside_others(tiny_run):
+  """A sentence's sample depends on its seed and its own text, not on its neighbours: sampled
+  alone, or beside others in one request or one batch of the server's, it is the same."""
+  engine = Engine(Translator(str(tiny_run), decode_overrides=["sampling=true"]))
+  target = "Eine Frau spielt Gitarre."
+  others = ["Ein Hund läuft durch den Schnee.", "Zwei Männer.", "Ein Kind lacht."]
+
+  def sample(sentences, seed=None):
+    answers = engine.translate(sentences, [""] * len(sentences), Options(seed=seed))
+    return answers[sentences.index(target)].hypotheses[0]["translation"]
+
+  for seed in (None, 7):  # (unseeded: the run's decode.seed)
+    alone = sample([target], seed)
+    assert sample([*others, target], seed) == alone
+    assert sample([others[0], target, *others[1:]], seed) == alone
+  assert len({sample([target], s) for s in (1, 2, 3, 4)}) > 1  # (the seed does change it)

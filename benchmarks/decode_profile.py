@@ -33,8 +33,8 @@ import numpy as np
 from absl import app, flags
 
 from transformer_jax.data.eval_sets import load_eval_set
-from transformer_jax.decoding.batches import sentence_caps
 from transformer_jax.decoding import search
+from transformer_jax.decoding.batches import sentence_caps
 from transformer_jax.decoding.search import beam_search
 from transformer_jax.inference import trained_run
 from transformer_jax.parallel import hardware

@@ -5,14 +5,16 @@ sentences/s on this machine, the same run, alternating rounds; and the export's 
   python benchmarks/export_speed.py --workdir=runs/default [--checkpoint=latest] [--rounds=3] \
       [--decode=beam_impl=flat]
 
-Ours decodes as `transformer-jax-translate` does (the run's dtype and decoding settings, with
-`--decode`'s overrides);
-CTranslate2 with those settings as `translate_batch` arguments (export.json's), on
-`--threads` threads (intra_threads; one translator; int8's rounds after the others).
+Both decode through the one engine protocol (`decoding.engine`), as
+`transformer-jax-translate` does: ours with the run's dtype and decoding settings (with
+`--decode`'s overrides), CTranslate2 with those settings as it honours them
+(`interop.engines.Ctranslate2Engine`: each sentence at our length cap, a `translate_batch`
+call per cap), on all cores (one translator; int8's rounds after the others).
 Sentences/s is the median round's, warm (our first, compiling round is reported apart).
 Prints a BENCHMARKS.md entry.
 """
 
+import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +30,7 @@ from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.inference.translator import Translator
 from transformer_jax.interop import ctranslate2_decoding
 from transformer_jax.interop.ctranslate2_export import export
+from transformer_jax.interop.engines import Ctranslate2Engine
 from transformer_jax.parallel import hardware
 
 FLAGS = flags.FLAGS
@@ -35,7 +38,6 @@ flags.DEFINE_string("workdir", None, "A trained workdir.", required=True)
 flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
 flags.DEFINE_string("split", "", "Split to translate (default: the run's test split).")
 flags.DEFINE_integer("rounds", 3, "Timed rounds of each system (alternating).")
-flags.DEFINE_integer("threads", 2, "CTranslate2's intra_threads.")
 flags.DEFINE_multi_string("decode", [], "Our search's config.decode overrides (KEY=VALUE), "
                           "e.g. beam_impl=flat.")
 
@@ -66,18 +68,20 @@ def main(_):
     print(f"exported {quantization} in {seconds:.1f} s "
           f"({(folders[quantization] / 'model.bin').stat().st_size / 2**20:.1f} MiB)",
           file=sys.stderr)
-  sp = run.tokenizer.sp
   options = ctranslate2_decoding.translate_options(ours.decode, run.cfg.model.max_len)
 
-  def translator(quantization: str) -> ctranslate2.Translator:
-    return ctranslate2.Translator(str(folders[quantization]), device="cpu", inter_threads=1,
-                                  intra_threads=FLAGS.threads)
+  def translator(quantization: str, decode=None) -> Ctranslate2Engine:
+    return Ctranslate2Engine(folders[quantization], run.tokenizer, decode or ours.decode,
+                             run.cfg.model.max_len, compute_type=quantization)
+
+  def best(engine, decode=None):
+    return [h[0].text if h else "" for h in engine.translate(sources, decode=decode)]
 
   def ours_fn():
-    return _timed(lambda: [h[0].text if h else "" for h in ours.translate(sources)])
+    return _timed(lambda: best(ours.engine))
 
-  def timed_translation(loaded: ctranslate2.Translator):
-    return lambda: _timed(lambda: ctranslate2_decoding.translate(loaded, sp, sources, options))
+  def timed_translation(engine: Ctranslate2Engine):
+    return lambda: _timed(lambda: best(engine))
 
   # Ours and CTranslate2 float32 alternate; the int8 translator is made after their rounds:
   # once one has run, its threads stay in the process and slowed float32 by a quarter to a
@@ -100,17 +104,15 @@ def main(_):
   agreement = {}
   for mode, decode in (("greedy", ["greedy=true"]), ("beam", [])):
     exact = Translator(FLAGS.workdir, checkpoint, [*decode, *cap], dtype="float32")
-    mine = [h[0].text if h else "" for h in exact.translate(sources)]
-    theirs = ctranslate2_decoding.translate(
-        float32, sp, sources,
-        ctranslate2_decoding.translate_options(exact.decode, run.cfg.model.max_len))
+    mine = best(exact.engine)
+    theirs = best(float32, exact.decode)
     agreement[mode] = (sum(a == b for a, b in zip(mine, theirs)), _bleu(mine, refs),
                        _bleu(theirs, refs))
 
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
   print(f"- machine: {hardware.describe_machine()}; {time.strftime('%Y-%m-%d %H:%M')}; commit "
-        f"{commit}; ctranslate2 {ctranslate2.__version__} (intra_threads={FLAGS.threads})")
+        f"{commit}; ctranslate2 {ctranslate2.__version__} (intra_threads={os.cpu_count()})")
   print(f"- command: `python benchmarks/export_speed.py --workdir={FLAGS.workdir} "
         f"--checkpoint={checkpoint} --rounds={FLAGS.rounds}"
         f"{''.join(f' --decode={d}' for d in FLAGS.decode)}`; run's checkpoint "
@@ -118,7 +120,8 @@ def main(_):
   print(f"- {split}: {len(sources)} sentences, beam {ours.decode.beam_size}, length penalty "
         f"{ours.decode.length_penalty} (ours GNMT, CTranslate2 length ** alpha), our cap "
         f"min({ours.decode.max_length}, {ours.decode.max_length_a} * source + "
-        f"{ours.decode.max_length_b}), CTranslate2's {options['max_decoding_length']}")
+        f"{ours.decode.max_length_b}), CTranslate2's the same (a call per cap, at most "
+        f"{options['max_decoding_length']})")
   print()
   print("| system | BLEU | chrF | sentences/s (median round) | rounds (s) |")
   print("|---|---|---|---|---|")

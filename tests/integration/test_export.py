@@ -27,7 +27,7 @@ from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
 from transformer_jax.inference.translator import Translator
 from transformer_jax.interop import ctranslate2_decoding, engines
 from transformer_jax.interop.ctranslate2_export import TOKENIZER_FILE
-from transformer_jax.serving.engine import Engine, Options
+from transformer_jax.serving.service import Options, Service
 
 CORPUS = helpers.ROOT / "transformer_jax" / "corpora" / "multi30k"
 SENTENCES = 500  # the first of test2016's 1,000
@@ -53,12 +53,20 @@ def _both(workdir, folder, decode):
   ours = Translator(str(workdir), "latest", [*decode, "max_length_a=0",
                                              f"max_length_b={length}"], dtype="float32")
   our_out = [hyps[0].text if hyps else "" for hyps in ours.translate(sources)]
-  options = ctranslate2_decoding.translate_options(ours.decode, ours.run.cfg.model.max_len)
-  sp = ours.run.tokenizer.sp
   assert (folder / TOKENIZER_FILE).read_bytes() == ours.run.tokenizer.model_proto
-  their_out = ctranslate2_decoding.translate(
-      ctranslate2.Translator(str(folder), device="cpu", intra_threads=2), sp, sources, options)
+  theirs = engines.Ctranslate2Engine(folder, ours.run.tokenizer, ours.decode,
+                                     ours.run.cfg.model.max_len, compute_type="float32")
+  their_out = [hyps[0].text if hyps else "" for hyps in theirs.translate(sources)]
   return our_out, their_out
+
+
+def _raw(folder, tokenizer, sources, decode, max_len):
+  """CTranslate2's own best translations of `sources` (translate_batch with `decode`'s
+  arguments, no engine between), to hold the engine to."""
+  results = ctranslate2.Translator(str(folder), device="cpu").translate_batch(
+      [tokenizer.sp.encode(s, out_type=str) for s in sources],
+      **ctranslate2_decoding.translate_options(decode, max_len))
+  return [tokenizer.sp.decode(r.hypotheses[0]) for r in results]
 
 
 def test_greedy_translations_equal_ours_on_99_percent_of_test2016(exported, monkeypatch):
@@ -66,8 +74,8 @@ def test_greedy_translations_equal_ours_on_99_percent_of_test2016(exported, monk
   sources = _lines("test2016.de.gz")[:SENTENCES]
   monkeypatch.setattr(engines, "cached_export", lambda run, selected: folder)
   caps = ["greedy=true"]  # (the run's per-sentence caps: max_length_a=1.5, max_length_b=10)
-  engine = engines.Ctranslate2Translator(str(workdir), "latest", caps,
-                                         requested_type="float32")
+  engine = engines.ctranslate2_translator(str(workdir), "latest", caps,
+                                          requested_type="float32")
   ours = [h[0].text if h else "" for h in Translator(str(workdir), "latest", caps,
                                                       dtype="float32").translate(sources)]
   theirs = [h[0].text if h else "" for h in engine.translate(sources)]
@@ -91,8 +99,8 @@ def test_ctranslate2_honours_the_repetition_options_as_ours(exported, monkeypatc
   sources = _lines("test2016.de.gz")[:200]
   monkeypatch.setattr(engines, "cached_export", lambda run, selected: folder)
   decode = ["greedy=true", option]
-  engine = engines.Ctranslate2Translator(str(workdir), "latest", decode,
-                                         requested_type="float32")
+  engine = engines.ctranslate2_translator(str(workdir), "latest", decode,
+                                          requested_type="float32")
   ours = Translator(str(workdir), "latest", decode, dtype="float32")
   our_hyps = [h[0] for h in ours.translate(sources)]
   their_hyps = [h[0] for h in engine.translate(sources)]
@@ -132,21 +140,20 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
   made = (cached / "model.bin").stat().st_mtime_ns
   step = json.loads((cached / "export.json").read_text())["steps"][0]
   greedy = ["greedy=true", "max_length_a=0", f"max_length_b={first.decode.max_length}"]
-  again = engines.Ctranslate2Translator(str(workdir), str(step), greedy,
-                                           requested_type="float32", calls_at_once=2)
+  again = engines.ctranslate2_translator(str(workdir), str(step), greedy,
+                                          requested_type="float32", calls_at_once=2)
   assert (cached / "model.bin").stat().st_mtime_ns == made  # (from the cache)
   translated = again.translate(sources)
-  expected = ctranslate2_decoding.translate(
-      ctranslate2.Translator(str(folder), device="cpu"), first.tokenizer.sp, sources,
-      ctranslate2_decoding.translate_options(again.decode, again.run.cfg.model.max_len))
+  expected = _raw(folder, first.run.tokenizer, sources, again.decode,
+                  again.run.cfg.model.max_len)
   assert [h[0].text for h in translated] == expected
-  assert [first.tokenizer.decode(list(h[0].ids)) for h in translated] == expected
+  assert [first.run.tokenizer.decode(list(h[0].ids)) for h in translated] == expected
   # (a server's two workers: two calls at once, each on its own CTranslate2 thread)
-  assert again.translator.num_translators == 2
+  assert again.engine.translator.num_translators == 2
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     halves = list(pool.map(again.translate, [sources[:50], sources[50:]]))
   assert [h[0].text for half in halves for h in half] == expected
-  served = Engine(again).translate(sources[:4], [""] * 4, Options())
+  served = Service(again).translate(sources[:4], [""] * 4, Options())
   assert [answer.hypotheses[0]["translation"] for answer in served] == expected[:4]
   # (whether a translation ended, or its cap stopped it, as our search says it: at a cap of
   # 16 subwords some end, some do not)
@@ -156,7 +163,7 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
   assert [h[0].ended for h in translated] == [len(h[0].ids) < again.decode.max_length
                                               for h in translated]
   with pytest.raises(ConfigError, match="alignments: not with the ctranslate2 engine"):
-    Engine(again).decode_config(Options(alignments=True))
+    Service(again).decode_config(Options(alignments=True))
   with pytest.raises(ConfigError, match="--compute_type=float64: CTranslate2 on this cpu "
                                         "supports"):
     engines.compute_type("float64")
@@ -184,9 +191,7 @@ def test_evaluate_scores_with_the_ctranslate2_engine(exported, tmp_path, monkeyp
   assert [n.split(":")[0] for n in result["engine_settings"]["differences"]] == [
       "length_penalty=0.6"]
   sources = _lines("test2016.de.gz")[:100]
-  expected = ctranslate2_decoding.translate(
-      ctranslate2.Translator(str(folder), device="cpu"), run.run.tokenizer.sp, sources,
-      ctranslate2_decoding.translate_options(run.decode, run.run.cfg.model.max_len))
+  expected = _raw(folder, run.run.tokenizer, sources, run.decode, run.run.cfg.model.max_len)
   hyps = (tmp_path / "eval" / f"{result['label']}.hyp").read_text().splitlines()
   assert hyps == expected
   references = [_lines("test2016.en.gz")[:100]]

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 
 from transformer_jax.aot import flops
 from transformer_jax.config.sections import TrainConfig
-from transformer_jax.decoding import ensemble, resizing, search
+from transformer_jax.decoding import ensemble, resizing
+from transformer_jax.decoding.engine import SearchEngine
 from transformer_jax.evaluation.evaluator import eval_step
 from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.stepwise import StepwiseModel
@@ -131,19 +132,14 @@ def decoding_model(cfg: TrainConfig, mesh) -> StepwiseModel:
 
 
 def beam_programs(cfg: TrainConfig, mesh) -> list[Program]:
-  """Beam search's start (encoding the batch, creating the caches) and its loop; the loop's
-  twin is one beam step, its figures per decoding step (at the cache's first length)."""
+  """Beam search's start (encoding the batch, creating the caches) and its loop, as the
+  decoding engine runs them (`SearchEngine.beam_programs`); the loop's twin is one beam step,
+  its figures per decoding step (at the cache's first length)."""
   rows, S, W = _decode_rows(cfg, mesh), cfg.data.max_source_length, cfg.decode.beam_size
-  scorer = decoding_model(cfg, mesh)
+  engine = SearchEngine(decoding_model(cfg, mesh), None, cfg.decode)
   inputs = _sds((rows, S), jnp.int32, mesh_lib.batch_sharding(mesh))
   caps = _sds((rows,), jnp.int32, mesh_lib.batch_sharding(mesh))
-  settings = dict(alpha=cfg.decode.length_penalty, num_return=1, min_len=0)
-  start = functools.partial(search.beam_start.lower, scorer, inputs, caps, None, beam_size=W,
-                            beam_impl=cfg.decode.beam_impl)
-  state = functools.cache(lambda: start().compile().out_info)
-  step = functools.partial(search.beam_step, **settings)
-  lowered = {"start": start, "step": lambda: jax.jit(step).lower(scorer, state()),
-             "loop": lambda: search.beam_loop.lower(scorer, state(), **settings, stop_at=0)}
+  lowered = engine.beam_programs(inputs, caps)
   m = cfg.model
   encode = rows * S * (flops.encoder_token(m, S) + flops.cross_keys_values(m))
   lowered = {name: _for_devices(lower, mesh) for name, lower in lowered.items()}

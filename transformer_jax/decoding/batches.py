@@ -3,7 +3,6 @@ the mesh's batch axes, turned back into text in input order."""
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 from typing import NamedTuple
 
@@ -14,9 +13,9 @@ import numpy as np
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import EOS_ID, content_ids
 from transformer_jax.decoding import resizing
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.mbr import mbr_order
 from transformer_jax.decoding.rules import TokenRules
-from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.search import beam_search, greedy_search
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.parallel import mesh as mesh_lib
@@ -31,6 +30,14 @@ def sentence_caps(cfg: DecodeConfig, inputs_BS: np.ndarray, prefixes_BP: np.ndar
   if prefixes_BP is not None:
     caps = np.minimum(np.maximum(caps, (prefixes_BP > 0).sum(axis=1) + 1), model_max_len)
   return np.where(lengths > 0, caps, 0).astype(np.int32)
+
+
+def search_settings(cfg: DecodeConfig) -> dict:
+  """The search's settings for `cfg` (beam search's; greedy search and sampling take
+  temperature, top_k, top_p and the rules): what its compiled programs are specialised to."""
+  return dict(beam_size=cfg.beam_size, beam_impl=cfg.beam_impl, alpha=cfg.length_penalty,
+              num_return=cfg.mbr_candidates if cfg.mbr else cfg.nbest, min_len=cfg.min_length,
+              rules=TokenRules.of(cfg))
 
 
 def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts=None):
@@ -56,9 +63,9 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
   sizes = resizing.row_sizes(batch_size, unit)
   scorer = prepare(model, params)  # (once: every batch decodes with the same kernels)
   max_positions = scorer.max_len
-  candidates = cfg.mbr_candidates if cfg.mbr else cfg.nbest
+  settings = search_settings(cfg)
+  candidates = settings["num_return"]
   draws = candidates if cfg.sampling else 1
-  rules = TokenRules.of(cfg)
   for rows, batch in eval_set.batches(batch_size, max_len=max_positions):
     size = resizing.fitting_size(len(rows), sizes)
     inputs, prefixes = batch["inputs"][:size], batch.get("prefixes")
@@ -85,14 +92,11 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
       seqs, scores = greedy_search(scorer, None, inputs, max_len=max_len, rng=rng,
                                    temperature=cfg.temperature, top_k=cfg.top_k,
                                    top_p=cfg.top_p, prefix_BP=prefixes, caps=caps, unit=unit,
-                                   counts=counts, rules=rules)
+                                   counts=counts, rules=settings["rules"])
       seqs, scores = seqs.reshape(size, draws, -1), scores.reshape(size, draws)
     else:
-      seqs, scores = beam_search(scorer, None, inputs, beam_size=cfg.beam_size,
-                                 alpha=cfg.length_penalty, max_len=max_len,
-                                 num_return=candidates, min_len=cfg.min_length,
-                                 prefix_BP=prefixes, caps=caps, unit=unit, counts=counts,
-                                 beam_impl=cfg.beam_impl, rules=rules)
+      seqs, scores = beam_search(scorer, None, inputs, max_len=max_len, prefix_BP=prefixes,
+                                 caps=caps, unit=unit, counts=counts, **settings)
       seqs, scores = seqs[:, :candidates], scores[:, :candidates]
     yield rows, seqs, scores
 
@@ -124,12 +128,3 @@ def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=
     if on_batch is not None:
       on_batch(len(rows))
   return out
-
-
-def translate(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
-              on_batch=None) -> list[Hypothesis]:
-  """The best translation of every source in `eval_set`, in its order (an empty text where
-  none ended; `on_batch`: as for translate_nbest)."""
-  single = dataclasses.replace(cfg, nbest=1)
-  return [hyps[0] if hyps else Hypothesis("", 0.0, ()) for hyps in
-          translate_nbest(model, params, eval_set, tokenizer, single, mesh, on_batch)]

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 
 
-
 def shares_caches(beam_impl: str) -> bool:
   """Whether beam search runs flat for `beam_impl`: "flat" and "auto". Flat removes the
   loop's gathers and casts of the caches, for products of W queries over W times the keys:

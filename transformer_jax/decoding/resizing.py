@@ -7,8 +7,9 @@ functions change its shape between runs of the compiled search loop:
 - `compact` keeps the rows of the sentences still searching (and, to fill a size of the
   ladder, some finished ones, which stay finished): work per step follows the live sentences;
 - `grow` lengthens the caches (along the axis the model's description of its cache names)
-  and the token buffers by `SEGMENT` positions: a step attends over, and reorders, the filled part (rounded up to a segment)
-  instead of a cache allocated at the longest possible output.
+  and the token buffers by `SEGMENT` positions: a step attends over, and reorders, the
+  filled part (rounded up to a segment) instead of a cache allocated at the longest possible
+  output.
 
 Each (rows, length) pair is one compiled program per batch shape; the ladders keep them few
 (a batch starts at its size or a smaller power of two and compacts into powers of four and

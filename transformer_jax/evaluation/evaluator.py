@@ -12,7 +12,9 @@ import jax
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.decoding.batches import Hypothesis, translate
+from transformer_jax.decoding.batches import Hypothesis
+from transformer_jax.decoding.engine import SearchEngine
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.evaluation.scoring import Score, score
 from transformer_jax.model.transformer import Transformer, apply_to_batch
 from transformer_jax.ops.losses import cross_entropy
@@ -68,8 +70,8 @@ class Evaluator:
         on_batch(n)
 
     self._check()
-    return translate(self.model, params, self.eval_set, self.tokenizer, self.decode,
-                     self.mesh, on_batch=done)
+    engine = SearchEngine(prepare(self.model, params), self.tokenizer, self.decode, self.mesh)
+    return engine.translate_best(self.eval_set, on_batch=done)
 
   def bleu(self, params) -> tuple[Score, list[str]]:
     """The score of the translations of every source, and the translations, in order."""

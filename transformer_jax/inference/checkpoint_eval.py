@@ -27,9 +27,10 @@ from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
 from transformer_jax.data.eval_sets import EvalSet, direction_set, load_eval_set, scoring_sets
 from transformer_jax.data.plan import data_plan
+from transformer_jax.decoding.engine import SearchEngine
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.errors import DataError, UsageError
 from transformer_jax.evaluation import alignment, scoring
-from transformer_jax.evaluation.evaluator import Evaluator
 from transformer_jax.inference import trained_run
 from transformer_jax.parallel import compilation
 from transformer_jax.reporting import plots
@@ -125,10 +126,10 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   written to (in the first run's eval/, or output_dir: of several sets, a folder each). With
   `alignments`, each .hyp has an .align beside it (`evaluation.alignment`, default layer);
   `source_tag`: the tag before every source of a set that has none of its own; `dtype`: the
-  matmuls' (`trained_run.load`); `engines`: {name: translate(run, selected, eval_set,
-  decode) -> (translations, seconds preparing, what it ran)} of other engines than our
-  search (None), each a result of its own, labelled `<checkpoint>@<name>`, what it ran
-  recorded beside the decoding settings (`engine_settings`). Our search refuses an option
+  matmuls' (`trained_run.load`); `engines`: {name: None (our search) or make(run, selected,
+  decode) -> a `decoding.engine.Engine`} (`interop.engines.evaluation_engines`), another
+  engine's results labelled `<checkpoint>@<name>`, what it ran recorded beside the decoding
+  settings (`engine_settings`). Our search refuses an option
   it cannot honour (config.fields.Option.search)."""
   workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
   others = sorted(set(engines or {}) - {"jax"})
@@ -159,12 +160,10 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   results = []
   for name, eval_set in sets.items():
     set_results = []
-    for group, (engine, translate) in itertools.product(chosen, (engines or {"jax": None})
-                                                        .items()):
+    for group, make in itertools.product(chosen, (engines or {"jax": None}).values()):
       # (each result saved as it comes: a later failure loses none)
       set_results.append({**_score(runs, group, eval_set, name, decode, decode_overrides,
-                                   lowercase, out_dirs[name], alignments, engine, translate),
-                          **files})
+                                   lowercase, out_dirs[name], alignments, make), **files})
       layout.write_results(out_dirs[name], set_results[-1:])
     if "all" in selections and set_results:
       for engine in engines or {"jax": None}:  # (a curve per engine)
@@ -175,40 +174,41 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
 
 
 def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, lowercase: bool,
-           out_dir: Path, alignments: bool = False, engine: str = "jax", translate=None) -> dict:
-  """The result record of one model (a Selected per run) on one set; its .hyp written (and
-  its .align). `translate`: another engine's (see evaluate_checkpoints)."""
-  if translate is None:  # (as read: a damaged `latest` gives way to an older checkpoint)
-    model, params, group = trained_run.members(runs, list(group))
+           out_dir: Path, alignments: bool = False, make=None) -> dict:
+  """The result record of one model (a Selected per run) on one set, decoded by our search or
+  by the engine `make` makes (see evaluate_checkpoints); its .hyp written (and its .align)."""
+  if make is None:  # (as read: a damaged `latest` gives way to an older checkpoint)
+    model, params, group = trained_run.ensemble_models(runs, list(group))
+  t0, compiled = time.time(), compilation.program_seconds()
+  if make is None:
+    engine = SearchEngine(prepare(model, params), runs[0].tokenizer, decode, runs[0].mesh)
+  else:  # (its export or the cache, and loading: counted in the decoding's time)
+    engine = make(runs[0], group[0], decode)
+  made = time.time() - t0 if make is not None else 0.0
   selected = group[0]
   label = selected.label if len(runs) == 1 else f"ensemble{len(runs)}_{selected.label}"
   if decode_overrides:  # (another decoding of the same model: its own .hyp file and label)
     label += "+" + ",".join(decode_overrides)
-  if translate is not None:
-    label += f"@{engine}"
-    t0 = time.time()
-    hyps, prepared, settings = translate(runs[0], selected, eval_set, decode)
-    seconds = time.time() - t0
-  else:
-    evaluator = Evaluator(eval_set, model, runs[0].tokenizer, decode, runs[0].mesh)
-    t0, compiled = time.time(), compilation.program_seconds()
-    with tqdm(total=len(eval_set), unit="sent", file=sys.stderr, desc=f"{label} on {name}",
-              disable=jax.process_index() != 0) as bar:
-      translations = evaluator.translations(params, on_batch=bar.update)
-    hyps = [h.text for h in translations]
-    seconds, prepared = time.time() - t0, compilation.program_seconds() - compiled
+  if make is not None:
+    label += f"@{engine.name}"
+  with tqdm(total=len(eval_set), unit="sent", file=sys.stderr, desc=f"{label} on {name}",
+            disable=jax.process_index() != 0) as bar:
+    translations = engine.translate_best(eval_set, decode, on_batch=bar.update)
+  hyps = [h.text for h in translations]
+  seconds = time.time() - t0
+  prepared = made + compilation.program_seconds() - compiled  # (ours: its programs)
   result = layout.result_record(label, selected.steps, name,
                                 scoring.score(hyps, eval_set.references), len(hyps), seconds,
                                 decode, prepared)
-  if translate is not None:
-    result["engine"], result["engine_settings"] = engine, settings
+  if make is not None:
+    result["engine"], result["engine_settings"] = engine.name, engine.settings(decode)
   if len(runs) > 1:
     result["ensemble"] = [str(r.workdir) for r in runs]
   if lowercase:
     result["bleu_lowercase"], result["bleu_lowercase_signature"] = scoring.lowercase_bleu(
         hyps, eval_set.references)
   layout.write_lines(out_dir / f"{label}.hyp", hyps)
-  if alignments and translate is None:  # (other engines are refused with alignments)
+  if alignments and make is None:  # (other engines are refused with alignments)
     layout.write_lines(out_dir / f"{label}.align", alignment.align(
         model, params, runs[0].tokenizer, eval_set, [h.ids for h in translations]))
   log.info("%s on %s: BLEU %.2f, chrF %.2f%s", label, name, result["bleu"], result["chrf"],

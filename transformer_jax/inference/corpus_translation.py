@@ -210,9 +210,10 @@ def _recorded_block_lines(out: Path) -> int:
 
 def _engine(translator: Translator) -> str:
   """Which search translates: "jax" (ours) or e.g. "ctranslate2:bfloat16" (its compute type)."""
-  if translator.engine == "jax":
+  engine = translator.engine
+  if engine.name == "jax":
     return "jax"
-  return f"{translator.engine}:{translator.compute_type}"
+  return f"{engine.name}:{engine.compute_type}"
 
 
 def _changed(recorded: dict, settings: dict) -> list[str]:

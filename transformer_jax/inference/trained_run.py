@@ -133,7 +133,7 @@ def load_ensemble(workdirs: str | Path | list[str | Path], dtype: str = "") -> l
   return runs
 
 
-def members(runs: list[TrainedRun], selections: list[Selected]):
+def ensemble_models(runs: list[TrainedRun], selections: list[Selected]):
   """(model, params, the selections as read) to decode with: one run's model and params, or
   tuples of each run's (an ensemble)."""
   models = tuple(run.model for run in runs)

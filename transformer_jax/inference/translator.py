@@ -1,22 +1,17 @@
-"""Translating text with a trained run: sentences in, (n-best) translations out, in order; input
-batched by length, or line by line as it arrives."""
+"""Translating text with a trained run through a decoding engine: sentences in, (n-best)
+translations out, in order; input batched by length, or line by line as it arrives."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 from collections.abc import Iterable
 from typing import TextIO
 
-import numpy as np
-from tqdm import tqdm
-
-from transformer_jax.config.fields import check_honoured
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.eval_sets import EvalSet
-from transformer_jax.data.tokenizer import EOS_ID, UNK_ID
-from transformer_jax.decoding.batches import Hypothesis, translate_nbest
+from transformer_jax.decoding.batches import Hypothesis
+from transformer_jax.decoding.engine import Engine, SearchEngine
 from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.errors import DataError, UsageError
 from transformer_jax.evaluation import alignment
@@ -26,48 +21,69 @@ log = logging.getLogger(__name__)
 
 
 class Translator:
-  """A loaded model (or an ensemble of several runs' models, one tokenizer) that turns lists
-  of sentences into (n-best) translations, optionally each starting with a given prefix. The
-  first run's decoding settings apply, with `decode_overrides`; `dtype`: the matmul dtype to
-  decode in ("" = the run's)."""
-  engine = "jax"  # (our search; interop.engines' CTranslate2 translator has this interface too)
-  seeds_each_call = True  # (a call's `seed` decides its samples, whatever came before)
+  """A decoding tool's translator: a decoding engine (`decoding.engine`) over a trained run,
+  lines in and their (n-best) translations out in the tools' formats, word alignments where
+  the engine is our search. Made from workdirs it is our search over one run's model or an
+  ensemble of several runs' models (one tokenizer): the first run's decoding settings apply,
+  with `decode_overrides`; `dtype`: the matmul dtype to decode in ("" = the run's). Another
+  engine over a run: `Translator.over`."""
 
   def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
                decode_overrides=(), source_tag: str = "", dtype: str = "",
                alignments: bool = False, alignment_layer: int | None = None):
     runs = trained_run.load_ensemble(workdir, dtype)
-    self.run = runs[0]
-    # (a tagged model's direction or data kind: the tag's id before every source)
-    self.source_prefix = self.run.source_prefix(source_tag)
-    self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
-    self.check_honoured(self.decode)
-    # (the longest source every member reads: the search cuts longer ones there)
-    self.max_len = min(run.cfg.model.max_len for run in runs)
-    selected = [run.select_one(checkpoint, "translate") for run in runs]
+    run = runs[0]
+    decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
+    selected = [r.select_one(checkpoint, "translate") for r in runs]
     # (as read: a damaged `latest` gives way to the newest checkpoint that restores)
-    self.model, self.params, selected = trained_run.members(runs, selected)
-    self.steps = [list(chosen.steps) for chosen in selected]  # (per run: the steps averaged)
-    self.labels = [chosen.label for chosen in selected]
-    self.scorer = prepare(self.model, self.params)  # (made ready once, for every call)
-    # (word alignments: None = off, else the decoder layer whose cross-attention gives them)
-    self.alignment_layer = None
+    self.model, self.params, selected = trained_run.ensemble_models(runs, selected)
+    # (made ready once, for every call; the longest source every model reads)
+    engine = SearchEngine(prepare(self.model, self.params), run.tokenizer, decode, run.mesh,
+                          run.source_prefix(source_tag))
+    engine.check(decode)
+    self._hold(engine, run, selected)
     if alignments:
-      layers = self.run.cfg.model.num_decoder_layers
+      layers = run.cfg.model.num_decoder_layers
       self.alignment_layer = (alignment.default_layer(layers) if alignment_layer is None
                               else alignment_layer)
       if not 0 <= self.alignment_layer < layers:
         raise UsageError(f"--alignment_layer={alignment_layer}: the decoder has layers 0 to "
                          f"{layers - 1}")
 
-  def check_honoured(self, decode):
-    """A ConfigError naming the first of `decode`'s options this engine cannot honour at its
-    value (as the options' declarations say)."""
-    check_honoured(decode, self.engine, "decode")
+  @classmethod
+  def over(cls, engine: Engine, run, selected) -> Translator:
+    """A translator of `engine` decoding `run`'s `selected` checkpoint (no alignments)."""
+    translator = cls.__new__(cls)
+    translator._hold(engine, run, [selected])
+    return translator
+
+  def _hold(self, engine: Engine, run, selected: list):
+    self.engine, self.run = engine, run
+    self.steps = [list(chosen.steps) for chosen in selected]  # (per run: the steps averaged)
+    self.labels = [chosen.label for chosen in selected]
+    # (word alignments: None = off, else the decoder layer whose cross-attention gives them)
+    self.alignment_layer = None
+
+  @property
+  def decode(self):
+    return self.engine.decode
+
+  @property
+  def max_len(self) -> int:
+    """The longest source the engine reads (an ensemble's shortest reach)."""
+    return self.engine.max_len
+
+  @property
+  def source_prefix(self) -> list[int]:
+    """The ids before every source (a tag's: a tagged model's direction or data kind)."""
+    return list(self.engine.source_prefix)
 
   def alignments(self, sentences: list[str], translations: list[Hypothesis]) -> list[str]:
     """Pharaoh word alignments (`evaluation.alignment`) of each translation to its sentence,
     from the cross-attention of layer `alignment_layer`."""
+    if self.alignment_layer is None:
+      raise UsageError(f"alignments: not with the {self.engine.name} engine (our search's, "
+                       "with --alignments)")
     todo = [i for i, (s, t) in enumerate(zip(sentences, translations)) if s.strip() and t.ids]
     out = [""] * len(sentences)
     if not todo:
@@ -83,35 +99,10 @@ class Translator:
   def translate(self, sentences: list[str], progress: bool = False,
                 prefixes: list[str] | None = None, seed: int | None = None, decode=None
                 ) -> list[list[Hypothesis]]:
-    """N-best lists (text, score, ids), in input order; empty sentences give []. With
-    `prefixes` (line-aligned; "" = none) each translation starts with its prefix; `seed`:
-    sampling's, instead of the decoding settings'; `decode`: settings instead of the
-    translator's (a server's request)."""
-    decode = decode or self.decode
-    self.check_honoured(decode)
-    results: list[list[Hypothesis]] = [[] for _ in sentences]
-    todo = [i for i, s in enumerate(sentences) if s.strip()]
-    if not todo:
-      return results
-    self.check_tagged([sentences[i] for i in todo])
-    eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.run.tokenizer,
-                                  self.source_prefix)
-    if prefixes is not None:
-      eval_set = eval_set.with_prefixes([prefixes[i] for i in todo], self.run.tokenizer)
-    if max(len(x) for x in eval_set.source_ids) > self.max_len:
-      log.warning("inputs longer than %d subwords are truncated", self.max_len)
-    bar = None
-    if progress:
-      bar = tqdm(total=len(todo), unit="sent", file=sys.stderr)
-    decode = decode if seed is None else dataclasses.replace(decode, seed=seed)
-    nbest = translate_nbest(self.scorer, None, eval_set, self.run.tokenizer,
-                            decode, self.run.mesh,
-                            on_batch=bar.update if bar is not None else None)
-    if bar is not None:
-      bar.close()
-    for position, hyps in zip(todo, nbest):
-      results[position] = hyps
-    return results
+    """The engine's n-best lists (`Engine.translate`), in input order, after checking that a
+    model that needs a target-language tag has one on each sentence."""
+    self.check_tagged([s for s in sentences if s.strip()])
+    return self.engine.translate(sentences, prefixes, seed, decode, progress)
 
   def check_tagged(self, sentences: list[str]):
     """An error naming the first of `sentences` without a target-language tag, when the
@@ -124,14 +115,9 @@ class Translator:
         raise self.run.untagged(f"the line {line[:40] + '...' * (len(line) > 40)!r}")
 
   def warm_up(self):
-    """Translates two made-up sources of 1 and 17 tokens (the two shortest length buckets),
-    so that the programs a line typed interactively needs are traced, and compiled or loaded
-    from the persistent compilation cache, while the answer to the first line is read."""
-    ids = [np.asarray(self.source_prefix + [UNK_ID + 1] * n + [EOS_ID], np.int32)  # (a piece)
-           for n in (1, 17)]
-    for source in ids:
-      translate_nbest(self.scorer, None, EvalSet([""], [""], [source], [source]),
-                      self.run.tokenizer, self.decode, self.run.mesh)
+    """The engine's warm-up (`Engine.warm_up`): what a line typed interactively needs is
+    prepared while the answer to the first line is read."""
+    self.engine.warm_up()
 
   def output_lines(self, index: int, hyps: list[Hypothesis],
                    aligned: list[str] | None = None) -> list[str]:

@@ -1,6 +1,6 @@
-"""A run's decoding settings (`config.decode`) as CTranslate2's `translate_batch` arguments,
-with what CTranslate2 does differently said; and translating sentences with an exported
-folder the way our `translate` does (SentencePiece pieces in and out, empty lines kept)."""
+"""A run's decoding settings (`config.decode`) as CTranslate2's `translate_batch` arguments, read
+from the options' declarations, with what CTranslate2 does differently said (the engine that
+decodes with them: `interop.engines.Ctranslate2Engine`)."""
 
 from __future__ import annotations
 
@@ -36,19 +36,3 @@ def differences(decode: DecodeConfig, engine: bool = False) -> list[str]:
   return [note for declared in fields.options(DecodeConfig).values() if declared.ctranslate2_note
           and not (engine and isinstance(declared.ctranslate2, fields.ByEngine))
           for note in [declared.ctranslate2_note(decode)] if note]
-
-
-def translate(translator, sp, sentences: list[str], options: dict, source_tag: str = "",
-              max_batch_size: int = 64) -> list[str]:
-  """Translations of `sentences` (empty lines stay empty) with a `ctranslate2.Translator` and
-  its SentencePiece processor `sp`; `source_tag`: a tagged run's tag before every source;
-  `max_batch_size` unless `options` has one."""
-  todo = [i for i, s in enumerate(sentences) if s.strip()]
-  tokens = [([source_tag] if source_tag else []) + sp.encode(sentences[i], out_type=str)
-            for i in todo]
-  results = translator.translate_batch(tokens, **{"max_batch_size": max_batch_size,
-                                                  "batch_type": "examples", **options})
-  out = [""] * len(sentences)
-  for i, result in zip(todo, results):
-    out[i] = sp.decode(result.hypotheses[0])
-  return out

@@ -1,10 +1,11 @@
-"""CTranslate2 as the engine of a decoding tool (translate, translate-corpus, evaluate, serve):
-a run's checkpoint exported on the fly into a cache keyed by its fingerprint (the run, the
-checkpoint's steps and weights and their files' times, CTranslate2's version, this package's
-source as the program store keys its programs; reused while they are unchanged), decoded by
-CTranslate2's `translate_batch` behind `Translator`'s interface: the run's decoding settings
-with the tool's overrides (`ctranslate2_decoding.translate_options`), n-best with scores, empty
-lines kept."""
+"""The engines a decoding tool (translate, translate-corpus, evaluate, serve, the benchmarks)
+chooses with `--engine`: our search (`decoding.engine.SearchEngine`) or CTranslate2
+(`Ctranslate2Engine`, the same `decoding.engine.Engine` protocol): a run's checkpoint exported
+on the fly into a cache keyed by its fingerprint (the run, the checkpoint's steps and weights
+and their files' times, CTranslate2's version, this package's source as the program store
+keys its programs; reused while they are unchanged), decoded by CTranslate2's
+`translate_batch` with the run's decoding settings and the tool's overrides as CTranslate2
+honours them (`ctranslate2_decoding.translate_options`), n-best with scores."""
 
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ import hashlib
 import json
 import logging
 import os
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
+from transformer_jax.config.fields import check_honoured
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.tokenizer import EOS_ID
 from transformer_jax.decoding.batches import Hypothesis, sentence_caps
+from transformer_jax.decoding.engine import Engine
 from transformer_jax.decoding.mbr import mbr_order
 from transformer_jax.errors import ConfigError, UsageError
 from transformer_jax.inference import trained_run
@@ -88,58 +88,36 @@ def compute_type(requested: str, device: str = "cpu") -> str:
   return "bfloat16" if "bfloat16" in supported else "float32"
 
 
-class Ctranslate2Translator(Translator):
-  """`Translator` decoding with CTranslate2: one run's checkpoint (no ensembles, no
-  alignments), exported into the cache on first use; `compute_type` as `compute_type()`'s;
+class Ctranslate2Engine(Engine):
+  """CTranslate2 as a decoding engine: an exported folder (one model: no ensembles, no
+  alignments) decoded by `translate_batch` with `decode` as CTranslate2 honours it
+  (`settings`): each group of sentences of one length cap (ours:
+  `decoding.batches.sentence_caps`) translated with that `max_decoding_length`, MBR's
+  candidates ordered as ours orders them. `compute_type` as `compute_type()`'s;
   `calls_at_once`: the calls from different threads it runs at once (CTranslate2's
   inter_threads, the cores shared between them)."""
-  engine = "ctranslate2"
+  name = "ctranslate2"
   # (CTranslate2 seeds each worker thread's generator once, at its first sample: a later
   # set_random_seed changes nothing, so only a process's first sampling call has its seed)
   seeds_each_call = False
 
-  def __init__(self, workdir: str | list[str], checkpoint: str = "latest",
-               decode_overrides=(), source_tag: str = "", requested_type: str = "", run=None,
-               calls_at_once: int = 1):
+  def __init__(self, folder: str | Path, tokenizer, decode, max_len: int,
+               source_prefix=(), compute_type: str = "float32", calls_at_once: int = 1):
     import ctranslate2
-    workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
-    if len(workdirs) > 1:
-      raise UsageError("--engine=ctranslate2 takes one --workdir (no ensembles)")
-    self.run = run or trained_run.load(workdirs[0])
-    self.source_prefix = self.run.source_prefix(source_tag)
-    self.tokenizer = self.run.tokenizer
-    self.eos_piece = self.tokenizer.pieces([EOS_ID])[0]  # (how CTranslate2 says a hypothesis ended)
-    self.decode = replace_from_text(self.run.cfg.decode, list(decode_overrides), "decode")
-    self.check_honoured(self.decode)
+    self.tokenizer, self.decode, self.source_prefix = tokenizer, decode, tuple(source_prefix)
+    self.max_len = max_len  # (max_input_length: CTranslate2 cuts there)
+    self.eos_piece = tokenizer.pieces([EOS_ID])[0]  # (how CTranslate2 says a hypothesis ended)
     self.told: set[str] = set()  # (the differences from ours said: each once)
-    self.max_len = self.run.cfg.model.max_len  # (max_input_length: CTranslate2 cuts there)
-    selected = self.run.select_one(checkpoint, "the ctranslate2 engine")
-    self.steps, self.labels = [list(selected.steps)], [selected.label]
-    self.alignment_layer = None
-    self.compute_type = compute_type(requested_type)
+    self.compute_type = compute_type
     self.translator = ctranslate2.Translator(
-        str(cached_export(self.run, selected)),
-        device="cpu", compute_type=self.compute_type, inter_threads=calls_at_once,
+        str(folder), device="cpu", compute_type=compute_type, inter_threads=calls_at_once,
         intra_threads=max(1, (os.cpu_count() or 1) // calls_at_once))
-    log.info("CTranslate2 engine: %s", self.compute_type)
+    log.info("CTranslate2 engine: %s", compute_type)
 
-  def translate(self, sentences: list[str], progress: bool = False,
-                prefixes: list[str] | None = None, seed: int | None = None, decode=None
-                ) -> list[list[Hypothesis]]:
-    """As our Translator's, with `decode` as CTranslate2 honours it (`settings`): each group
-    of sentences of one length cap (ours: `decoding.batches.sentence_caps`) translated with
-    that `max_decoding_length`, MBR's candidates ordered as ours orders them."""
+  def translate_set(self, eval_set, decode=None, on_batch=None):
     import ctranslate2
     decode = decode or self.decode
-    self.check_honoured(decode)
-    out: list[list[Hypothesis]] = [[] for _ in sentences]
-    todo = [i for i, s in enumerate(sentences) if s.strip()]
-    self.check_tagged([sentences[i] for i in todo])
-    if seed is not None and decode.sampling:
-      raise UsageError("--engine=ctranslate2 samples from one seed per process (CTranslate2 "
-                       "seeds its generator once): a seed per request or block, as the server "
-                       "and translate-corpus give, needs our search (--engine=jax)")
-    tag = self.tokenizer.pieces(self.source_prefix)  # (--source_tag's piece, or none)
+    self.check(decode)
     if decode.sampling:
       ctranslate2.set_random_seed(decode.seed)
     settings = self.settings(decode)
@@ -147,15 +125,16 @@ class Ctranslate2Translator(Translator):
       log.warning("--engine=ctranslate2: %s", note)
       self.told.add(note)
     options = settings["translate_batch"]
-    tokens = {i: tag + self.tokenizer.encode_pieces(sentences[i]) for i in todo}
-    prefix = ({i: self.tokenizer.encode_pieces(prefixes[i], "target") if prefixes[i].strip()
-               else [] for i in todo} if prefixes and any(prefixes) else None)
-    caps = self._caps(decode, [tokens[i] for i in todo],
-                      None if prefix is None else [prefix[i] for i in todo])
-    bar = tqdm(total=len(todo), unit="sent", file=sys.stderr) if progress else None
+    # (the set's ids as CTranslate2's pieces: its tag's included, EOS not)
+    tokens = [self.tokenizer.pieces(ids[:-1] if len(ids) and ids[-1] == EOS_ID else ids)
+              for ids in eval_set.source_ids]
+    prefix = (None if eval_set.prefix_ids is None or not any(len(p) for p in eval_set.prefix_ids)
+              else [self.tokenizer.pieces(p) for p in eval_set.prefix_ids])
+    caps = self._caps(decode, tokens, prefix)
+    out: list[list[Hypothesis]] = [[] for _ in tokens]
     chunk = decode.batch_size * 16  # (CTranslate2 sorts each call's sentences by length)
     for cap in sorted(set(caps)):
-      group = [i for i, c in zip(todo, caps) if c == cap]
+      group = [i for i, c in enumerate(caps) if c == cap]
       for start in range(0, len(group), chunk):
         rows = group[start:start + chunk]
         results = self.translator.translate_batch(
@@ -166,10 +145,8 @@ class Ctranslate2Translator(Translator):
         for i, result in zip(rows, results):
           out[i] = self._nbest(decode, [self._hypothesis(pieces, score) for pieces, score
                                         in zip(result.hypotheses, result.scores)])
-        if bar is not None:
-          bar.update(len(rows))
-    if bar is not None:
-      bar.close()
+        if on_batch is not None:
+          on_batch(len(rows))
     return out
 
   def settings(self, decode) -> dict:
@@ -199,10 +176,6 @@ class Ctranslate2Translator(Translator):
       return hyps
     return [hyps[i] for i in mbr_order([h.text for h in hyps], decode.mbr)][:decode.nbest]
 
-  def alignments(self, sentences: list[str], translations: list[Hypothesis]) -> list[str]:
-    raise UsageError("alignments: not with the ctranslate2 engine (our search's: "
-                     "--engine=jax)")
-
   def _hypothesis(self, pieces: list[str], score: float) -> Hypothesis:
     """A CTranslate2 hypothesis (asked with its end token) as our search's: ended when it
     ends in EOS, which the ids leave out."""
@@ -211,10 +184,29 @@ class Ctranslate2Translator(Translator):
     return Hypothesis(self.tokenizer.decode(ids), float(score), tuple(ids), ended)
 
   def warm_up(self):
-    """(CTranslate2 compiles nothing: one sentence loads its kernels; given to it directly,
-    as a multilingual model's untagged made-up source would be refused by `translate`)"""
+    """(CTranslate2 compiles nothing: one sentence loads its kernels)"""
     self.translator.translate_batch([self.tokenizer.pieces(self.source_prefix)
                                      + self.tokenizer.encode_pieces("Ein Test.")])
+
+
+def ctranslate2_translator(workdir: str | list[str], checkpoint: str = "latest",
+                           decode_overrides=(), source_tag: str = "",
+                           requested_type: str = "", run=None,
+                           calls_at_once: int = 1) -> Translator:
+  """A Translator of the CTranslate2 engine over one run's `checkpoint`, exported into the
+  cache on first use (`cached_export`); the run's decoding settings with
+  `decode_overrides`."""
+  workdirs = [workdir] if isinstance(workdir, (str, Path)) else list(workdir)
+  if len(workdirs) > 1:
+    raise UsageError("--engine=ctranslate2 takes one --workdir (no ensembles)")
+  run = run or trained_run.load(workdirs[0])
+  decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
+  check_honoured(decode, Ctranslate2Engine.name, "decode")
+  selected = run.select_one(checkpoint, "the ctranslate2 engine")
+  engine = Ctranslate2Engine(cached_export(run, selected), run.tokenizer, decode,
+                             run.cfg.model.max_len, run.source_prefix(source_tag),
+                             compute_type(requested_type), calls_at_once)
+  return Translator.over(engine, run, selected)
 
 
 def translator(engine: str, workdir, checkpoint: str = "latest", decode_overrides=(),
@@ -226,8 +218,8 @@ def translator(engine: str, workdir, checkpoint: str = "latest", decode_override
   (our search runs each thread's call as it comes)."""
   check_flags([engine], dtype, compute_type, alignments, alignment_layer)
   if engine == "ctranslate2":
-    return Ctranslate2Translator(workdir, checkpoint, decode_overrides, source_tag,
-                                 compute_type, calls_at_once=calls_at_once)
+    return ctranslate2_translator(workdir, checkpoint, decode_overrides, source_tag,
+                                  compute_type, calls_at_once=calls_at_once)
   return Translator(workdir, checkpoint, decode_overrides, source_tag, dtype, alignments,
                     alignment_layer)
 
@@ -248,8 +240,9 @@ def check_flags(engines: list[str], dtype: str = "", compute_type: str = "",
 
 
 def evaluation_engines(names: list[str], requested_type: str = "", dtype: str = "") -> dict:
-  """`evaluate --engine`'s engines: {name: None (our search) or a translate function}; a flag
-  that none of them takes (`check_flags`: `requested_type` is --compute_type) refused."""
+  """`evaluate --engine`'s engines: {name: None (our search) or a function making the engine
+  of a run's selected checkpoint (see inference.checkpoint_eval.evaluate_checkpoints)}; a
+  flag that none of them takes (`check_flags`: `requested_type` is --compute_type) refused."""
   unknown = sorted(set(names) - set(ENGINES))
   if unknown:
     raise ConfigError(f"--engine={','.join(names)}: {unknown[0]!r} is no engine; expected jax "
@@ -259,17 +252,9 @@ def evaluation_engines(names: list[str], requested_type: str = "", dtype: str = 
 
 
 def evaluation(requested_type: str = ""):
-  """`evaluate`'s translate function for CTranslate2 (see
-  inference.checkpoint_eval.evaluate_checkpoints): the selected checkpoint's export (cached)
-  translating the set's sources, after the set's tag if it has one, with `decode`, in its
-  batch size; returns the translations, the seconds spent exporting (or finding the export)
-  and loading it, and what CTranslate2 ran (`Ctranslate2Translator.settings`)."""
-  def translate(run, selected, eval_set, decode) -> tuple[list[str], float, dict]:
-    start = time.time()
-    tag = run.tokenizer.pieces(eval_set.source_prefix)  # (its own, or --source_tag's)
-    engine = Ctranslate2Translator(str(run.workdir), selected.label, (), "".join(tag),
-                                   requested_type, run=run)
-    prepared = time.time() - start  # (the export or the cache, and loading)
-    results = engine.translate(eval_set.sources, decode=decode)
-    return [r[0].text if r else "" for r in results], prepared, engine.settings(decode)
-  return translate
+  """`evaluate`'s maker of the CTranslate2 engine: the selected checkpoint's export (cached),
+  reading `decode` and the run's positions (the set's ids carry their tag)."""
+  def make(run, selected, decode) -> Ctranslate2Engine:
+    return Ctranslate2Engine(cached_export(run, selected), run.tokenizer, decode,
+                             run.cfg.model.max_len, compute_type=compute_type(requested_type))
+  return make

@@ -11,11 +11,10 @@
 
 A request's fields are read as LibreTranslate reads them: from a JSON body (Content-Type
 application/json) alone, or else from the query string and a form body (urlencoded or
-multipart), the query string's value first. `api_key` is taken and ignored (this server has
-no keys); `format=html` is refused (it translates text, not markup). A source longer than the
-model reads is translated from its first subwords and a translation its length cap stopped is
-returned unfinished: either is said in the response's `warnings` (one line each, naming the
-sentence: `q[2]: ...`), absent when there is none.
+multipart), the query string's value first. `api_key` is taken and ignored (no keys here);
+`format=html` is refused (it translates text, not markup). A source longer than the model
+reads is translated from its first subwords, a translation its length cap stopped returned
+unfinished: each is a line of the response's `warnings` (naming the sentence: `q[2]: ...`).
 
 Every refusal is a 4xx or 5xx with a one-line JSON `{"error": ...}` (an unknown path or
 method too): a body over the limit (413), too many sentences (413), malformed JSON (NaN and
@@ -52,8 +51,8 @@ from transformer_jax.config import fields as config_fields
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.errors import ConfigError
 from transformer_jax.serving.batcher import Batcher, Closed, QueueFull
-from transformer_jax.serving.engine import REQUEST_OPTIONS, Options
 from transformer_jax.serving.metrics import Metrics
+from transformer_jax.serving.service import REQUEST_OPTIONS, Options
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +74,8 @@ class Refused(Exception):
     self.status = status
 
 
-def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits()) -> Starlette:
-  defaults = engine.decode_config(Options())
+def make_app(service, batcher: Batcher, metrics: Metrics, limits: Limits = Limits()) -> Starlette:
+  defaults = service.decode_config(Options())
   async def body(request: Request) -> dict:
     """The request's fields (`_fields_of`), the body within the size limit."""
     declared = request.headers.get("content-length")
@@ -110,7 +109,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     """The engine's `Translated` of each sentence, batched with other requests'; a client
     that disconnects meanwhile leaves the queue untranslated (ClientDisconnect)."""
     try:
-      decode = engine.decode_config(options)
+      decode = service.decode_config(options)
     except ConfigError as e:
       raise Refused(400, str(e)) from None
     if decode.beam_size > limits.max_beam_size:  # (a new beam width compiles new programs)
@@ -144,9 +143,9 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     fields = await body(request)
     sentences = sentences_of(fields.get("q", fields.get("q[]")), "q")
     source, target = fields.get("source", "auto"), fields.get("target")
-    if source not in ("auto", *engine.sources):
+    if source not in ("auto", *service.sources):
       raise Refused(400, f"source language {source!r} is not served (this model: "
-                    f"{'/'.join(engine.sources)} -> {', '.join(engine.targets)})")
+                    f"{'/'.join(service.sources)} -> {', '.join(service.targets)})")
     check_target(target)
     if fields.get("format", "text") != "text":
       raise Refused(400, f"format {fields.get('format')!r} is not served: this server "
@@ -154,7 +153,7 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     alternatives = _alternatives(fields.get("alternatives", 0), limits.max_beam_size - 1)
     decode = {}
     if alternatives > 0:
-      beam = max(alternatives + 1, engine.beam_size)
+      beam = max(alternatives + 1, service.beam_size)
       decode = {"nbest": alternatives + 1, "beam_size": beam}
     results = await translated(request, sentences, [""] * len(sentences),
                                Options(tuple(sorted(decode.items())), target=target))
@@ -168,14 +167,14 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
 
   def check_target(target):
     try:
-      engine.check_target(target)
+      service.check_target(target)
     except ConfigError as e:
       raise Refused(400, str(e)) from None
 
   async def native(request: Request):
     fields = await body(request)
     sentences = sentences_of(fields.get("text"), "text")
-    target = fields.get("target", engine.target_lang)
+    target = fields.get("target", service.target_lang)
     check_target(target)
     given = fields.get("options", {})
     if not isinstance(given, dict):
@@ -222,18 +221,18 @@ def make_app(engine, batcher: Batcher, metrics: Metrics, limits: Limits = Limits
     return run
 
   async def languages(request: Request):
-    return [{"code": source, "name": source, "targets": engine.targets}
-            for source in engine.sources]
+    return [{"code": source, "name": source, "targets": service.targets}
+            for source in service.sources]
 
   async def health(request: Request):
-    return {"status": "ok", "engine": engine.name}
+    return {"status": "ok", "engine": service.name}
 
   async def info(request: Request):
     """What the page offers: languages, the run's beam, whether alignments are served."""
-    return {"engine": engine.name, "sources": engine.sources, "targets": engine.targets,
-            "target": engine.target_lang, "beam_size": engine.beam_size,
-            "max_beam_size": limits.max_beam_size, "alignments": engine.aligns,
-            "beam_search": engine.beam_search,
+    return {"engine": service.name, "sources": service.sources, "targets": service.targets,
+            "target": service.target_lang, "beam_size": service.beam_size,
+            "max_beam_size": limits.max_beam_size, "alignments": service.aligns,
+            "beam_search": service.beam_search,
             "max_sentences": limits.max_sentences, "max_chars": limits.max_chars}
 
   async def page(request: Request):
@@ -361,7 +360,7 @@ def _check_unicode(value, name: str):
 
 
 def _with_warnings(out: dict, results, field: str) -> dict:
-  """`out` with `warnings`: each sentence's notes (engine.Translated), named by `field` (its
+  """`out` with `warnings`: each sentence's notes (service.Translated), named by `field` (its
   index put in), when there are any."""
   warnings = [f"{field.format(i)}: {note}" for i, r in enumerate(results) for note in r.notes]
   return {**out, "warnings": warnings} if warnings else out

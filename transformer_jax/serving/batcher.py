@@ -18,8 +18,8 @@ import logging
 import threading
 import time
 
-from transformer_jax.serving.engine import Options
 from transformer_jax.serving.metrics import Metrics
+from transformer_jax.serving.service import Options
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,9 @@ class _Job:
 
 
 class Batcher:
-  def __init__(self, engine, metrics: Metrics, max_sentences: int = 32,
+  def __init__(self, service, metrics: Metrics, max_sentences: int = 32,
                max_wait_s: float = 0.01, max_queue: int = 1024, workers: int = 1):
-    self.engine, self.metrics = engine, metrics
+    self.service, self.metrics = service, metrics
     self.max_sentences, self.max_wait_s, self.max_queue = max_sentences, max_wait_s, max_queue
     self.workers = workers
     self.jobs: list[_Job] = []
@@ -156,7 +156,7 @@ class Batcher:
     sentences = [s for job in batch for s in job.sentences]
     began = time.perf_counter()
     try:
-      results = self.engine.translate(sentences, [p for job in batch for p in job.prefixes],
+      results = self.service.translate(sentences, [p for job in batch for p in job.prefixes],
                                       batch[0].options)
     except Exception as e:  # (the server goes on; the request's answer says what failed)
       if len(batch) > 1:

@@ -17,8 +17,8 @@ from transformer_jax.errors import UsageError
 from transformer_jax.interop import engines
 from transformer_jax.serving.api import Limits, make_app
 from transformer_jax.serving.batcher import Batcher
-from transformer_jax.serving.engine import Engine
 from transformer_jax.serving.metrics import Metrics
+from transformer_jax.serving.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +37,19 @@ def serve(args):
   workers = args.workers or (2 if args.engine == "ctranslate2" or jax.default_backend() == "cpu"
                              else 1)
   # (batches of at most the server's size; our search aligns on request)
-  engine = Engine(engines.translator(
+  service = Service(engines.translator(
       args.engine, args.workdir, args.checkpoint, [f"batch_size={args.max_batch_sentences}"],
       args.source_tag, args.dtype, args.compute_type, alignments=args.engine == "jax",
       calls_at_once=workers))
   start = time.monotonic()
   log.info("Warming up (%s -> %s): compiling the programs requests will need",
-           engine.source_lang, engine.target_lang)
-  sentences = engine.warm_up(args.warm_up_batches)
+           service.source_lang, service.target_lang)
+  sentences = service.warm_up(args.warm_up_batches)
   log.info("Warmed up on %d sentences in %.1f s", sentences, time.monotonic() - start)
   metrics = Metrics()
-  batcher = Batcher(engine, metrics, args.max_batch_sentences, args.max_wait_ms / 1000,
+  batcher = Batcher(service, metrics, args.max_batch_sentences, args.max_wait_ms / 1000,
                     args.max_queue, workers)
-  app = make_app(engine, batcher, metrics, Limits(args.max_body_bytes,
+  app = make_app(service, batcher, metrics, Limits(args.max_body_bytes,
                                                   args.max_request_sentences,
                                                   timeout_s=args.timeout_s))
   try:  # (from now on connections wait for uvicorn's accept: none is refused)
@@ -58,7 +58,7 @@ def serve(args):
     raise UsageError(f"--host={args.host} --port={args.port}: cannot listen there "
                      f"({e.strerror})") from None
   log.info("Serving on http://%s:%d (engine %s, %d worker%s)", args.host,
-           sock.getsockname()[1], engine.name, workers, "s" if workers > 1 else "")
+           sock.getsockname()[1], service.name, workers, "s" if workers > 1 else "")
   # (httptools: the parser in C; h11's pure Python took a core's tenth at 200 requests/s)
   server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning",
                                          access_log=False))

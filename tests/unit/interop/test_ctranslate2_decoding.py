@@ -2,7 +2,6 @@
 and translating with an exported folder keeping empty lines and a source tag."""
 
 from tests import helpers
-from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.interop import ctranslate2_decoding as decoding
 
 
@@ -40,27 +39,3 @@ def test_what_ctranslate2_does_differently_is_said():
   assert decoding.differences(decode, engine=True) == notes[:1]
   assert decoding.differences(helpers.section("decode", greedy=True, max_length_a=0.0,
                                               max_length_b=32, max_length=32)) == []
-
-
-class _Result:
-  def __init__(self, tokens):
-    self.hypotheses = [tokens]
-
-
-class _Translator:
-  """Records what it is asked (CTranslate2's Translator API) and echoes the tokens back."""
-  def translate_batch(self, tokens, **kwargs):
-    self.tokens, self.kwargs = tokens, kwargs
-    return [_Result(t) for t in tokens]
-
-
-def test_translate_keeps_empty_lines_and_puts_the_tag_first(tiny_tokenizer):
-  sp = Tokenizer.load(tiny_tokenizer).sp
-  translator = _Translator()
-  out = decoding.translate(translator, sp, ["Ein Hund.", "", "  ", "Eine Katze."],
-                           {"beam_size": 4}, source_tag="<2en>", max_batch_size=8)
-  assert out == [sp.decode(["<2en>"] + sp.encode(s, out_type=str)) if s.strip() else ""
-                 for s in ["Ein Hund.", "", "  ", "Eine Katze."]]
-  assert [t[0] for t in translator.tokens] == ["<2en>", "<2en>"]
-  assert translator.tokens[0][1:] == sp.encode("Ein Hund.", out_type=str)
-  assert translator.kwargs == dict(max_batch_size=8, batch_type="examples", beam_size=4)

@@ -75,7 +75,14 @@ def _engine(monkeypatch, tokenizer_path, answer, **decode):
   monkeypatch.setattr(engines, "cached_export", lambda run, selected: Path("export"))
   stub = _Ctranslate2(answer)
   monkeypatch.setattr(ctranslate2, "Translator", lambda *args, **kwargs: stub)
-  return engines.evaluation("float32"), run, stub
+  make = engines.evaluation("float32")
+
+  def translate(run, selected, eval_set, decode):
+    """(evaluate's use: the engine made, each source's best text, what it ran)"""
+    engine = make(run, selected, decode)
+    return ([h.text for h in engine.translate_best(eval_set, decode)], None,
+            engine.settings(decode))
+  return translate, run, stub
 
 
 SOURCES = ["Ein Hund.", "Zwei junge Männer spielen im Sand am Strand mit einem roten Ball.",
@@ -139,7 +146,23 @@ def test_ctranslate2_takes_the_repetition_options_and_says_its_length_penalty(
 
 def test_a_ctranslate2_translator_refuses_alignments_in_one_line(monkeypatch, tiny_tokenizer):
   _, run, _ = _engine(monkeypatch, tiny_tokenizer, lambda pieces, kw: [["▁a"]])
-  engine = engines.Ctranslate2Translator("run", run=run, requested_type="float32")
+  engine = engines.ctranslate2_translator("run", run=run, requested_type="float32")
   with pytest.raises(UsageError, match=r"^alignments: not with the ctranslate2 engine "
-                                       r"\(our search's: --engine=jax\)$"):
+                                       r"\(our search's, with --alignments\)$"):
     engine.alignments(["Ein Hund."], [Hypothesis("a", 0.0, (5,))])
+
+
+def test_the_ctranslate2_engine_keeps_empty_lines_and_puts_the_tag_first(monkeypatch,
+                                                                         tiny_tokenizer):
+  """Sentences in as our search takes them: the pieces of the ids ours decodes (a tag's
+  first, no EOS), an empty line answered with no hypothesis and not given to CTranslate2."""
+  _, run, stub = _engine(monkeypatch, tiny_tokenizer, lambda pieces, kw: [pieces + ["</s>"]])
+  tag = run.tokenizer.encode("Hund")[0]
+  engine = engines.Ctranslate2Engine("export", run.tokenizer, run.cfg.decode,
+                                     run.cfg.model.max_len, source_prefix=[tag])
+  out = engine.translate(["Ein Hund.", "", "  ", "Eine Katze."])
+  given = [t for tokens, _, _ in stub.calls for t in tokens]
+  assert sorted(given) == sorted(run.tokenizer.pieces([tag]) + run.tokenizer.encode_pieces(s)
+                                 for s in ("Ein Hund.", "Eine Katze."))
+  assert [len(hyps) for hyps in out] == [1, 0, 0, 1]
+  assert out[0][0].ids == (tag, *run.tokenizer.encode("Ein Hund.")[:-1])

@@ -16,8 +16,8 @@ from tests import helpers
 from transformer_jax.errors import ConfigError
 from transformer_jax.serving.api import Limits, make_app
 from transformer_jax.serving.batcher import Batcher
-from transformer_jax.serving.engine import Options, Translated
 from transformer_jax.serving.metrics import Metrics
+from transformer_jax.serving.service import Options, Translated
 
 
 class Echo:

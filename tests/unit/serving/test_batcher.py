@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from transformer_jax.serving.batcher import Batcher, Closed, QueueFull
-from transformer_jax.serving.engine import Options
 from transformer_jax.serving.metrics import Metrics
+from transformer_jax.serving.service import Options
 
 
 class Slow:

@@ -18,8 +18,8 @@ from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError
 from transformer_jax.inference.checkpoint_eval import evaluate_checkpoints
 from transformer_jax.inference.translator import Translator
-from transformer_jax.interop.engines import Ctranslate2Translator
-from transformer_jax.serving.engine import Engine, Options
+from transformer_jax.interop.engines import ctranslate2_translator
+from transformer_jax.serving.service import Options, Service
 from transformer_jax.training.loop import train_and_evaluate
 
 TAGS = {"deen": ">>en<<", "ende": ">>de<<"}
@@ -91,7 +91,7 @@ def test_the_server_translates_into_the_target_a_request_names(bilingual):
   `target` puts its tag before the source: the translations, scores and alignments (word
   indices of the text sent) of `translate --source_tag`."""
   workdir = bilingual[0]
-  engine = Engine(Translator(str(workdir), alignments=True))
+  engine = Service(Translator(str(workdir), alignments=True))
   assert (engine.sources, engine.targets) == (["de", "en"], ["de", "en"])
   for target, sentence in (("en", "Ein Hund läuft im Schnee."), ("de", "A dog runs.")):
     tagged = Translator(str(workdir), source_tag=TAGS["ende" if target == "de" else "deen"],
@@ -114,9 +114,9 @@ def test_the_ctranslate2_engine_reads_the_target_tag_as_our_search_does(bilingua
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   workdir = bilingual[0]
   greedy = ["greedy=true", "max_length=12", "max_length_a=0", "max_length_b=12"]
-  ours = Engine(Translator(str(workdir), decode_overrides=greedy))
-  translator = Ctranslate2Translator(str(workdir), decode_overrides=greedy,
-                                     requested_type="float32")
+  ours = Service(Translator(str(workdir), decode_overrides=greedy))
+  translator = ctranslate2_translator(str(workdir), decode_overrides=greedy,
+                                      requested_type="float32")
   given = []
 
   class Spy:  # (what CTranslate2 is given)
@@ -128,8 +128,8 @@ def test_the_ctranslate2_engine_reads_the_target_tag_as_our_search_does(bilingua
       return self.inner.translate_batch(tokens, **options)
 
   translator.warm_up()  # (untagged: made up, not refused as a user's line would be)
-  translator.translator = Spy(translator.translator)
-  theirs, tokenizer = Engine(translator), translator.tokenizer
+  translator.engine.translator = Spy(translator.engine.translator)
+  theirs, tokenizer = Service(translator), translator.run.tokenizer
   sentences = ["Ein Hund läuft im Schnee.", "Zwei Männer sitzen.", "A dog runs.", ""]
   for target in ("en", "de"):
     given.clear()

@@ -42,15 +42,16 @@ class Translated:
   notes: list[str]
 
 
-class Engine:
-  """A loaded translator (its `engine`: "jax" or "ctranslate2") as the server uses it; made
+class Service:
+  """A translator (over its engine, `decoding.engine`: "jax" or "ctranslate2") as the server
+  uses it; made
   with batches of at most the server's size (`decode.batch_size`: few row counts compile).
   A model of target-language tags (`>>xx<<`: a multilingual run, an OPUS-MT import) served
   without --source_tag translates into each tag's language, the tag put before the source."""
 
   def __init__(self, translator: Translator):
     self.translator = translator
-    self.name = translator.engine
+    self.name = translator.engine.name
     run = translator.run
     data, tokenizer = data_plan(run.cfg.data), run.tokenizer
     self.tags = {} if translator.source_prefix else {
@@ -72,7 +73,7 @@ class Engine:
     if options.alignments and not self.aligns:
       raise ConfigError(f"alignments: not with the {self.name} engine (our search's: "
                         "--engine=jax)")
-    if options.seed is not None and not self.translator.seeds_each_call:
+    if options.seed is not None and not self.translator.engine.seeds_each_call:
       raise ConfigError(f"seed: not with the {self.name} engine, which seeds its sampling "
                         "once per process (our search's: --engine=jax)")
     decode = dataclasses.replace(self.translator.decode, **dict(options.decode))
@@ -99,7 +100,7 @@ class Engine:
   def _notes(self, sentence: str, hyps) -> list[str]:
     """What was not translated whole: a source past the model's positions (the search reads
     its first max_len subwords, as the tools do), translations its length cap stopped."""
-    notes, limit = [], self.translator.max_len
+    notes, limit = [], self.translator.engine.max_len
     if sentence.strip():  # (the ids the search is given: --source_tag's, the text's, EOS)
       length = len(self.translator.source_prefix) + len(self.tokenizer.encode(sentence))
       if length > limit:

@@ -198,7 +198,7 @@ def main(_):
   for name, overrides in searches.items():
     cfg = dataclasses.replace(run.cfg.decode, **overrides)
     out, timings, counts = _timed_decode(run, params, eval_set, cfg)
-    hyps = [run.tokenizer.decode(c[0][0]) if c else "" for c in out]
+    hyps = [run.tokenizer.detokenize(c[0][0]) if c else "" for c in out]
     print(f"{name}: cold (with compilation) {len(out) / timings[0]:.1f} sentences/s "
           f"({timings[0]:.1f} s), warm {len(out) / timings[1]:.1f} sentences/s "
           f"({timings[1]:.1f} s); BLEU {score(hyps, eval_set.references).bleu:.2f}")
@@ -210,7 +210,7 @@ def main(_):
                                  target_ids=eval_set.target_ids[:FLAGS.mbr_sentences])
     cfg = dataclasses.replace(run.cfg.decode, sampling=True, mbr="chrf", mbr_candidates=16)
     out, _, _ = _timed_decode(run, params, subset, cfg, rounds=1)
-    _mbr_speed([[run.tokenizer.decode(s) for s, _ in cands] for cands in out])
+    _mbr_speed([[run.tokenizer.detokenize(s) for s, _ in cands] for cands in out])
 
 
 if __name__ == "__main__":

@@ -147,7 +147,7 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
   expected = _raw(folder, first.run.tokenizer, sources, again.decode,
                   again.run.cfg.model.max_len)
   assert [h[0].text for h in translated] == expected
-  assert [first.run.tokenizer.decode(list(h[0].ids)) for h in translated] == expected
+  assert [first.run.tokenizer.detokenize(list(h[0].ids)) for h in translated] == expected
   # (a server's two workers: two calls at once, each on its own CTranslate2 thread)
   assert again.engine.translator.num_translators == 2
   with concurrent.futures.ThreadPoolExecutor(2) as pool:

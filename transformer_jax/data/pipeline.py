@@ -209,7 +209,7 @@ class _SampleChunk(_ReadChunk):
       stored = np.split(self.store.read_ids(side, start, end), np.cumsum(end - start)[:-1])
       known = [i for i, ids in enumerate(stored) if not (ids == UNK_ID).any()]
       sampled = self.tokenizer.sample_batch(
-          [self.tokenizer.decode(stored[i], side) for i in known], self.sampling.alpha,
+          [self.tokenizer.detokenize(stored[i], side) for i in known], self.sampling.alpha,
           self.sampling.nbest_size, int(rng.integers(2**32)), side)
       for i, ids in zip(known, sampled):
         stored[i] = np.asarray(ids, np.int32)

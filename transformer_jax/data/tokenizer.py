@@ -162,7 +162,7 @@ class Tokenizer:
                       "given by config.data.tokenizer_path must have been trained with it)")
     return i
 
-  def decode(self, ids, side: str = "target") -> str:
+  def detokenize(self, ids, side: str = "target") -> str:
     """Detokenized text of ids (on `side`), stopping at the first EOS and skipping padding."""
     return self.sp.decode(content_ids(ids))
 
@@ -182,8 +182,8 @@ class Tokenizer:
     ids = self._piece_ids(tag + [p.piece for p in proto.pieces])
     return ids, words_of_spans(text, spans)
 
-  def decode_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
-    """`decode(ids)`'s text, and for each of the ids it spells (those before EOS, padding
+  def detokenize_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
+    """`detokenize(ids)`'s text, and for each of the ids it spells (those before EOS, padding
     skipped) the whitespace-separated word of that text it belongs to."""
     proto = parsed(self.sp.decode_ids(content_ids(ids), out_type="serialized_proto"))
     return proto.text, words_of_spans(proto.text, char_spans(proto.text, proto.pieces))
@@ -279,7 +279,7 @@ class PairedTokenizer(Tokenizer):
                       f"{tag!r} in its vocabulary")
     return self.ids[tag]
 
-  def decode(self, ids, side: str = "target") -> str:
+  def detokenize(self, ids, side: str = "target") -> str:
     """`side`'s model's detokenization of the pieces up to the first EOS (PAD skipped)."""
     pieces = self.pieces(content_ids(ids))
     return self.sps[side].decode_pieces(pieces).replace("▁", " ").strip()
@@ -287,7 +287,7 @@ class PairedTokenizer(Tokenizer):
   def pieces(self, ids) -> list[str]:
     return [self.vocabulary[int(i)] for i in ids]
 
-  def decode_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
+  def detokenize_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
     proto = parsed(self.sps[side].decode_pieces(self.pieces(content_ids(ids)),
                                                  out_type="serialized_proto"))
     # (as `decode`: a piece unknown to the side's model keeps its '▁', read as a space; the

@@ -118,7 +118,7 @@ def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=
   out: list[list[Hypothesis]] = [[] for _ in range(len(eval_set))]
   for rows, seqs, scores in decode_batches(model, params, eval_set, cfg, mesh):
     for row, index in enumerate(rows):
-      out[index] = [Hypothesis(tokenizer.decode(seqs[row, n]), float(scores[row, n]),
+      out[index] = [Hypothesis(tokenizer.detokenize(seqs[row, n]), float(scores[row, n]),
                                tuple(content_ids(seqs[row, n])),
                                bool((seqs[row, n] == EOS_ID).any()))
                     for n in range(seqs.shape[1]) if scores[row, n] > NEG_INF / 2]

@@ -61,7 +61,7 @@ def word_alignment(attention_TS: np.ndarray, source_words: list[int],
                    target_words: list[int]) -> list[tuple[int, int]]:
   """(source word, target word) pairs: each target word to the source word that receives the
   most attention (summed over its pieces and over the target word's pieces). `source_words`
-  and `target_words`: the word of each piece (`Tokenizer.encode_words`/`decode_words`), whose
+  and `target_words`: the word of each piece (`Tokenizer.encode_words`/`detokenize_words`), whose
   columns and rows of `attention_TS` they are."""
   if not source_words or not target_words:
     return []
@@ -82,7 +82,7 @@ def align(model, params, tokenizer, eval_set, target_ids: list, layer: int | Non
           ) -> list[str]:
   """The Pharaoh alignment of each translation (`target_ids`: the ids the search produced,
   up to EOS) to its source in `eval_set`, in the whitespace-separated words of the source as
-  given and of the translation as printed (`tokenizer.decode`). The source is encoded after
+  given and of the translation as printed (`tokenizer.detokenize`). The source is encoded after
   the set's tag, as decoded; a language tag in the text is not a word a target word aligns
   to. An ensemble (tuples of models and params): its first model's attention."""
   if isinstance(model, tuple):
@@ -105,5 +105,5 @@ def align(model, params, tokenizer, eval_set, target_ids: list, layer: int | Non
     is_tag = np.array([p in tags for p in tokenizer.pieces(source_ids[:w.shape[1]])], bool)
     w = np.where(is_tag[None, :], 0.0, w[:, :len(is_tag)])
     out.append(pharaoh(word_alignment(w, source_words[:len(is_tag)],
-                                      tokenizer.decode_words(ids)[1])))
+                                      tokenizer.detokenize_words(ids)[1])))
   return out

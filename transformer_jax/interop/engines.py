@@ -181,7 +181,7 @@ class Ctranslate2Engine(Engine):
     ends in EOS, which the ids leave out."""
     ended = bool(pieces) and pieces[-1] == self.eos_piece
     ids = self.tokenizer.piece_ids(pieces[:-1] if ended else pieces)
-    return Hypothesis(self.tokenizer.decode(ids), float(score), tuple(ids), ended)
+    return Hypothesis(self.tokenizer.detokenize(ids), float(score), tuple(ids), ended)
 
   def warm_up(self):
     """(CTranslate2 compiles nothing: one sentence loads its kernels)"""

@@ -129,7 +129,8 @@ class MultiHeadAttention(nn.Module):
   fewer heads, each shared by num_heads / num_kv_heads query heads: a smaller decoding cache.
   Rotary or relative positions (config.model.positional_encoding) enter self-attention here,
   at `positions_BT` (decoding: the cache's step).
-  With `decode=True`, self-attention keeps keys/values of earlier steps in a 'cache' variable
+  With `cached=True` (one decoding step against the cache), self-attention keeps keys/values
+  of earlier steps in a 'cache' variable
   and cross-attention computes the encoder's keys/values once, when the cache is created.
   """
   config: ModelConfig
@@ -137,7 +138,7 @@ class MultiHeadAttention(nn.Module):
   causal: bool = False  # the decoder's self-attention (relative buckets for earlier keys only)
 
   @nn.compact
-  def __call__(self, x_BTD, context_BSD, mask_BHTS, deterministic: bool, decode: bool = False,
+  def __call__(self, x_BTD, context_BSD, mask_BHTS, deterministic: bool, cached: bool = False,
                positions_BT=None):
     cfg = self.config
     H, K, D, dtype = cfg.num_heads, cfg.head_dim, cfg.d_model, compute_dtype(cfg)
@@ -164,7 +165,7 @@ class MultiHeadAttention(nn.Module):
 
     kv_layout, bias_BHTS = "bshk", None
     rows = q_BTHK.shape[0]
-    if decode and self.is_cross_attention:
+    if cached and self.is_cross_attention:
       # Encoder keys/values never change while decoding: compute them when the cache is made.
       if not self.has_variable("cache", "cached_key"):
         # (kept in the compute dtype, which the attention matmuls cast them to anyway, and
@@ -184,16 +185,16 @@ class MultiHeadAttention(nn.Module):
       # Positions inside attention (self-attention only; cross-attention has none).
       scheme = "" if self.is_cross_attention else cfg.positional_encoding
       if scheme in ("rotary", "relative"):
-        query_positions_BT, key_positions_BS = self._positions(positions_BT, q_BTHK, decode)
+        query_positions_BT, key_positions_BS = self._positions(positions_BT, q_BTHK, cached)
       if scheme == "rotary":
         q_BTHK = rotary(q_BTHK, query_positions_BT, self.config.max_len)
         k_BSHK = rotary(k_BSHK, query_positions_BT, self.config.max_len)  # (the same positions)
-      if decode:
+      if cached:
         k_BSHK, v_BSHK, mask_BHTS, kv_layout = self._update_self_attention_cache(
             k_BSHK, v_BSHK, mask_BHTS)
       if scheme == "relative":
         bias_BHTS = self._relative_bias(query_positions_BT, key_positions_BS)
-      if decode and k_BSHK.shape[0] < rows:
+      if cached and k_BSHK.shape[0] < rows:
         # R rows share one cache (`_update_self_attention_cache`) and query it as extra
         # positions, each through its own mask of the slots it reads: (B*R, 1) -> (B, R).
         q_BTHK = q_BTHK.reshape((k_BSHK.shape[0], -1) + q_BTHK.shape[2:])
@@ -206,7 +207,7 @@ class MultiHeadAttention(nn.Module):
     if not deterministic and (not is_static(rate) or rate > 0):
       dropout = functools.partial(Dropout(cfg.attention_dropout_rate), deterministic=False)
     implementation = attention_implementation(cfg)
-    if implementation == "einsum" or dropout is not None or decode:
+    if implementation == "einsum" or dropout is not None or cached:
       k_BSHK, v_BSHK = (repeat_kv_heads(x, H // G, kv_layout) for x in (k_BSHK, v_BSHK))
       out_BTHK, weights_BHTS = scaled_dot_product_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS,
                                                             dtype, dropout, kv_layout,
@@ -221,12 +222,12 @@ class MultiHeadAttention(nn.Module):
                              out_dtype=activation_dtype(cfg))
     return merge_heads(out_BTHK)
 
-  def _positions(self, positions_BT, q_BTHK, decode: bool):
+  def _positions(self, positions_BT, q_BTHK, cached: bool):
     """(query positions (B, T), key positions (B or 1, S)) of self-attention. Decoding: the
     step being decoded (the cache's index) and every cache slot; creating the cache, or
     without given positions: 0..T-1."""
     B, T = q_BTHK.shape[:2]
-    if decode and self.has_variable("cache", "index"):
+    if cached and self.has_variable("cache", "index"):
       step = self.get_variable("cache", "index")
       cached = self.get_variable("cache", "cached_key")
       per_step = B // cached.shape[0]  # (slots a step fills: one per row sharing the cache)

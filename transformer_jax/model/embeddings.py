@@ -169,14 +169,15 @@ class PositionalEncoding(nn.Module):
   """Adds sinusoidal (or learned) position encodings at the given positions (nothing for
   rotary and relative positions, which self-attention applies).
 
-  With `decode=True` the position is the step count kept in the 'cache' collection.
+  With `cached=True` (a decoding step) the position is the step count kept in the 'cache'
+  collection.
   """
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, decode: bool = False):
+  def __call__(self, x_BTD, positions_BT, cached: bool = False):
     cfg = self.config
-    if decode:
+    if cached:
       started = self.has_variable("cache", "position")
       position = self.variable("cache", "position", lambda: jnp.array(0, dtype=jnp.int32))
       positions_BT = jnp.broadcast_to(position.value, x_BTD.shape[:2])

@@ -91,7 +91,8 @@ class StepwiseModel:
     # (the encoder's output is in the cache already, as cross-attention keys/values)
     logits, mutated = self.model.apply(
         {"params": self.params, "cache": cache}, None, inputs_BS, tokens_N[:, None],
-        decode=True, method=Transformer.decode, mutable=["cache"], readable_BRS=readable_BRS)
+        cached=True, method=Transformer.decoder_logits, mutable=["cache"],
+        readable_BRS=readable_BRS)
     logits_NV = logits[:, 0].astype(jnp.float32)
     if adjust is not None:
       logits_NV = adjust(logits_NV)

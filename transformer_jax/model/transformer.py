@@ -111,16 +111,16 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y_BTD, encoded_BSD, self_mask_BHTT, cross_mask_BHTS, deterministic: bool,
-               decode: bool = False, positions_BT=None):
+               cached: bool = False, positions_BT=None):
     cfg = self.config
     self_attention = MultiHeadAttention(cfg, causal=True, name="self_attention")
     cross_attention = MultiHeadAttention(cfg, is_cross_attention=True, name="cross_attention")
     ffn = FeedForward(cfg, name="feed_forward")
     y_BTD = ResidualBlock(cfg, name="self_attention_block")(
-        y_BTD, lambda h: self_attention(h, h, self_mask_BHTT, deterministic, decode,
+        y_BTD, lambda h: self_attention(h, h, self_mask_BHTT, deterministic, cached,
                                         positions_BT), deterministic)
     y_BTD = ResidualBlock(cfg, name="cross_attention_block")(
-        y_BTD, lambda h: cross_attention(h, encoded_BSD, cross_mask_BHTS, deterministic, decode),
+        y_BTD, lambda h: cross_attention(h, encoded_BSD, cross_mask_BHTS, deterministic, cached),
         deterministic)
     return ResidualBlock(cfg, name="ffn_block")(
         y_BTD, lambda h: ffn(h, deterministic), deterministic)
@@ -181,7 +181,8 @@ def default_positions(ids_BT):
 
 
 class Transformer(nn.Module):
-  """Encoder–decoder Transformer; `__call__` gives training logits, `encode`/`decode` decode."""
+  """Encoder–decoder Transformer; `__call__` gives training logits; `encode`, `init_cache` and
+  `decoder_logits` with `cached=True` translate step by step (`model.stepwise`)."""
   config: ModelConfig
 
   def setup(self):
@@ -189,10 +190,10 @@ class Transformer(nn.Module):
     self.source_embedding = Embedding(cfg)
     self.target_embedding = self.source_embedding if cfg.share_embeddings else Embedding(cfg)
     self.source_positional_encoding = PositionalEncoding(cfg)
-    # A module of its own on the target side: in decode mode it keeps the step count.
+    # A module of its own on the target side: decoding step by step, it keeps the step count.
     self.target_positional_encoding = PositionalEncoding(cfg)
     self.embedding_dropout = Dropout(cfg.dropout_rate)
-    # (self counts as argument 0 for nn.remat's static_argnums: `deterministic`, `decode`)
+    # (self counts as argument 0 for nn.remat's static_argnums: `deterministic`, `cached`)
     if cfg.scan_layers:
       self.encoder_stack = _layer_stack(cfg, ScannedEncoderLayer, cfg.num_encoder_layers, (3,),
                                         "encoder")
@@ -232,20 +233,20 @@ class Transformer(nn.Module):
         x_BSD = layer(x_BSD, mask_B1SS, not train, inputs_positions_BS)
     return self.encoder_norm(x_BSD) if self.config.pre_layer_norm else x_BSD
 
-  def decode(self, encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT=None,
+  def decoder_logits(self, encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT=None,
              targets_positions_BT=None, inputs_segmentation_BS=None,
-             targets_segmentation_BT=None, train: bool = False, decode: bool = False,
-             return_hidden: bool = False, readable_BRS=None):
+                     targets_segmentation_BT=None, train: bool = False, cached: bool = False,
+                     return_hidden: bool = False, readable_BRS=None):
     """Logits (B, T, V) over the next token given decoder inputs (the shifted targets).
 
-    Teacher forcing needs `targets_BT` (for the padding mask). With `decode=True` it runs one
+    Teacher forcing needs `targets_BT` (for the padding mask). With `cached=True` it runs one
     step (T == 1) against the cache: the position and the causal mask come from the cache,
     or, for R rows sharing one cache (`init_cache`), which of its R * C slots each row reads
     from `readable_BRS` (B, R, R * C).
     """
     cfg = self.config
     T = decoder_inputs_BT.shape[1]
-    if decode:
+    if cached:
       positions_BT = None  # kept in the cache by the positional encoding
       # (the causal mask: used only when the cache is created)
       self_mask_B1TT = causal_mask(T) if readable_BRS is None else readable_BRS[:, None]
@@ -259,17 +260,17 @@ class Transformer(nn.Module):
         self_mask_B1TT &= segment_mask(targets_segmentation_BT, targets_segmentation_BT)
         cross_mask_B1TS &= segment_mask(targets_segmentation_BT, inputs_segmentation_BS)
     y_BTD = self.target_positional_encoding(self.target_embedding(decoder_inputs_BT),
-                                            positions_BT, decode)
+                                            positions_BT, cached)
     y_BTD = self.embedding_dropout(y_BTD, deterministic=not train)
     if cfg.scan_layers:
-      if decode:
+      if cached:
         raise ValueError("cached decoding needs the per-layer layout: use "
                          "model.unscanned(model, params)")
       y_BTD, _ = self.decoder_stack(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS,
                                     not train, positions_BT)
     else:
       for layer in self.decoder_layers:
-        y_BTD = layer(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS, not train, decode,
+        y_BTD = layer(y_BTD, encoded_BSD, self_mask_B1TT, cross_mask_B1TS, not train, cached,
                       positions_BT)
     if cfg.pre_layer_norm:
       y_BTD = self.decoder_norm(y_BTD)
@@ -292,18 +293,18 @@ class Transformer(nn.Module):
     (or, with `return_hidden`, the final hidden states (B, T, D) and the output matrix)."""
     encoded_BSD = self.encode(inputs_BS, inputs_positions_BS, inputs_segmentation_BS, train)
     decoder_inputs_BT = shift_right(targets_BT, targets_positions_BT)
-    return self.decode(encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT,
-                       targets_positions_BT, inputs_segmentation_BS, targets_segmentation_BT,
-                       train, return_hidden=return_hidden)
+    return self.decoder_logits(encoded_BSD, inputs_BS, decoder_inputs_BT, targets_BT,
+                               targets_positions_BT, inputs_segmentation_BS,
+                               targets_segmentation_BT, train, return_hidden=return_hidden)
 
-  def init_cache(self, encoded_BSD, inputs_BS, max_decode_len: int, rows_per_source: int = 1):
+  def init_cache(self, encoded_BSD, inputs_BS, length: int, rows_per_source: int = 1):
     """Creates the decoding cache (run with mutable=['cache']): empty self-attention
-    keys/values of `rows_per_source` decoder rows per source for `max_decode_len` steps, and
+    keys/values of `rows_per_source` decoder rows per source for `length` steps, and
     the encoder's cross-attention keys/values, once per source. Decoding steps then take
     B * rows_per_source rows, each source's rows consecutive. (A cache whose R rows share
     their self-attention keys/values, R slots a step: `shared_cache`.)"""
-    dummy_BT = jnp.zeros((inputs_BS.shape[0] * rows_per_source, max_decode_len), jnp.int32)
-    return self.decode(encoded_BSD, inputs_BS, dummy_BT, decode=True)
+    dummy_BT = jnp.zeros((inputs_BS.shape[0] * rows_per_source, length), jnp.int32)
+    return self.decoder_logits(encoded_BSD, inputs_BS, dummy_BT, cached=True)
 
 
 def unscanned(model: Transformer, params):

@@ -131,8 +131,8 @@ def test_subword_sampling_segments_pairs_anew_each_epoch_and_resumes_bit_for_bit
   it, seen = iter(pipe.dataset), {}
   for _ in range(12):  # (about 6 epochs of the 7 short pairs)
     for src, tgt in helpers.unpack_batch(_next(pipe, it)):
-      seen.setdefault(tok.decode(src), set()).add(src)
-      assert tok.decode(tgt) in TGT
+      seen.setdefault(tok.detokenize(src), set()).add(src)
+      assert tok.detokenize(tgt) in TGT
   assert set(seen) <= set(SRC) and len(seen) >= 5
   assert max(len(ways) for ways in seen.values()) >= 3  # a sentence segmented 3+ ways
   helpers.assert_resumes_at_the_same_batches(
@@ -142,4 +142,4 @@ def test_subword_sampling_segments_pairs_anew_each_epoch_and_resumes_bit_for_bit
   it = iter(off.dataset)
   for _ in range(6):
     for src, _tgt in helpers.unpack_batch(_next(off, it)):
-      assert src == tuple(tok.encode(tok.decode(src)))  # off: the one best segmentation
+      assert src == tuple(tok.encode(tok.detokenize(src)))  # off: the one best segmentation

@@ -15,9 +15,9 @@ def test_train_encode_decode_round_trip(tmp_path):
   for s in SENTENCES:
     ids = tok.encode(s)
     assert ids[-1] == T.EOS_ID and T.PAD_ID not in ids
-    assert tok.decode(ids) == s
+    assert tok.detokenize(ids) == s
   # Decoding stops at EOS and skips padding.
-  assert tok.decode(tok.encode("Ein Mann") + [5, 6, 0, 0]) == "Ein Mann"
+  assert tok.detokenize(tok.encode("Ein Mann") + [5, 6, 0, 0]) == "Ein Mann"
 
 
 def test_load_or_train_reuses_the_saved_model(tmp_path):
@@ -80,8 +80,8 @@ def test_a_paired_tokenizer_encodes_each_side_with_its_model_into_one_vocabulary
   assert tok.pieces(tok.encode(german)[:-1]) == source.encode_pieces(german)
   ids = tok.encode(english, "target")
   assert ids[-1] == T.EOS_ID and tok.pieces(ids[:-1]) == target.encode_pieces(english)
-  assert tok.decode(ids) == english
-  assert tok.decode(tok.encode(german), "source") == german
+  assert tok.detokenize(ids) == english
+  assert tok.detokenize(tok.encode(german), "source") == german
   # A piece outside the vocabulary is UNK; the same text's ids agree in a batch.
   assert T.UNK_ID in tok.encode("A man rides a bike.", "target")
   assert tok.encode_batch([english, german], "target") == [ids, tok.encode(german, "target")]
@@ -110,9 +110,9 @@ def test_a_paired_tokenizer_samples_each_side_with_its_model_deterministically(t
   first = tok.sample_batch(texts, 0.1, -1, seed=3)
   assert first == tok.sample_batch(texts, 0.1, -1, seed=3)  # (the seed decides)
   assert len({tuple(ids) for ids in first}) > 1  # (segmentations differ)
-  assert all(tok.decode(ids, "source") == texts[0] for ids in first)
+  assert all(tok.detokenize(ids, "source") == texts[0] for ids in first)
   english = tok.sample_batch(["Two dogs play in the snow."] * 4, 0.1, -1, seed=3, side="target")
-  assert all(tok.decode(ids) == "Two dogs play in the snow." for ids in english)
+  assert all(tok.detokenize(ids) == "Two dogs play in the snow." for ids in english)
 
 
 def test_the_seed_sentencepiece_reads_as_none_samples_as_seed_0(tmp_path):
@@ -153,6 +153,6 @@ def test_a_paired_translation_starting_with_an_unknown_piece_keeps_its_words(tmp
   _paired(tmp_path)
   tok = T.Tokenizer.load(tmp_path / "spm.model")
   ids = tok.encode("Two dogs play.", "target")[:-1]
-  text, words = tok.decode_words([T.UNK_ID] + ids)
+  text, words = tok.detokenize_words([T.UNK_ID] + ids)
   assert text.split() == ["⁇", "Two", "dogs", "play."]
-  assert words == [0] + [w + 1 for w in tok.decode_words(ids)[1]]
+  assert words == [0] + [w + 1 for w in tok.detokenize_words(ids)[1]]

@@ -221,7 +221,7 @@ def test_a_hypothesis_says_whether_it_ended_or_its_cap_stopped_it(random_model, 
   cfg = helpers.section("decode", beam_size=3, nbest=2 if search == "beam" else 1,
                         greedy=search == "greedy", max_length=64, max_length_a=1.0,
                         max_length_b=2, batch_size=len(sources))
-  tokenizer = types.SimpleNamespace(decode=lambda ids: " ".join(map(str, ids)))
+  tokenizer = types.SimpleNamespace(detokenize=lambda ids: " ".join(map(str, ids)))
   nbest = translate_nbest(model, params, _eval_set(sources), tokenizer, cfg)
   ended = []
   for source, hyps in zip(sources, nbest):

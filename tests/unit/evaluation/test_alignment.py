@@ -96,7 +96,7 @@ def test_indices_are_the_whitespace_words_of_the_source_and_of_the_printed_trans
   tok = Tokenizer.load(tiny_tokenizer)
   sentence = "Er sagt don´t mehr ."
   (line,) = _align(model, params, tok, [sentence])
-  printed = tok.decode(tok.encode(sentence))  # "Er sagt don ⁇ t mehr ." (´ is unknown)
+  printed = tok.detokenize(tok.encode(sentence))  # "Er sagt don ⁇ t mehr ." (´ is unknown)
   pairs = [tuple(map(int, pair.split("-"))) for pair in line.split()]
   words, target_words = sentence.split(), printed.split()
   assert [j for _, j in pairs] == list(range(len(target_words)))

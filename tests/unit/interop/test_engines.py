@@ -119,7 +119,7 @@ def test_ctranslate2_chooses_among_its_candidates_by_mbr_as_ours_does(monkeypatc
   decode = run.cfg.decode
   eval_set = EvalSet.from_pairs(SOURCES[:1], [], run.tokenizer)
   (translated,), _, _ = translate(run, Selected("step_1", [1]), eval_set, decode)
-  candidates = [run.tokenizer.decode(run.tokenizer.piece_ids(run.tokenizer.encode_pieces(t)))
+  candidates = [run.tokenizer.detokenize(run.tokenizer.piece_ids(run.tokenizer.encode_pieces(t)))
                 for t in texts]
   assert translated == candidates[mbr_order(candidates, "chrf")[0]] != candidates[0]
   assert stub.calls[0][2]["num_hypotheses"] == 4

@@ -116,7 +116,7 @@ def test_cached_step_by_step_decoding_equals_full_forward(variant):
   @jax.jit
   def decode_step(cache, tokens_B1):  # one cached step, compiled once for all steps
     return model.apply({"params": params, "cache": cache}, encoded, INPUTS, tokens_B1,
-                       decode=True, method=Transformer.decode, mutable=["cache"])
+                       cached=True, method=Transformer.decoder_logits, mutable=["cache"])
 
   for t in range(TARGETS.shape[1]):
     step_logits, mutated = decode_step(cache, decoder_inputs[:, t:t + 1])

@@ -35,6 +35,7 @@ from absl import app, flags
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.decoding import search
 from transformer_jax.decoding.batches import sentence_caps
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.search import beam_search
 from transformer_jax.inference import trained_run
 from transformer_jax.parallel import hardware
@@ -140,8 +141,9 @@ def main(_):
 
   def decode():
     start = time.perf_counter()
-    beam_search(run.model, params, inputs, beam_size=cfg.beam_size, alpha=cfg.length_penalty,
-                max_len=int(caps.max()), caps=caps, beam_impl=FLAGS.beam_impl)
+    beam_search(prepare(run.model, params), inputs, beam_size=cfg.beam_size,
+                alpha=cfg.length_penalty, max_len=int(caps.max()), caps=caps,
+                beam_impl=FLAGS.beam_impl)
     return time.perf_counter() - start
 
   cold, warm = decode(), decode()

@@ -40,6 +40,7 @@ from transformer_jax.configs import default
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.decoding import mbr
 from transformer_jax.decoding.batches import decode_batches
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.search import beam_search
 from transformer_jax.evaluation.scoring import score
 from transformer_jax.inference import trained_run
@@ -78,7 +79,7 @@ def peer_shape():
   counts = collections.Counter()
 
   def run():
-    return beam_search(model, params, src, beam_size=4, alpha=0.6, max_len=32,
+    return beam_search(prepare(model, params), src, beam_size=4, alpha=0.6, max_len=32,
                        min_len=32 if forced else 0, counts=counts)
 
   t = time.perf_counter()
@@ -125,7 +126,7 @@ def _timed_decode(run, params, eval_set, cfg, rounds: int = 2):
     counts = collections.Counter()
     t = time.perf_counter()
     out = [[] for _ in range(len(eval_set))]
-    for rows, seqs, scores in decode_batches(run.model, params, eval_set, cfg, run.mesh,
+    for rows, seqs, scores in decode_batches(prepare(run.model, params), eval_set, cfg, run.mesh,
                                              counts):
       for row, index in enumerate(rows):
         out[index] = [(seqs[row, n], float(scores[row, n])) for n in range(seqs.shape[1])]

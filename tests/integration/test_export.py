@@ -149,7 +149,7 @@ def test_the_ctranslate2_engine_exports_once_and_translates_as_the_export(export
   assert [h[0].text for h in translated] == expected
   assert [first.run.tokenizer.detokenize(list(h[0].ids)) for h in translated] == expected
   # (a server's two workers: two calls at once, each on its own CTranslate2 thread)
-  assert again.engine.translator.num_translators == 2
+  assert again.engine.backend.num_translators == 2
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     halves = list(pool.map(again.translate, [sources[:50], sources[50:]]))
   assert [h[0].text for half in halves for h in half] == expected

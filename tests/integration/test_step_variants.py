@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import fixed_batch, stack_layers, tiny_setup, tiny_train_config
 from tests.model_variants import VARIANTS
 from transformer_jax.decoding import search as decode
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import step as train_lib
 
@@ -88,9 +89,9 @@ def test_scanned_model_decodes_like_the_per_layer_model():
   model2 = model_lib.Transformer(tiny_train_config(**{"model.scan_layers": True}).model)
   stacked = stack_layers(state.params, cfg.model)
   inputs = fixed_batch()["inputs"][:4]
-  seqs, scores = decode.beam_search(model, state.params, inputs, beam_size=2, alpha=0.6,
+  seqs, scores = decode.beam_search(prepare(model, state.params), inputs, beam_size=2, alpha=0.6,
                                     max_len=12)
-  seqs2, scores2 = decode.beam_search(model2, stacked, inputs, beam_size=2, alpha=0.6,
+  seqs2, scores2 = decode.beam_search(prepare(model2, stacked), inputs, beam_size=2, alpha=0.6,
                                       max_len=12)
   np.testing.assert_array_equal(seqs, seqs2)
   np.testing.assert_allclose(scores, scores2, rtol=1e-6)

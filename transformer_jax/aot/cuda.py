@@ -17,8 +17,7 @@ from jax import export
 
 from transformer_jax.aot import programs
 from transformer_jax.config.sections import TrainConfig
-from transformer_jax.decoding import search
-from transformer_jax.decoding.batches import search_settings
+from transformer_jax.decoding.engine import SearchEngine
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.platform import tracing_for
 from transformer_jax.parallel import numerics
@@ -65,13 +64,10 @@ def _exported(cfg: TrainConfig, mesh) -> dict[str, export.Exported]:
   scorer = scorer.replace(params=_unsharded(scorer.params))
   inputs = jax.ShapeDtypeStruct((cfg.decode.batch_size, S), jnp.int32)
   caps = jax.ShapeDtypeStruct((cfg.decode.batch_size,), jnp.int32)
-  settings = search_settings(cfg.decode)  # (what the decoding engine runs)
-  start = jax.jit(functools.partial(search.beam_start.function,
-                                    beam_size=settings["beam_size"],
-                                    beam_impl=settings["beam_impl"]))
+  functions = SearchEngine(scorer, None, cfg.decode).beam_functions()  # (as it decodes)
+  start = jax.jit(functions["start"])
   out["beam_start"] = export.export(start, platforms=[PLATFORM])(scorer, inputs, caps, None)
-  loop = jax.jit(functools.partial(search.beam_loop.function, stop_at=0, **{
-      k: settings[k] for k in ("alpha", "num_return", "min_len", "rules")}))
+  loop = jax.jit(functions["loop"])
   state = jax.eval_shape(start, scorer, inputs, caps, None)
   out["beam_loop"] = export.export(loop, platforms=[PLATFORM])(scorer, state)
   return out

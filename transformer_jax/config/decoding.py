@@ -151,8 +151,9 @@ class DecodeConfig:
   # samples
   mbr_candidates: int = option(before=4, compiles="shape", ctranslate2=_ct2_mbr_candidates)
   # no n-gram of this many tokens twice in a translation (its forced prefix included): a token
-  # that would repeat one is never chosen; 0 = off
-  no_repeat_ngram_size: int = option(before=0, minimum=0, request="no_repeat_ngram_size",
+  # that would repeat one is never chosen; 0 = off, at most 16 (each size compiles its programs)
+  no_repeat_ngram_size: int = option(before=0, minimum=0, maximum=16,
+                                     request="no_repeat_ngram_size",
                                      ctranslate2="no_repeat_ngram_size", compiles="static")
   # > 1: each token already in the translation has its logit divided by this (a negative
   # one multiplied) before the softmax (Keskar et al., 2019); 1 = off

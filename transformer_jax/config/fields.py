@@ -102,24 +102,24 @@ def check_ranges(prefix: str, section):
       raise ConfigError(f"{prefix}.{name}={value!r} must be {declared_option.range_text()}")
 
 
-def unhonoured(section, engine: str) -> list[str]:
-  """The options of `section` that `engine` ("jax": our search, or "ctranslate2") cannot
-  honour at their values ([] when it honours them all)."""
+def unhonoured(section, engine_name: str) -> list[str]:
+  """The options of `section` that the engine named `engine_name` ("jax": our search, or
+  "ctranslate2") cannot honour at their values ([] when it honours them all)."""
   fields = {f.name: f for f in dataclasses.fields(section)}
   honours = {"jax": lambda o: o.search, "ctranslate2": lambda o: o.ctranslate2 is not None}
   return [name for name, declared_option in options(type(section)).items()
-          if not honours[engine](declared_option)
+          if not honours[engine_name](declared_option)
           and getattr(section, name) != fields[name].metadata["before"]]
 
 
-def check_honoured(section, engine: str, prefix: str):
+def check_honoured(section, engine_name: str, prefix: str):
   """A ConfigError naming the first option of `section` (`prefix`: how the tool names the
-  section) that `engine` ("jax" or "ctranslate2") cannot honour at its value, and the engine
-  (and the other one where it can)."""
-  for name in unhonoured(section, engine):
+  section) that the engine named `engine_name` ("jax" or "ctranslate2") cannot honour at its
+  value, and the engine (and the other one where it can)."""
+  for name in unhonoured(section, engine_name):
     before = next(f.metadata["before"] for f in dataclasses.fields(section) if f.name == name)
-    other = "ctranslate2" if engine == "jax" else "jax"
-    raise ConfigError(f"{prefix}.{name}={getattr(section, name)!r}: the {engine} engine cannot "
-                      f"honour it (leave it at {before!r}"
+    other = "ctranslate2" if engine_name == "jax" else "jax"
+    raise ConfigError(f"{prefix}.{name}={getattr(section, name)!r}: the {engine_name} engine "
+                      f"cannot honour it (leave it at {before!r}"
                       + ("" if name in unhonoured(section, other) else
                          f", or use --engine={other}") + ")")

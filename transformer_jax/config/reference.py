@@ -75,7 +75,8 @@ def page() -> str:
            "live; the other shipped configs start from it) and what it means. Set any of them",
            "with `--config.KEY=VALUE`. This page is printed by `python -m",
            "transformer_jax.config.reference` from the comments beside the fields of",
-           "`transformer_jax/config/` (`model.py`, `sections.py`, `corpora.py`, `population.py`);",
+           "`transformer_jax/config/` (`model.py`, `sections.py`, `decoding.py`, `corpora.py`,",
+           "`population.py`);",
            "`tests/unit/config/test_reference.py` fails when it differs from them.", ""]
   for prefix, cls in SECTIONS:
     comments = field_comments(cls)

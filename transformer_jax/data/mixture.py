@@ -34,7 +34,7 @@ class _Tagged:
 
 
 @dataclasses.dataclass(frozen=True)
-class Member:
+class MixedCorpus:
   """A corpus of the plan, tokenized and counted, ready to read."""
   name: str
   store: tokenized.TokenizedSplit
@@ -56,25 +56,25 @@ class ReadMixedChunk:
   """Reads and filters a chunk of (corpus, pair) indices from the corpora's stores, tags
   prepended (picklable, for grain's worker processes)."""
 
-  def __init__(self, members_: list[Member], cfg: DataConfig):
-    self.members, self.cfg = members_, cfg
+  def __init__(self, corpora_: list[MixedCorpus], cfg: DataConfig):
+    self.corpora, self.cfg = corpora_, cfg
 
   def __call__(self, picked) -> dict[str, np.ndarray]:
     which, indices = (np.asarray(a) for a in picked)
     codes = np.empty(len(which), np.int8)
     src: list[np.ndarray] = [np.empty(0, np.int32)] * len(which)
     tgt: list[np.ndarray] = list(src)
-    for c, member in enumerate(self.members):
+    for c, corpus in enumerate(self.corpora):
       at = np.flatnonzero(which == c)
       if not len(at):
         continue
-      (s0, s1), (t0, t1) = (member.store.bounds(side, indices[at]) for side in tokenized.SIDES)
-      member_codes = tokenized.filter_codes(s1 - s0, t1 - t0, self.cfg, len(member.prefix))
-      codes[at] = member_codes
-      kept = member_codes == tokenized.KEEP
-      for side, out, start, end, prefix in (("source", src, s0, s1, member.prefix),
+      (s0, s1), (t0, t1) = (corpus.store.bounds(side, indices[at]) for side in tokenized.SIDES)
+      corpus_codes = tokenized.filter_codes(s1 - s0, t1 - t0, self.cfg, len(corpus.prefix))
+      codes[at] = corpus_codes
+      kept = corpus_codes == tokenized.KEEP
+      for side, out, start, end, prefix in (("source", src, s0, s1, corpus.prefix),
                                             ("target", tgt, t0, t1, ())):
-        ids = member.store.read_ids(side, start[kept], end[kept])
+        ids = corpus.store.read_ids(side, start[kept], end[kept])
         pieces = np.split(ids, np.cumsum(end[kept] - start[kept])[:-1])
         for position, piece in zip(at[kept], pieces):
           out[position] = np.concatenate([np.asarray(prefix, np.int32), piece]) if prefix \

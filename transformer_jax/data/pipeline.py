@@ -228,20 +228,20 @@ def _pretokenized(data: plan.DataPlan, tokenizer: Tokenizer, seed: int, process_
   pairs also counted per corpus."""
   cfg = data.cfg
   shard = slice(process_index, None, process_count)
-  members = [_member(c, cfg, tokenizer, shard) for c in data.corpora]
-  order, chunk = _order_of(data, members, seed, process_index, process_count)
+  corpora = [_mixed_corpus(c, cfg, tokenizer, shard) for c in data.corpora]
+  order, chunk = _order_of(data, corpora, seed, process_index, process_count)
   sampling = cfg.subword_sampling.active
-  ds = _chunks(order, chunk, _reader(data, members, tokenizer), cfg, seed if sampling else None)
-  counted = members if data.mixed else []  # (a corpus alone: its counts are the run's)
+  ds = _chunks(order, chunk, _reader(data, corpora, tokenizer), cfg, seed if sampling else None)
+  counted = corpora if data.mixed else []  # (a corpus alone: its counts are the run's)
   counts = FilterCounts(cfg, corpus_pairs=np.zeros(len(counted), np.int64),
                         corpus_tokens=np.zeros(len(counted), np.int64))
   return TrainPipeline(_packed(ds, cfg, process_count, len(counted)), counts,
-                       sum(sum(m.counts) for m in members), tuple(m.name for m in counted),
+                       sum(sum(m.counts) for m in corpora), tuple(m.name for m in counted),
                        tuple(sum(m.counts) for m in counted))
 
 
-def _member(planned: plan.TrainingCorpus, cfg: DataConfig, tokenizer: Tokenizer, shard: slice
-            ) -> mixture.Member:
+def _mixed_corpus(planned: plan.TrainingCorpus, cfg: DataConfig, tokenizer: Tokenizer, shard: slice
+            ) -> mixture.MixedCorpus:
   """A corpus tokenized (once, cached) and this host's shard of it counted; an error when it
   has no usable pair."""
   store = tokenized.tokenized_split(planned.train, tokenizer)
@@ -259,32 +259,32 @@ def _member(planned: plan.TrainingCorpus, cfg: DataConfig, tokenizer: Tokenizer,
         f"no usable training pair in split {planned.split!r} of {planned.where} "
         f"({empty + too_long} in this host's shard): "
         + FilterCounts(cfg, empty=empty, too_long=too_long).summary())
-  return mixture.Member(planned.name, store, prefix, planned.weight, (kept, empty, too_long))
+  return mixture.MixedCorpus(planned.name, store, prefix, planned.weight, (kept, empty, too_long))
 
 
-def _order_of(data: plan.DataPlan, members: list[mixture.Member], seed: int,
+def _order_of(data: plan.DataPlan, corpora: list[mixture.MixedCorpus], seed: int,
               process_index: int, process_count: int) -> tuple[grain.MapDataset, int]:
   """The stream's order and its chunk size: a mixture's interleaving, or config.data's corpus
   alone in its own order (which a mixture of one would not repeat: runs resume in the order
   they began). A chunk is no larger than the data: each pair drawn from a small corpus costs
   grain milliseconds, and a full chunk of one would take seconds to read."""
   if data.mixed:
-    order = mixture.mixed_order([m.store.num_pairs for m in members],
-                                [m.weight for m in members], seed, process_index, process_count)
-    return order, min(CHUNK_PAIRS, sum(m.store.num_pairs for m in members))
-  (own,) = members
+    order = mixture.mixed_order([m.store.num_pairs for m in corpora],
+                                [m.weight for m in corpora], seed, process_index, process_count)
+    return order, min(CHUNK_PAIRS, sum(m.store.num_pairs for m in corpora))
+  (own,) = corpora
   return (_order(own.store.num_pairs, seed, process_index, process_count),
           min(CHUNK_PAIRS, sum(own.counts)))
 
 
-def _reader(data: plan.DataPlan, members: list[mixture.Member], tokenizer: Tokenizer):
+def _reader(data: plan.DataPlan, corpora: list[mixture.MixedCorpus], tokenizer: Tokenizer):
   """What reads a chunk of the order: a mixture's tagged (corpus, pair) indices, or a corpus
   alone's pair indices (segmented anew with subword sampling, which mixtures do not take)."""
   if data.mixed:
-    return mixture.ReadMixedChunk(members, data.cfg)
+    return mixture.ReadMixedChunk(corpora, data.cfg)
   if data.cfg.subword_sampling.active:
-    return _SampleChunk(members[0].store, data.cfg, tokenizer)
-  return _ReadChunk(members[0].store, data.cfg)
+    return _SampleChunk(corpora[0].store, data.cfg, tokenizer)
+  return _ReadChunk(corpora[0].store, data.cfg)
 
 
 def _chunks(order: grain.MapDataset, chunk: int, read, cfg: DataConfig,

@@ -290,7 +290,7 @@ class PairedTokenizer(Tokenizer):
   def detokenize_words(self, ids, side: str = "target") -> tuple[str, list[int]]:
     proto = parsed(self.sps[side].decode_pieces(self.pieces(content_ids(ids)),
                                                  out_type="serialized_proto"))
-    # (as `decode`: a piece unknown to the side's model keeps its '▁', read as a space; the
+    # (as `detokenize`: a piece unknown to the side's model keeps its '▁', read as a space; the
     # words are counted before the ends are stripped, which leaves them the same words)
     text = proto.text.replace("▁", " ")
     return text.strip(), words_of_spans(text, char_spans(proto.text, proto.pieces))

@@ -13,7 +13,6 @@ import numpy as np
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import EOS_ID, content_ids
 from transformer_jax.decoding import resizing
-from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.mbr import mbr_order
 from transformer_jax.decoding.rules import TokenRules
 from transformer_jax.decoding.search import beam_search, greedy_search
@@ -40,12 +39,12 @@ def search_settings(cfg: DecodeConfig) -> dict:
               rules=TokenRules.of(cfg))
 
 
-def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts=None):
+def decode_batches(scorer, eval_set, cfg: DecodeConfig, mesh=None, counts=None):
   """Decodes every source of `eval_set`; yields (row indices, sequences (B, N, L), scores
   (B, N)) per batch, N = the candidates asked for (cfg.nbest, or cfg.mbr_candidates with
-  MBR), best first for beam search. `model`/`params`: one model or tuples (an ensemble), or
-  one made ready already (`ensemble.prepare`, params None); the set's target prefixes, if
-  any, are forced.
+  MBR), best first for beam search. `scorer`: the model's decoding interface (one model's or
+  an ensemble's, made ready once: `ensemble.prepare`); the set's target prefixes, if any,
+  are forced.
 
   Batches are length-sorted; each sentence has its own length cap (`sentence_caps`), so its
   translation does not depend on the batch. A batch has `cfg.batch_size` rows, the last one
@@ -61,7 +60,6 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
     unit = mesh_lib.data_parallel_size(mesh)
     batch_size = mesh_lib.round_up_to_data_parallel(batch_size, mesh)
   sizes = resizing.row_sizes(batch_size, unit)
-  scorer = prepare(model, params)  # (once: every batch decodes with the same kernels)
   max_positions = scorer.max_len
   settings = search_settings(cfg)
   candidates = settings["num_return"]
@@ -89,13 +87,13 @@ def decode_batches(model, params, eval_set, cfg: DecodeConfig, mesh=None, counts
         base_rng = jax.random.PRNGKey(cfg.seed)
         rng = jax.vmap(lambda i, n: jax.random.fold_in(jax.random.fold_in(base_rng, i), n))(
             jnp.repeat(ids, draws), jnp.tile(jnp.arange(draws), size))
-      seqs, scores = greedy_search(scorer, None, inputs, max_len=max_len, rng=rng,
+      seqs, scores = greedy_search(scorer, inputs, max_len=max_len, rng=rng,
                                    temperature=cfg.temperature, top_k=cfg.top_k,
                                    top_p=cfg.top_p, prefix_BP=prefixes, caps=caps, unit=unit,
                                    counts=counts, rules=settings["rules"])
       seqs, scores = seqs.reshape(size, draws, -1), scores.reshape(size, draws)
     else:
-      seqs, scores = beam_search(scorer, None, inputs, max_len=max_len, prefix_BP=prefixes,
+      seqs, scores = beam_search(scorer, inputs, max_len=max_len, prefix_BP=prefixes,
                                  caps=caps, unit=unit, counts=counts, **settings)
       seqs, scores = seqs[:, :candidates], scores[:, :candidates]
     yield rows, seqs, scores
@@ -111,12 +109,12 @@ class Hypothesis(NamedTuple):
   ended: bool = True
 
 
-def translate_nbest(model, params, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
+def translate_nbest(scorer, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
                     on_batch=None) -> list[list[Hypothesis]]:
   """For every source, in order: its `cfg.nbest` hypotheses, best first. `on_batch(n)` (e.g.
   a progress bar's update) is called after each batch of n sentences."""
   out: list[list[Hypothesis]] = [[] for _ in range(len(eval_set))]
-  for rows, seqs, scores in decode_batches(model, params, eval_set, cfg, mesh):
+  for rows, seqs, scores in decode_batches(scorer, eval_set, cfg, mesh):
     for row, index in enumerate(rows):
       out[index] = [Hypothesis(tokenizer.detokenize(seqs[row, n]), float(scores[row, n]),
                                tuple(content_ids(seqs[row, n])),

@@ -42,9 +42,10 @@ def reorder(cache, cache_axes: tuple, beam_indices_BW, batch_size):
   def gather(x, axes):
     if axes.rows is None or axes.per_source:
       return x
+    x = jnp.moveaxis(x, axes.rows, 0)
     x = x.reshape((batch_size, -1) + x.shape[1:])
     idx = beam_indices_BW.reshape(beam_indices_BW.shape + (1,) * (x.ndim - 2))
     taken = jnp.take_along_axis(x, idx, axis=1)
-    return taken.reshape((-1,) + taken.shape[2:])
+    return jnp.moveaxis(taken.reshape((-1,) + taken.shape[2:]), 0, axes.rows)
   leaves, tree = jax.tree_util.tree_flatten(cache)
   return tree.unflatten([gather(x, axes) for x, axes in zip(leaves, cache_axes)])

@@ -52,6 +52,12 @@ class Engine(abc.ABC):
   def warm_up(self):
     """Prepares what the first short sentences need (programs, kernels) before they come."""
 
+  @property
+  def label(self) -> str:
+    """What a record says decoded ("jax"; another engine with its numerics, e.g.
+    "ctranslate2:bfloat16")."""
+    return self.name
+
   def settings(self, decode: DecodeConfig) -> dict | None:
     """What the engine runs for `decode` where it is not `decode` itself (results.json's
     `engine_settings`); None: `decode` is all."""
@@ -117,7 +123,7 @@ class SearchEngine(Engine):
   def translate_set(self, eval_set, decode=None, on_batch=None):
     decode = decode or self.decode
     self.check(decode)
-    return translate_nbest(self.scorer, None, eval_set, self.tokenizer, decode, self.mesh,
+    return translate_nbest(self.scorer, eval_set, self.tokenizer, decode, self.mesh,
                            on_batch)
 
   def warm_up(self):
@@ -128,22 +134,33 @@ class SearchEngine(Engine):
       source = np.asarray(list(self.source_prefix) + [UNK_ID + 1] * n + [EOS_ID], np.int32)
       self.translate_set(EvalSet([""], [""], [source], [source]))
 
+  def _beam_settings(self) -> tuple[dict, dict]:
+    """(the start's settings, the loop's and the step's) as this engine decodes."""
+    settings = search_settings(self.decode)
+    return ({k: settings[k] for k in ("beam_size", "beam_impl")},
+            {k: settings[k] for k in ("alpha", "num_return", "min_len", "rules")})
+
   def beam_programs(self, inputs_BS, caps_B) -> dict:
     """The beam search's programs as this engine runs them, lowered for `inputs_BS` and
     `caps_B` (arrays or ShapeDtypeStructs, placed as the compile tool places them): "start"
     (the batch encoded, its caches made), "loop" (the compiled search loop at the cache's
     first length) and "step" (one step of it, the loop's loop-free twin), each a function
     returning its `jax.stages.Lowered`."""
-    settings = search_settings(self.decode)
-    loop_settings = {k: settings[k] for k in ("alpha", "num_return", "min_len", "rules")}
+    start_settings, loop_settings = self._beam_settings()
 
     def start():
-      return search.beam_start.lower(self.scorer, inputs_BS, caps_B, None,
-                                     beam_size=settings["beam_size"],
-                                     beam_impl=settings["beam_impl"])
+      return search.beam_start.lower(self.scorer, inputs_BS, caps_B, None, **start_settings)
     state = functools.cache(lambda: start().compile().out_info)
     step = functools.partial(search.beam_step, **loop_settings)
     return {"start": start,
             "loop": lambda: search.beam_loop.lower(self.scorer, state(), **loop_settings,
                                                    stop_at=0),
             "step": lambda: jax.jit(step).lower(self.scorer, state())}
+
+  def beam_functions(self) -> dict:
+    """The beam search's start and loop as this engine runs them, as plain functions of
+    (model, inputs, caps, prefixes) and (model, state), its settings bound (what the CUDA
+    export exports: `aot.cuda`)."""
+    start_settings, loop_settings = self._beam_settings()
+    return {"start": functools.partial(search.beam_start.function, **start_settings),
+            "loop": functools.partial(search.beam_loop.function, **loop_settings, stop_at=0)}

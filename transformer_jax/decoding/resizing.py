@@ -70,20 +70,27 @@ def segments(length: int) -> int:
   return SEGMENT * max(1, -(-length // SEGMENT))
 
 
-def _take_rows(x, keep, rows: int):
-  if x.ndim == 0:
+def _take_rows(x, keep, rows: int, axis: int | None = 0):
+  """`x` with the rows of the sentences `keep` along `axis` (None: one value for all)."""
+  if x.ndim == 0 or axis is None:
     return x
+  x = jnp.moveaxis(x, axis, 0)
   per_sentence = x.shape[0] // rows  # 1 (a sentence's row) or W (its hypotheses)
   x = x.reshape((rows, per_sentence) + x.shape[1:])
   x = jnp.take(x, keep, axis=0)
-  return x.reshape((-1,) + x.shape[2:])
+  return jnp.moveaxis(x.reshape((-1,) + x.shape[2:]), 0, axis)
 
 
 @stored_jit(static_argnames=("rows",))
 def compact(state, keep, *, rows: int):
   """The state of the sentences `keep` (indices into the current `rows` sentences), in that
-  order."""
-  return jax.tree_util.tree_map(lambda x: _take_rows(x, keep, rows), state)
+  order: the cache's arrays along the rows their description names, the rest along their
+  first axis."""
+  leaves, tree = jax.tree_util.tree_flatten(state.cache)
+  cache = tree.unflatten([_take_rows(x, keep, rows, axes.rows)
+                          for x, axes in zip(leaves, state.cache_axes)])
+  rest = jax.tree_util.tree_map(lambda x: _take_rows(x, keep, rows), state.replace(cache=()))
+  return rest.replace(cache=cache)
 
 
 def cache_axes(scorer, cache) -> tuple:

@@ -32,7 +32,6 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID
 from transformer_jax.decoding import beam_caches, resizing
-from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.rules import TokenRules
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.top_k import top_k
@@ -262,7 +261,7 @@ def beam_loop(scorer, state: BeamState, *, alpha: float, num_return: int, min_le
   return state, _beam_active(state, alpha, num_return)
 
 
-def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
+def beam_search(scorer, inputs_BS, *, beam_size: int, alpha: float, max_len: int,
                 num_return: int = 1, min_len: int = 0, prefix_BP=None, caps=None,
                 unit: int = 1, counts=None, beam_impl: str = "auto",
                 rules: TokenRules = TokenRules()):
@@ -271,13 +270,13 @@ def beam_search(model, params, inputs_BS, *, beam_size: int, alpha: float, max_l
   sentence runs until its best `num_return` finished hypotheses can no longer change, so
   those are exact n-best entries. EOS cannot end a hypothesis of fewer than `min_len`
   tokens. `caps`: each sentence's own cap (<= max_len; 0 = an empty row) instead of
-  max_len for all. `model`/`params`: one model or tuples (an ensemble); `prefix_BP`: target
+  max_len for all. `scorer`: the model's decoding interface (`model.stepwise`, or an
+  ensemble's: `ensemble.prepare` makes either); `prefix_BP`: target
   prefixes to force (0-padded); `unit`: batch sizes stay multiples of it (the mesh's
   data-parallel size); `counts`: a Counter that adds up the work done (see `_run`);
   `beam_impl`: how hypotheses keep their self-attention caches (`beam_caches`); `rules`:
   what a hypothesis may generate next beside its scores (`rules.TokenRules`)."""
   B, W = inputs_BS.shape[0], beam_size
-  scorer = prepare(model, params)
   seqs = np.zeros((B, W, max_len), np.int32)
   scores = np.full((B, W), NEG_INF, np.float32)
 
@@ -370,16 +369,15 @@ def row_keys(rng, ids) -> jax.Array:
   return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.asarray(ids, jnp.uint32))
 
 
-def greedy_search(model, params, inputs_BS, *, max_len: int, rng=None, temperature: float = 1.0,
+def greedy_search(scorer, inputs_BS, *, max_len: int, rng=None, temperature: float = 1.0,
                   top_k: int = 0, top_p: float = 1.0, prefix_BP=None, caps=None,
                   unit: int = 1, counts=None, rules: TokenRules = TokenRules()):
   """Argmax decoding, or ancestral sampling when `rng` is given (with temperature, top-k and
   top-p filtering): one key, folded with each row's index, or (B, 2) keys, one per row (see
   `row_keys`). Returns (sequences (B, max_len), total log-probabilities (B,)) as numpy
-  arrays. `model`/`params`, `prefix_BP`, `caps`, `unit`, `counts` and `rules` as for
+  arrays. `scorer`, `prefix_BP`, `caps`, `unit`, `counts` and `rules` as for
   beam_search."""
   B = inputs_BS.shape[0]
-  scorer = prepare(model, params)
   if rng is not None and jnp.ndim(rng) == 1:
     rng = row_keys(rng, np.arange(B))
   seqs = np.zeros((B, max_len), np.int32)

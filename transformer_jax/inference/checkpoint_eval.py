@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -166,9 +167,9 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
                                    lowercase, out_dirs[name], alignments, make), **files})
       layout.write_results(out_dirs[name], set_results[-1:])
     if "all" in selections and set_results:
-      for engine in engines or {"jax": None}:  # (a curve per engine)
-        _write_by_step([r for r in set_results if r.get("engine", "jax") == engine],
-                       out_dirs[name], "" if engine == "jax" else f"@{engine}")
+      for engine_name in engines or {"jax": None}:  # (a curve per engine)
+        _write_by_step([r for r in set_results if r.get("engine", "jax") == engine_name],
+                       out_dirs[name], "" if engine_name == "jax" else f"@{engine_name}")
     results += set_results
   return results, list(out_dirs.values())
 
@@ -184,7 +185,7 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
     engine = SearchEngine(prepare(model, params), runs[0].tokenizer, decode, runs[0].mesh)
   else:  # (its export or the cache, and loading: counted in the decoding's time)
     engine = make(runs[0], group[0], decode)
-  made = time.time() - t0 if make is not None else 0.0
+  made = time.time() - t0
   selected = group[0]
   label = selected.label if len(runs) == 1 else f"ensemble{len(runs)}_{selected.label}"
   if decode_overrides:  # (another decoding of the same model: its own .hyp file and label)
@@ -196,12 +197,14 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
     translations = engine.translate_best(eval_set, decode, on_batch=bar.update)
   hyps = [h.text for h in translations]
   seconds = time.time() - t0
-  prepared = made + compilation.program_seconds() - compiled  # (ours: its programs)
+  # (preparing: ours, its programs; another engine, its export or the cache, and loading)
+  prepared = compilation.program_seconds() - compiled if make is None else made
   result = layout.result_record(label, selected.steps, name,
                                 scoring.score(hyps, eval_set.references), len(hyps), seconds,
                                 decode, prepared)
   if make is not None:
-    result["engine"], result["engine_settings"] = engine.name, engine.settings(decode)
+    result["engine"] = engine.name  # (and what it ran: the best of each, `translate_best`)
+    result["engine_settings"] = engine.settings(dataclasses.replace(decode, nbest=1))
   if len(runs) > 1:
     result["ensemble"] = [str(r.workdir) for r in runs]
   if lowercase:

@@ -104,7 +104,7 @@ def translate_corpus(translator: Translator, workdirs: list[str], checkpoint: st
               "input": str(input_path.resolve()), "input_fingerprint":
               _file_fingerprint(input_path) if input_path.is_file() else "",
               "split": split, "languages": [src_lang, tgt_lang], "block_lines": block_lines,
-              "engine": _engine(translator)}
+              "engine": translator.engine.label}
   final = {lang: out / f"{split}.{lang}" for lang in (src_lang, tgt_lang)}
   if (out / RECORD).is_file() and all(p.is_file() for p in final.values()):
     record = json.loads((out / RECORD).read_text())
@@ -206,14 +206,6 @@ def _recorded_block_lines(out: Path) -> int:
     except (OSError, ValueError, KeyError, TypeError):
       continue
   return 0
-
-
-def _engine(translator: Translator) -> str:
-  """Which search translates: "jax" (ours) or e.g. "ctranslate2:bfloat16" (its compute type)."""
-  engine = translator.engine
-  if engine.name == "jax":
-    return "jax"
-  return f"{engine.name}:{engine.compute_type}"
 
 
 def _changed(recorded: dict, settings: dict) -> list[str]:

@@ -29,10 +29,10 @@ def translate_options(decode: DecodeConfig, max_len: int) -> dict:
   return out
 
 
-def differences(decode: DecodeConfig, engine: bool = False) -> list[str]:
+def differences(decode: DecodeConfig, around_the_call: bool = False) -> list[str]:
   """What CTranslate2 decodes differently from ours under `translate_options(decode)` (each
-  option's declared note); `engine`: only what the engine, which honours the ByEngine
-  options around the call, still does differently."""
+  option's declared note); `around_the_call`: only what CTranslate2's engine, which honours
+  the ByEngine options around the call, still does differently."""
   return [note for declared in fields.options(DecodeConfig).values() if declared.ctranslate2_note
-          and not (engine and isinstance(declared.ctranslate2, fields.ByEngine))
+          and not (around_the_call and isinstance(declared.ctranslate2, fields.ByEngine))
           for note in [declared.ctranslate2_note(decode)] if note]

@@ -95,7 +95,7 @@ class Ctranslate2Engine(Engine):
   `decoding.batches.sentence_caps`) translated with that `max_decoding_length`, MBR's
   candidates ordered as ours orders them. `compute_type` as `compute_type()`'s;
   `calls_at_once`: the calls from different threads it runs at once (CTranslate2's
-  inter_threads, the cores shared between them)."""
+  inter_threads, the cores shared between them); `backend`: its `ctranslate2.Translator`."""
   name = "ctranslate2"
   # (CTranslate2 seeds each worker thread's generator once, at its first sample: a later
   # set_random_seed changes nothing, so only a process's first sampling call has its seed)
@@ -109,10 +109,14 @@ class Ctranslate2Engine(Engine):
     self.eos_piece = tokenizer.pieces([EOS_ID])[0]  # (how CTranslate2 says a hypothesis ended)
     self.told: set[str] = set()  # (the differences from ours said: each once)
     self.compute_type = compute_type
-    self.translator = ctranslate2.Translator(
+    self.backend = ctranslate2.Translator(
         str(folder), device="cpu", compute_type=compute_type, inter_threads=calls_at_once,
         intra_threads=max(1, (os.cpu_count() or 1) // calls_at_once))
     log.info("CTranslate2 engine: %s", compute_type)
+
+  @property
+  def label(self) -> str:
+    return f"{self.name}:{self.compute_type}"
 
   def translate_set(self, eval_set, decode=None, on_batch=None):
     import ctranslate2
@@ -137,7 +141,7 @@ class Ctranslate2Engine(Engine):
       group = [i for i, c in enumerate(caps) if c == cap]
       for start in range(0, len(group), chunk):
         rows = group[start:start + chunk]
-        results = self.translator.translate_batch(
+        results = self.backend.translate_batch(
             [tokens[i] for i in rows],
             target_prefix=None if prefix is None else [prefix[i] or None for i in rows],
             batch_type="examples", **{**options, "max_decoding_length": cap,
@@ -155,7 +159,7 @@ class Ctranslate2Engine(Engine):
     differently from ours (`ctranslate2_decoding.differences`)."""
     return {"translate_batch": {**ctranslate2_decoding.translate_options(decode, self.max_len),
                                 "return_end_token": True},  # (whether each ended)
-            "differences": ctranslate2_decoding.differences(decode, engine=True)}
+            "differences": ctranslate2_decoding.differences(decode, around_the_call=True)}
 
   def _caps(self, decode, tokens: list[list[str]], prefixes: list[list[str]] | None
             ) -> list[int]:
@@ -185,7 +189,7 @@ class Ctranslate2Engine(Engine):
 
   def warm_up(self):
     """(CTranslate2 compiles nothing: one sentence loads its kernels)"""
-    self.translator.translate_batch([self.tokenizer.pieces(self.source_prefix)
+    self.backend.translate_batch([self.tokenizer.pieces(self.source_prefix)
                                      + self.tokenizer.encode_pieces("Ein Test.")])
 
 

@@ -302,7 +302,7 @@ class Transformer(nn.Module):
     keys/values of `rows_per_source` decoder rows per source for `length` steps, and
     the encoder's cross-attention keys/values, once per source. Decoding steps then take
     B * rows_per_source rows, each source's rows consecutive. (A cache whose R rows share
-    their self-attention keys/values, R slots a step: `shared_cache`.)"""
+    their self-attention keys/values, R slots a step: `model.stepwise`'s shared cache.)"""
     dummy_BT = jnp.zeros((inputs_BS.shape[0] * rows_per_source, length), jnp.int32)
     return self.decoder_logits(encoded_BSD, inputs_BS, dummy_BT, cached=True)
 

@@ -4,11 +4,11 @@ share of the sentences the server holds (up to `max_sentences`), waiting up to `
 for its share of those held at the engine's last answer (`_next_batch`). Two batches at once
 use a CPU's cores better than one batch of both: a small batch's operations are too small to
 split between cores, while two programs each keep one busy. Requests with different decoding
-options never share a batch, and a request with a sampling seed has one of its own (its
-samples then depend on nothing else). A batch whose engine call fails is translated again
-request by request, so that only the request that broke it fails. The queue is bounded
-(`QueueFull`: the server answers 503), and `close()` stops taking requests and answers every
-one already taken."""
+options (a sampling seed among them) never share a batch; a sample depends on its seed and
+its own sentence only, whatever else its batch holds. A batch whose engine call fails is
+translated again request by request, so that only the request that broke it fails. The queue
+is bounded (`QueueFull`: the server answers 503), and `close()` stops taking requests and
+answers every one already taken."""
 
 from __future__ import annotations
 
@@ -111,8 +111,6 @@ class Batcher:
       first, batch, size = self.jobs[0], [], 0
       share = self._share(self.running + self._same(first))
       for job in list(self.jobs):
-        if batch and first.options.seed is not None:
-          break  # (a seeded request alone: its samples' keys fold in its own sentence indices)
         if job.options == first.options and (not batch or size + len(job.sentences) <= share):
           batch.append(job)
           size += len(job.sentences)
@@ -127,7 +125,7 @@ class Batcher:
     from the later of the first request and that answer: otherwise, under a steady load, each
     batch would leave with only those that queued while the last one ran, and two halves of
     the clients would alternate in half-size batches. A lone client, a request after a pause
-    and a seeded request (batched alone) wait for nobody."""
+    and a seeded request (its seed an option few others share) wait for nobody."""
     first = self.jobs[0]
     idle = first.arrived - self.answered > self.max_wait_s
     wanted = (len(first.sentences) if idle or first.options.seed is not None

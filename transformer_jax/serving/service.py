@@ -100,7 +100,7 @@ class Service:
   def _notes(self, sentence: str, hyps) -> list[str]:
     """What was not translated whole: a source past the model's positions (the search reads
     its first max_len subwords, as the tools do), translations its length cap stopped."""
-    notes, limit = [], self.translator.engine.max_len
+    notes, limit = [], self.translator.max_len
     if sentence.strip():  # (the ids the search is given: --source_tag's, the text's, EOS)
       length = len(self.translator.source_prefix) + len(self.tokenizer.encode(sentence))
       if length > limit:

@@ -82,7 +82,8 @@ def test_subword_sampling_settings_fail_fast_with_the_key_named():
     ("top_p", 0.0, "top_p=0.0 must be in (0, 1]"), ("top_p", 1.5, "top_p=1.5 must be in (0, 1]"),
     ("temperature", 0.0, "temperature=0.0 must be > 0"), ("top_k", -1, "top_k=-1 must be >= 0"),
     ("max_length", 0, "max_length=0 must be >= 1"), ("nbest", 0, "nbest=0 must be >= 1"),
-    ("no_repeat_ngram_size", -1, "no_repeat_ngram_size=-1 must be >= 0"),
+    ("no_repeat_ngram_size", -1, "no_repeat_ngram_size=-1 must be in [0, 16]"),
+    ("no_repeat_ngram_size", 17, "no_repeat_ngram_size=17 must be in [0, 16]"),
     ("repetition_penalty", 0.0, "repetition_penalty=0.0 must be > 0")])
 def test_a_decoding_option_out_of_its_declared_range_is_named(key, value, error):
   with pytest.raises(ConfigError, match=f"^config\\.decode\\.{re.escape(error)}$"):

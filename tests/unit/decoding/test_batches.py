@@ -15,6 +15,7 @@ from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.decoding import resizing
 from transformer_jax.decoding import search as search_lib
 from transformer_jax.decoding.batches import decode_batches, sentence_caps, translate_nbest
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import program_store
 
@@ -51,7 +52,7 @@ def test_a_translation_is_the_same_alone_and_in_a_batch(random_model, search, dt
 
   def decode(ids, counts=None):
     return {int(i): (s, c) for rows, seqs, scores in
-            decode_batches(model, params, _eval_set(ids), cfg, counts=counts)
+            decode_batches(prepare(model, params), _eval_set(ids), cfg, counts=counts)
             for i, s, c in zip(rows, seqs, scores)}
 
   counts = collections.Counter()
@@ -105,8 +106,8 @@ def test_a_search_compacts_by_fours(random_model):
   for row, source in enumerate(sources * 4):
     inputs[row, :len(source)] = source
   counts = collections.Counter()
-  search_lib.greedy_search(model, params, inputs, max_len=64, caps=np.array(LENGTHS * 4) + 2,
-                           counts=counts)
+  search_lib.greedy_search(prepare(model, params), inputs, max_len=64,
+                           caps=np.array(LENGTHS * 4) + 2, counts=counts)
   visited = {rows for rows, _ in counts["shapes"]}
   assert visited == {128, 64, 16, 8}, counts
 
@@ -133,7 +134,7 @@ def test_a_set_decoded_with_stored_programs_equals_jax_jit(random_model, search,
     traced.clear()
     counts = collections.Counter()
     out = [(rows, seqs, scores) for rows, seqs, scores in
-           decode_batches(model, params, _eval_set(sources), cfg, counts=counts)]
+           decode_batches(prepare(model, params), _eval_set(sources), cfg, counts=counts)]
     assert counts["compactions"] >= 2 and counts["growths"] >= 1, counts
     return out, [name for name in traced if name.startswith(tuple(f.__name__ for f in stored))]
 
@@ -180,7 +181,7 @@ def test_flat_beam_search_gives_the_reordering_search_s_n_best_and_scores(random
                           max_length_b=2, batch_size=len(sources), beam_impl=impl)
     counts = collections.Counter()
     found[impl] = [(seqs, scores) for _, seqs, scores in
-                   decode_batches(model, params, _eval_set(sources), cfg, counts=counts)]
+                   decode_batches(prepare(model, params), _eval_set(sources), cfg, counts=counts)]
     assert counts["compactions"] >= 2 and counts["growths"] >= 1, counts
   for (seqs, scores), (flat_seqs, flat_scores) in zip(found["gather"], found["flat"]):
     np.testing.assert_array_equal(flat_seqs, seqs)
@@ -197,7 +198,7 @@ def test_an_ensemble_decodes_within_its_shortest_member_s_positions(random_model
 
   def decode(models):
     out = {int(i): (s, c) for rows, seqs, scores in
-           decode_batches(models, (params, params), _eval_set(sources), cfg)
+           decode_batches(prepare(models, (params, params)), _eval_set(sources), cfg)
            for i, s, c in zip(rows, seqs, scores)}
     return [out[i] for i in range(len(sources))]
 
@@ -222,7 +223,7 @@ def test_a_hypothesis_says_whether_it_ended_or_its_cap_stopped_it(random_model, 
                         greedy=search == "greedy", max_length=64, max_length_a=1.0,
                         max_length_b=2, batch_size=len(sources))
   tokenizer = types.SimpleNamespace(detokenize=lambda ids: " ".join(map(str, ids)))
-  nbest = translate_nbest(model, params, _eval_set(sources), tokenizer, cfg)
+  nbest = translate_nbest(prepare(model, params), _eval_set(sources), tokenizer, cfg)
   ended = []
   for source, hyps in zip(sources, nbest):
     cap = len(source) + 2  # (a * length + b, well under max_length)

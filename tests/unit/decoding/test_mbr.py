@@ -10,6 +10,7 @@ from tests import helpers
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.decoding.batches import translate_nbest
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.mbr import UTILITIES, expected_utilities, mbr_order
 
 # The first candidate (the model's best) is the outlier; the consensus comes third.
@@ -52,9 +53,9 @@ def test_mbr_through_the_decoder_reorders_the_beams_n_best(tiny_model, tiny_toke
                                 [], tok)
   beam = dataclasses.replace(cfg.decode, beam_size=4, nbest=4, max_length=8, max_length_a=0,
                              max_length_b=8)
-  nbest = translate_nbest(model, params, eval_set, tok, beam)
+  nbest = translate_nbest(prepare(model, params), eval_set, tok, beam)
   mbr = dataclasses.replace(beam, nbest=1, mbr="chrf", mbr_candidates=4)
-  chosen = translate_nbest(model, params, eval_set, tok, mbr)
+  chosen = translate_nbest(prepare(model, params), eval_set, tok, mbr)
   firsts = []
   for candidates, (best,) in zip(nbest, chosen):
     texts = [h.text for h in candidates]
@@ -69,9 +70,9 @@ def test_forced_prefixes_start_the_translations(tiny_model, tiny_tokenizer):
   sources = ["ein mann fährt fahrrad", "zwei hunde spielen", "eine frau"]
   eval_set = EvalSet.from_pairs(sources, [], tok).with_prefixes(
       ["a young man", "", "two"], tok)
-  plain = translate_nbest(model, params, EvalSet.from_pairs(sources, [], tok), tok,
+  plain = translate_nbest(prepare(model, params), EvalSet.from_pairs(sources, [], tok), tok,
                           cfg.decode)
-  out = translate_nbest(model, params, eval_set, tok, cfg.decode)
+  out = translate_nbest(prepare(model, params), eval_set, tok, cfg.decode)
   assert out[0][0][0].startswith("a young man") and out[2][0][0].startswith("two")
   assert out[1] == plain[1]  # (no prefix: as without)
   with pytest.raises(ValueError, match="2 target prefixes for 3 sentences"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests import helpers
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.rules import TokenRules
 from transformer_jax.decoding.search import beam_search, greedy_search
 from transformer_jax.ops.masking import NEG_INF
@@ -70,8 +71,8 @@ def test_in_the_search_no_ngram_repeats_and_the_penalty_changes_the_choice(tiny_
 
   def run(rules):
     if search == "greedy":
-      return greedy_search(model, params, inputs, max_len=24, rules=rules)[0]
-    return beam_search(model, params, inputs, beam_size=3, alpha=0.6, max_len=24,
+      return greedy_search(prepare(model, params), inputs, max_len=24, rules=rules)[0]
+    return beam_search(prepare(model, params), inputs, beam_size=3, alpha=0.6, max_len=24,
                        rules=rules)[0][:, 0]
 
   plain = run(TokenRules())

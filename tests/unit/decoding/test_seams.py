@@ -46,3 +46,16 @@ def test_no_private_decoding_name_is_used_outside_its_module():
       found += [f"{p.relative_to(ROOT)}: {module.stem}.{name}" for p in others
                 if p != module and used.search(p.read_text())]
   assert not found, "\n".join(sorted(found))
+
+
+def test_the_searches_import_no_model():
+  """Beam, greedy and sampling search, their rules, their batches and MBR take the model's
+  decoding interface; only `decoding/ensemble.py` (the interface over several models) and the
+  engine that makes one ready import the model's side."""
+  for name in ("search", "batches", "rules", "resizing", "beam_caches", "mbr"):
+    tree = ast.parse((PACKAGE / "decoding" / f"{name}.py").read_text())
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for a in node.names]
+    assert not [m for m in imported if m and (m.startswith("transformer_jax.model")
+                                              or m == "transformer_jax.decoding.ensemble")], name

@@ -13,6 +13,7 @@ from tests import helpers
 from transformer_jax.data.tokenizer import EOS_ID
 from transformer_jax.decoding import beam_caches
 from transformer_jax.decoding import search as decode
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.platform import tracing_for
@@ -62,7 +63,7 @@ def _brute_force_best(model, params, inputs, max_len, alpha):
 def test_beam_search_finds_brute_force_best(tiny, alpha):
   model, params, inputs = tiny
   max_len = 4
-  seqs, scores = decode.beam_search(model, params, inputs, beam_size=64, alpha=alpha,
+  seqs, scores = decode.beam_search(prepare(model, params), inputs, beam_size=64, alpha=alpha,
                                     max_len=max_len)
   for b, (best_seq, best_score) in enumerate(_brute_force_best(model, params, inputs, max_len,
                                                                alpha)):
@@ -74,29 +75,30 @@ def test_beam_search_finds_brute_force_best(tiny, alpha):
 
 def test_beam_one_equals_greedy(tiny):
   model, params, inputs = tiny
-  beam, _ = decode.beam_search(model, params, inputs, beam_size=1, alpha=0.0, max_len=6)
-  greedy, _ = decode.greedy_search(model, params, inputs, max_len=6)
+  beam, _ = decode.beam_search(prepare(model, params), inputs, beam_size=1, alpha=0.0, max_len=6)
+  greedy, _ = decode.greedy_search(prepare(model, params), inputs, max_len=6)
   np.testing.assert_array_equal(np.asarray(beam[:, 0]), np.asarray(greedy))
 
 
 @pytest.mark.parametrize("min_len", [3, 6])
 def test_min_length_keeps_eos_from_ending_short_hypotheses(tiny, min_len):
   model, params, inputs = tiny
-  free, _ = decode.beam_search(model, params, inputs, beam_size=2, alpha=0.6, max_len=6)
+  free, _ = decode.beam_search(prepare(model, params), inputs, beam_size=2, alpha=0.6, max_len=6)
 
   def first_eos(seqs):
     return [list(s).index(EOS_ID) if EOS_ID in s else len(s)
             for s in np.asarray(seqs).reshape(-1, 6)]
 
   assert min(first_eos(free)) < 3  # without the limit, some hypotheses end early
-  seqs, _ = decode.beam_search(model, params, inputs, beam_size=2, alpha=0.6, max_len=6,
+  seqs, _ = decode.beam_search(prepare(model, params), inputs, beam_size=2, alpha=0.6, max_len=6,
                                min_len=min_len)
   assert min(first_eos(seqs)) >= min_len  # at least min_len tokens before any EOS
 
 
 def test_beam_scores_sorted_and_consistent(tiny):
   model, params, inputs = tiny
-  seqs, scores = decode.beam_search(model, params, inputs, beam_size=4, alpha=0.6, max_len=6)
+  seqs, scores = decode.beam_search(prepare(model, params), inputs, beam_size=4, alpha=0.6,
+                                    max_len=6)
   scores = np.asarray(scores)
   assert np.all(np.diff(scores, axis=1) <= 1e-6)
   # Each returned score is the model's own length-normalised log-probability of its sequence.
@@ -111,9 +113,9 @@ def test_beam_scores_sorted_and_consistent(tiny):
 
 def test_nbest_is_sorted_and_starts_with_the_beam_output(tiny):
   model, params, inputs = tiny
-  best, _ = decode.beam_search(model, params, inputs, beam_size=4, alpha=0.6, max_len=6)
-  nbest, scores = decode.beam_search(model, params, inputs, beam_size=4, alpha=0.6, max_len=6,
-                                     num_return=3)
+  best, _ = decode.beam_search(prepare(model, params), inputs, beam_size=4, alpha=0.6, max_len=6)
+  nbest, scores = decode.beam_search(prepare(model, params), inputs, beam_size=4, alpha=0.6,
+                                     max_len=6, num_return=3)
   scores = np.asarray(scores)
   assert np.all(scores[:, :3] > NEG_INF / 2)  # three real hypotheses each
   assert np.all(np.diff(scores[:, :3], axis=1) <= 1e-6)
@@ -125,13 +127,13 @@ def test_sampling_is_reproducible_with_a_seed_and_varies_across_seeds(tiny):
   model, params, inputs = tiny
 
   def sample(seed, **kw):
-    return np.asarray(decode.greedy_search(model, params, jnp.tile(inputs, (8, 1)), max_len=6,
-                                           rng=jax.random.PRNGKey(seed), **kw)[0])
+    return np.asarray(decode.greedy_search(prepare(model, params), jnp.tile(inputs, (8, 1)),
+                                           max_len=6, rng=jax.random.PRNGKey(seed), **kw)[0])
 
   np.testing.assert_array_equal(sample(0), sample(0))
   assert not np.array_equal(sample(0), sample(1))
   # top_k=1 keeps only the argmax: sampling becomes greedy.
-  greedy, _ = decode.greedy_search(model, params, jnp.tile(inputs, (8, 1)), max_len=6)
+  greedy, _ = decode.greedy_search(prepare(model, params), jnp.tile(inputs, (8, 1)), max_len=6)
   np.testing.assert_array_equal(sample(3, top_k=1), np.asarray(greedy))
   # A tiny nucleus also keeps only the most likely token.
   np.testing.assert_array_equal(sample(4, top_p=1e-6), np.asarray(greedy))
@@ -140,13 +142,14 @@ def test_sampling_is_reproducible_with_a_seed_and_varies_across_seeds(tiny):
 def test_an_ensemble_of_one_or_of_two_copies_equals_the_model(tiny):
   model, params, inputs = tiny
   kw = dict(beam_size=3, alpha=0.6, max_len=6)
-  seqs, scores = decode.beam_search(model, params, inputs, **kw)
+  seqs, scores = decode.beam_search(prepare(model, params), inputs, **kw)
   for members in (1, 2):
-    e_seqs, e_scores = decode.beam_search((model,) * members, (params,) * members, inputs, **kw)
+    e_seqs, e_scores = decode.beam_search(prepare((model,) * members, (params,) * members), inputs,
+                                          **kw)
     np.testing.assert_array_equal(np.asarray(e_seqs), np.asarray(seqs))
     np.testing.assert_array_equal(np.asarray(e_scores), np.asarray(scores))
-  g, g_lp = decode.greedy_search(model, params, inputs, max_len=6)
-  e, e_lp = decode.greedy_search((model, model), (params, params), inputs, max_len=6)
+  g, g_lp = decode.greedy_search(prepare(model, params), inputs, max_len=6)
+  e, e_lp = decode.greedy_search(prepare((model, model), (params, params)), inputs, max_len=6)
   np.testing.assert_array_equal(np.asarray(e), np.asarray(g))
   np.testing.assert_array_equal(np.asarray(e_lp), np.asarray(g_lp))
 
@@ -154,7 +157,7 @@ def test_an_ensemble_of_one_or_of_two_copies_equals_the_model(tiny):
 def test_an_ensemble_scores_by_its_members_average_log_probability(tiny):
   model, params, inputs = tiny
   other = jax.tree_util.tree_map(lambda x: -0.5 * x, params)  # a different model
-  seqs, scores = decode.beam_search((model, model), (params, other), inputs, beam_size=3,
+  seqs, scores = decode.beam_search(prepare((model, model), (params, other)), inputs, beam_size=3,
                                     alpha=0.0, max_len=6)
   for b in range(inputs.shape[0]):
     rows = jnp.tile(inputs[b], (3, 1))
@@ -163,7 +166,7 @@ def test_an_ensemble_scores_by_its_members_average_log_probability(tiny):
     found = np.asarray(scores[b]) > NEG_INF / 2
     np.testing.assert_allclose(np.asarray(scores[b])[found], mean[found], rtol=1e-4, atol=1e-5)
   # ... and the ensemble's best is the brute-force best under that average.
-  best, _ = decode.beam_search((model, model), (params, other), inputs, beam_size=8,
+  best, _ = decode.beam_search(prepare((model, model), (params, other)), inputs, beam_size=8,
                                alpha=0.0, max_len=3)
   outs = _all_outputs(3)
   targets = np.zeros((len(outs), 3), np.int32)
@@ -181,13 +184,13 @@ def test_a_forced_prefix_starts_every_output_and_is_scored_as_teacher_forcing(ti
   model, params, inputs = tiny
   prefix = jnp.array([[3, 4, 4], [4, 0, 0], [0, 0, 0]])  # (the last sentence: none)
   if search == "beam":
-    seqs, scores = decode.beam_search(model, params, inputs, beam_size=3, alpha=0.0,
+    seqs, scores = decode.beam_search(prepare(model, params), inputs, beam_size=3, alpha=0.0,
                                       max_len=6, prefix_BP=prefix)
-    free, _ = decode.beam_search(model, params, inputs, beam_size=3, alpha=0.0, max_len=6)
+    free, _ = decode.beam_search(prepare(model, params), inputs, beam_size=3, alpha=0.0, max_len=6)
     seqs, scores, free = seqs[:, 0], scores[:, 0], free[:, 0]
   else:
-    seqs, scores = decode.greedy_search(model, params, inputs, max_len=6, prefix_BP=prefix)
-    free, _ = decode.greedy_search(model, params, inputs, max_len=6)
+    seqs, scores = decode.greedy_search(prepare(model, params), inputs, max_len=6, prefix_BP=prefix)
+    free, _ = decode.greedy_search(prepare(model, params), inputs, max_len=6)
   seqs = np.asarray(seqs)
   assert list(seqs[0, :3]) == [3, 4, 4] and seqs[1, 0] == 4
   np.testing.assert_array_equal(seqs[2], np.asarray(free[2]))  # no prefix: as without
@@ -221,8 +224,8 @@ def test_flat_beam_search_equals_reordering_caches_in_each_attention_variant(var
             caps=np.array([40, 3, 30, 0, 35, 20]),
             prefix_BP=jnp.array([[5, 6], [0, 0], [7, 0], [3, 3], [0, 0], [4, 0]]))
   counts = collections.Counter()
-  seqs, scores = decode.beam_search(model, params, inputs, beam_impl="gather", **kw)
-  flat_seqs, flat_scores = decode.beam_search(model, params, inputs, beam_impl="flat",
+  seqs, scores = decode.beam_search(prepare(model, params), inputs, beam_impl="gather", **kw)
+  flat_seqs, flat_scores = decode.beam_search(prepare(model, params), inputs, beam_impl="flat",
                                               counts=counts, **kw)
   assert counts["growths"] >= 1, counts
   np.testing.assert_array_equal(flat_seqs, seqs)

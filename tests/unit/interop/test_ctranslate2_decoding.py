@@ -36,6 +36,6 @@ def test_what_ctranslate2_does_differently_is_said():
   assert [note.split(":")[0] for note in notes] == [
       "length_penalty=0.6", "max_length_a=1.5, max_length_b=10", "mbr='chrf'"]
   # (the engine does the caps and MBR itself: the length penalty's formula is what is left)
-  assert decoding.differences(decode, engine=True) == notes[:1]
+  assert decoding.differences(decode, around_the_call=True) == notes[:1]
   assert decoding.differences(helpers.section("decode", greedy=True, max_length_a=0.0,
                                               max_length_b=32, max_length=32)) == []

@@ -17,6 +17,7 @@ from transformer_jax.cli import evaluate, import_model, translate
 from transformer_jax.config import files
 from transformer_jax.config.parse import from_config_dict
 from transformer_jax.data import tokenizer as T
+from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.search import greedy_search
 from transformer_jax.errors import CheckpointError
 from transformer_jax.inference import trained_run
@@ -84,7 +85,7 @@ def test_an_imported_marian_model_scores_and_translates_as_transformers_does(
   assert real.sum() > 20
   np.testing.assert_allclose(np.asarray(ours)[real], theirs[real], atol=1e-4, rtol=0)
 
-  seqs, _ = greedy_search(run.model, params, x, max_len=12)
+  seqs, _ = greedy_search(prepare(run.model, params), x, max_len=12)
   with torch.no_grad():
     generated = hf_model.generate(
         input_ids=torch.tensor(_padded([list(order[s]) for s in sources], pad)),

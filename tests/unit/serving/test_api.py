@@ -178,6 +178,8 @@ def test_bad_options_name_themselves(client):
     ({"sampling": True, "top_p": 1.5}, "options.top_p: 1.5 must be in (0, 1]"),
     ({"sampling": True, "temperature": 0}, "options.temperature: 0 must be > 0"),
     ({"repetition_penalty": -1}, "options.repetition_penalty: -1 must be > 0"),
+    ({"no_repeat_ngram_size": 1000000},  # (each size is a program of its own)
+     "options.no_repeat_ngram_size: 1000000 must be in [0, 16]"),
     ({"beam_size": 17}, "options.beam_size: 17 is more than this server's 16")])
 def test_an_option_of_the_wrong_type_or_out_of_range_is_refused_naming_its_field(client, options,
                                                                               error):

@@ -95,16 +95,18 @@ def test_a_request_past_its_deadline_leaves_the_queue_untranslated():
   assert [sentences for sentences, _ in engine.calls] == [["a"]]
 
 
-def test_a_seeded_request_is_batched_alone():
+def test_seeded_requests_share_a_batch_only_with_the_same_seed():
+  """(a sample's key is its seed and its own sentence: requests of one seed may share)"""
   gate = threading.Event()
   engine = Slow(gate)
   batcher = Batcher(engine, Metrics(), max_sentences=8, max_wait_s=0.05)
-  seeded = Options((("sampling", True),), seed=3)
+  seeded, other = Options((("sampling", True),), seed=3), Options((("sampling", True),), seed=4)
 
   async def main():
     busy = asyncio.create_task(batcher.translate(["a"], [""], Options()))
     await asyncio.sleep(0.1)
-    tasks = [asyncio.create_task(batcher.translate([s], [""], seeded)) for s in "xy"]
+    tasks = [asyncio.create_task(batcher.translate([s], [""], options))
+             for s, options in (("x", seeded), ("y", seeded), ("z", other))]
     await asyncio.sleep(0.05)
     gate.set()
     await busy
@@ -112,7 +114,7 @@ def test_a_seeded_request_is_batched_alone():
 
   asyncio.run(main())
   batcher.close()
-  assert [sentences for sentences, _ in engine.calls] == [["a"], ["x"], ["y"]]
+  assert [sentences for sentences, _ in engine.calls] == [["a"], ["x", "y"], ["z"]]
 
 
 def test_a_steady_load_keeps_full_batches_instead_of_alternating_halves():

@@ -24,7 +24,7 @@ class Stub:
   def __init__(self, tokenizer_path, engine="jax"):
     cfg = helpers.tiny_train_config()
     # (as an ensemble whose shortest member reads 64 positions: the first run's config says 256)
-    self.decode = cfg.decode
+    self.decode, self.max_len = cfg.decode, 64
     self.engine = types.SimpleNamespace(name=engine, seeds_each_call=True, max_len=64)
     self.run = types.SimpleNamespace(cfg=cfg, tokenizer=Tokenizer.load(tokenizer_path))
 

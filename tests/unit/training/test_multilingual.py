@@ -128,7 +128,7 @@ def test_the_ctranslate2_engine_reads_the_target_tag_as_our_search_does(bilingua
       return self.inner.translate_batch(tokens, **options)
 
   translator.warm_up()  # (untagged: made up, not refused as a user's line would be)
-  translator.engine.translator = Spy(translator.engine.translator)
+  translator.engine.backend = Spy(translator.engine.backend)
   theirs, tokenizer = Service(translator), translator.run.tokenizer
   sentences = ["Ein Hund läuft im Schnee.", "Zwei Männer sitzen.", "A dog runs.", ""]
   for target in ("en", "de"):

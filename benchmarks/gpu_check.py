@@ -55,6 +55,7 @@ from measure import matmul_peak, model_flops_per_step, peak_memory_gb  # noqa: E
 
 from transformer_jax.config.parse import from_config_dict  # noqa: E402
 from transformer_jax.configs import tiny, wmt_base  # noqa: E402
+from transformer_jax.decoding.ensemble import prepare  # noqa: E402
 from transformer_jax.decoding.search import beam_search  # noqa: E402
 from transformer_jax.model.attention import attention_implementation  # noqa: E402
 from transformer_jax.model.transformer import Transformer  # noqa: E402
@@ -145,13 +146,14 @@ def check_decode(cfg) -> dict:
   runs, outputs = [], {}
   for rows in sizes:
     for impl in ("gather", "flat"):
-      search = functools.partial(beam_search, model, beam_size=4, alpha=0.6, max_len=length,
-                                 min_len=length, beam_impl=impl)  # (one program per shape)
+      search = functools.partial(beam_search, prepare(model, params), beam_size=4, alpha=0.6,
+                                 max_len=length, min_len=length,
+                                 beam_impl=impl)  # (one program per shape)
       t = time.perf_counter()
-      jax.block_until_ready(search(params, src[:rows]))
+      jax.block_until_ready(search(src[:rows]))
       cold_s = time.perf_counter() - t
       t = time.perf_counter()
-      outputs[rows, impl] = search(params, src[:rows])
+      outputs[rows, impl] = search(src[:rows])
       warm_s = time.perf_counter() - t
       runs.append({"beam_impl": impl, "sentences": rows, "first_call_s": round(cold_s, 2),
                    "sentences_per_s": round(rows / warm_s, 1)})

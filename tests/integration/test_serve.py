@@ -178,7 +178,8 @@ def test_the_page_translates_what_is_typed_with_alternatives_and_alignments(tiny
     browser.find_element(By.ID, "beam").send_keys("99")
     browser.find_element(By.ID, "go").click()
     wait.until(lambda b: b.find_element(By.ID, "error").is_displayed())
-    assert browser.find_element(By.ID, "error").text == "beam_size=99; at most 16"
+    assert browser.find_element(By.ID, "error").text == (
+        "options.beam_size: 99 is more than this server's 16")
   finally:
     browser.quit()
     proc.terminate()

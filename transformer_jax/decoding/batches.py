@@ -13,7 +13,7 @@ import numpy as np
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import EOS_ID, content_ids
 from transformer_jax.decoding import resizing
-from transformer_jax.decoding.mbr import mbr_order
+from transformer_jax.decoding.mbr import mbr_chosen
 from transformer_jax.decoding.rules import TokenRules
 from transformer_jax.decoding.search import beam_search, greedy_search
 from transformer_jax.ops.masking import NEG_INF
@@ -22,12 +22,20 @@ from transformer_jax.parallel import mesh as mesh_lib
 
 def sentence_caps(cfg: DecodeConfig, inputs_BS: np.ndarray, prefixes_BP: np.ndarray | None,
                   model_max_len: int) -> np.ndarray:
+  """Each sentence's length cap (`caps_of_lengths`) from its padded ids (0: padding)."""
+  return caps_of_lengths(cfg, (inputs_BS > 0).sum(axis=1),
+                         None if prefixes_BP is None else (prefixes_BP > 0).sum(axis=1),
+                         model_max_len)
+
+
+def caps_of_lengths(cfg: DecodeConfig, source_lengths, prefix_lengths, model_max_len: int
+                    ) -> np.ndarray:
   """Each sentence's length cap: min(max_length, a * its source length + b), at least its
   forced prefix and EOS, at most the model's positions; 0 for an empty (padding) row."""
-  lengths = (inputs_BS > 0).sum(axis=1)
+  lengths = np.asarray(source_lengths)
   caps = np.array([min(cfg.length_limit(int(n)), model_max_len) for n in lengths], np.int32)
-  if prefixes_BP is not None:
-    caps = np.minimum(np.maximum(caps, (prefixes_BP > 0).sum(axis=1) + 1), model_max_len)
+  if prefix_lengths is not None:
+    caps = np.minimum(np.maximum(caps, np.asarray(prefix_lengths) + 1), model_max_len)
   return np.where(lengths > 0, caps, 0).astype(np.int32)
 
 
@@ -121,8 +129,7 @@ def translate_nbest(scorer, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
                                bool((seqs[row, n] == EOS_ID).any()))
                     for n in range(seqs.shape[1]) if scores[row, n] > NEG_INF / 2]
       if cfg.mbr:  # (the candidates reordered by expected utility; their scores kept)
-        out[index] = [out[index][i] for i in mbr_order([h.text for h in out[index]], cfg.mbr)]
-        out[index] = out[index][:cfg.nbest]
+        out[index] = mbr_chosen(out[index], cfg.mbr, cfg.nbest)
     if on_batch is not None:
       on_batch(len(rows))
   return out

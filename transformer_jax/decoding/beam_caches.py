@@ -14,8 +14,9 @@ rounds differently). "auto" is flat (`shares_caches`).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
+
+from transformer_jax.decoding import resizing
 
 
 def shares_caches(beam_impl: str) -> bool:
@@ -47,5 +48,4 @@ def reorder(cache, cache_axes: tuple, beam_indices_BW, batch_size):
     idx = beam_indices_BW.reshape(beam_indices_BW.shape + (1,) * (x.ndim - 2))
     taken = jnp.take_along_axis(x, idx, axis=1)
     return jnp.moveaxis(taken.reshape((-1,) + taken.shape[2:]), 0, axes.rows)
-  leaves, tree = jax.tree_util.tree_flatten(cache)
-  return tree.unflatten([gather(x, axes) for x, axes in zip(leaves, cache_axes)])
+  return resizing.map_cache(gather, cache, cache_axes)

@@ -63,18 +63,24 @@ class Engine(abc.ABC):
     `engine_settings`); None: `decode` is all."""
     return None
 
-  def check(self, decode: DecodeConfig):
+  @classmethod
+  def check(cls, decode: DecodeConfig):
     """A ConfigError naming the first of `decode`'s options this engine cannot honour at its
-    value (as the options' declarations say)."""
-    check_honoured(decode, self.name, "decode")
+    value (as the options' declarations say); before one is made, too."""
+    check_honoured(decode, cls.name, "decode")
+
+  @staticmethod
+  def best_only(decode: DecodeConfig) -> DecodeConfig:
+    """`decode` searching for one translation of each source (`nbest` 1): what
+    `translate_best` decodes with."""
+    return dataclasses.replace(decode, nbest=1)
 
   def translate_best(self, eval_set: EvalSet, decode: DecodeConfig | None = None,
                      on_batch=None) -> list[Hypothesis]:
-    """The best translation of every source of `eval_set`, in its order (searched for one:
-    `nbest` 1), an empty text where none ended (what validation and `evaluate` score)."""
-    single = dataclasses.replace(decode or self.decode, nbest=1)
-    return [hyps[0] if hyps else Hypothesis("", 0.0, ())
-            for hyps in self.translate_set(eval_set, single, on_batch)]
+    """The best translation of every source of `eval_set`, in its order (`best_only`), an
+    empty text where none ended (what validation and `evaluate` score)."""
+    return [hyps[0] if hyps else Hypothesis("", 0.0, ()) for hyps in
+            self.translate_set(eval_set, self.best_only(decode or self.decode), on_batch)]
 
   def translate(self, sentences: list[str], prefixes: list[str] | None = None,
                 seed: int | None = None, decode: DecodeConfig | None = None,

@@ -101,6 +101,12 @@ def expected_utilities(candidates: list[str], utility: str) -> list[float]:
           for i, row in enumerate(UTILITIES[utility](candidates).tolist())]
 
 
+def mbr_chosen(hypotheses: list, utility: str, keep: int) -> list:
+  """The first `keep` of `hypotheses` (each with its `text`) by expected utility
+  (`mbr_order`), as they are otherwise (their scores kept)."""
+  return [hypotheses[i] for i in mbr_order([h.text for h in hypotheses], utility)][:keep]
+
+
 def mbr_order(candidates: list[str], utility: str) -> list[int]:
   """Indices of the candidates, highest expected utility first (ties: the earlier one)."""
   if len(candidates) < 2:

@@ -86,11 +86,17 @@ def compact(state, keep, *, rows: int):
   """The state of the sentences `keep` (indices into the current `rows` sentences), in that
   order: the cache's arrays along the rows their description names, the rest along their
   first axis."""
-  leaves, tree = jax.tree_util.tree_flatten(state.cache)
-  cache = tree.unflatten([_take_rows(x, keep, rows, axes.rows)
-                          for x, axes in zip(leaves, state.cache_axes)])
+  cache = map_cache(lambda x, axes: _take_rows(x, keep, rows, axes.rows), state.cache,
+                    state.cache_axes)
   rest = jax.tree_util.tree_map(lambda x: _take_rows(x, keep, rows), state.replace(cache=()))
   return rest.replace(cache=cache)
+
+
+def map_cache(fn, cache, cache_axes: tuple):
+  """`cache` with each array x replaced by fn(x, its `CacheAxes`) (`cache_axes`: in the
+  order of the cache's leaves)."""
+  leaves, tree = jax.tree_util.tree_flatten(cache)
+  return tree.unflatten([fn(x, axes) for x, axes in zip(leaves, cache_axes)])
 
 
 def cache_axes(scorer, cache) -> tuple:
@@ -113,9 +119,8 @@ def _grown(x, axis: int | None, capacity: int, length: int):
 def grow(state, *, length: int):
   """The state with its caches' positions (as their description says) and the token buffers
   its class names (`grown`: their last axis) padded with zeros to `length` positions."""
-  leaves, tree = jax.tree_util.tree_flatten(state.cache)
-  cache = tree.unflatten([_grown(x, axes.length, state.capacity, length)
-                          for x, axes in zip(leaves, state.cache_axes)])
+  cache = map_cache(lambda x, axes: _grown(x, axes.length, state.capacity, length),
+                    state.cache, state.cache_axes)
   buffers = {name: getattr(state, name) for name in state.grown}
   return state.replace(cache=cache, **{
       name: None if x is None else _grown(x, -1, state.capacity, length)

@@ -11,11 +11,10 @@ in its batch. A sentence leaves the search as soon as it is done: the compiled s
 runs until it has to stop for one of `resizing`'s reasons (few sentences left, the cache full),
 then the state is compacted or grown and the loop goes on (see `resizing`).
 
-Both take one model or an ensemble (a tuple of models and a tuple of their parameters, one
-vocabulary), or the two made ready once for many batches (`ensemble.prepare`): a model's
-decoding interface (`model.stepwise`), whose step gives each row's log-probabilities and
-whose cache description says which axes resizing and reordering touch; the search imports
-no model. Both can force a target prefix per sentence
+Both take a model's decoding interface (`model.stepwise`; one model or an ensemble of several,
+one vocabulary, made ready once for many batches by `ensemble.prepare`), whose step gives
+each row's log-probabilities and whose cache description says which axes resizing and
+reordering touch: the search imports no model. Both can force a target prefix per sentence
 (`prefix_BP`, 0-padded ids): its tokens are chosen, with their log-probabilities counted,
 before the search goes on.
 """
@@ -83,9 +82,9 @@ def _next_log_probs(scorer, s, tokens_N, history_NC, rules: TokenRules, reads_BW
 
 
 def _cache(scorer, inputs_BS, rows_per_sentence: int, capacity: int, flat: bool = False):
-  """(The cache: each sentence encoded once and `rows_per_sentence` rows of it, `capacity`
-  positions long; `flat`: one self-attention cache per sentence that its rows share
-  (`beam_caches`), its description (`resizing.cache_axes`).)"""
+  """(the cache, its description (`resizing.cache_axes`)): each sentence encoded once and
+  `rows_per_sentence` rows of it, `capacity` positions long; `flat`: one self-attention
+  cache per sentence that its rows share (`beam_caches`)."""
   cache = scorer.new_cache(inputs_BS, rows_per_sentence, capacity, flat)
   return cache, resizing.cache_axes(scorer, cache)
 

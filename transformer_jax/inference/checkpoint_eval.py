@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import dataclasses
 import hashlib
 import itertools
 import logging
@@ -23,7 +22,6 @@ import jax
 from tqdm import tqdm
 
 from transformer_jax import atomic
-from transformer_jax.config.fields import check_honoured
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.corpus import read_aligned
 from transformer_jax.data.eval_sets import EvalSet, direction_set, load_eval_set, scoring_sets
@@ -141,7 +139,7 @@ def evaluate_checkpoints(workdir, split: str = "", checkpoint: str | list[str] =
   run = runs[0]
   decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
   if "jax" in (engines or {"jax": None}):
-    check_honoured(decode, "jax", "decode")
+    SearchEngine.check(decode)
   sets = _eval_sets(run, split, source_file, reference_file, max_sentences, source_tag)
   out_dirs = {name: (Path(output_dir) / name if output_dir and len(sets) > 1 else
                      Path(output_dir) if output_dir else layout.eval_dir(workdirs[0], name))
@@ -204,7 +202,7 @@ def _score(runs, group, eval_set: EvalSet, name: str, decode, decode_overrides, 
                                 decode, prepared)
   if make is not None:
     result["engine"] = engine.name  # (and what it ran: the best of each, `translate_best`)
-    result["engine_settings"] = engine.settings(dataclasses.replace(decode, nbest=1))
+    result["engine_settings"] = engine.settings(engine.best_only(decode))
   if len(runs) > 1:
     result["ensemble"] = [str(r.workdir) for r in runs]
   if lowercase:

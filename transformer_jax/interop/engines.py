@@ -15,14 +15,11 @@ import logging
 import os
 from pathlib import Path
 
-import numpy as np
-
-from transformer_jax.config.fields import check_honoured
 from transformer_jax.config.parse import replace_from_text
 from transformer_jax.data.tokenizer import EOS_ID
-from transformer_jax.decoding.batches import Hypothesis, sentence_caps
+from transformer_jax.decoding.batches import Hypothesis, caps_of_lengths
 from transformer_jax.decoding.engine import Engine
-from transformer_jax.decoding.mbr import mbr_order
+from transformer_jax.decoding.mbr import mbr_chosen
 from transformer_jax.errors import ConfigError, UsageError
 from transformer_jax.inference import trained_run
 from transformer_jax.inference.translator import Translator
@@ -165,20 +162,15 @@ class Ctranslate2Engine(Engine):
             ) -> list[int]:
     """Each sentence's length cap as our search gives it (sources of `tokens` and EOS, cut
     at the model's positions as the search cuts them; prefixes of `prefixes`)."""
-    lengths = np.array([min(len(t) + 1, self.max_len) for t in tokens])
-    inputs = (np.arange(lengths.max())[None, :] < lengths[:, None]).astype(np.int32)
-    forced = None
-    if prefixes is not None:
-      counts = np.array([len(p) for p in prefixes])
-      forced = (np.arange(max(1, counts.max()))[None, :] < counts[:, None]).astype(np.int32)
-    return [int(cap) for cap in sentence_caps(decode, inputs, forced, self.max_len)]
+    caps = caps_of_lengths(decode, [min(len(t) + 1, self.max_len) for t in tokens],
+                           None if prefixes is None else [len(p) for p in prefixes],
+                           self.max_len)
+    return [int(cap) for cap in caps]
 
   def _nbest(self, decode, hyps: list[Hypothesis]) -> list[Hypothesis]:
     """A sentence's n-best as our search returns it: with MBR, CTranslate2's candidates
-    ordered by expected utility (their scores kept), the first `nbest`."""
-    if not decode.mbr:
-      return hyps
-    return [hyps[i] for i in mbr_order([h.text for h in hyps], decode.mbr)][:decode.nbest]
+    ordered as ours orders them (`mbr_chosen`), the first `nbest`."""
+    return mbr_chosen(hyps, decode.mbr, decode.nbest) if decode.mbr else hyps
 
   def _hypothesis(self, pieces: list[str], score: float) -> Hypothesis:
     """A CTranslate2 hypothesis (asked with its end token) as our search's: ended when it
@@ -205,7 +197,7 @@ def ctranslate2_translator(workdir: str | list[str], checkpoint: str = "latest",
     raise UsageError("--engine=ctranslate2 takes one --workdir (no ensembles)")
   run = run or trained_run.load(workdirs[0])
   decode = replace_from_text(run.cfg.decode, list(decode_overrides), "decode")
-  check_honoured(decode, Ctranslate2Engine.name, "decode")
+  Ctranslate2Engine.check(decode)  # (before the export)
   selected = run.select_one(checkpoint, "the ctranslate2 engine")
   engine = Ctranslate2Engine(cached_export(run, selected), run.tokenizer, decode,
                              run.cfg.model.max_len, run.source_prefix(source_tag),

@@ -57,6 +57,7 @@ from transformer_jax.serving.service import REQUEST_OPTIONS, Options
 log = logging.getLogger(__name__)
 
 PAGE = Path(__file__).with_name("page.html")  # (the page at `/`: the package's data)
+_OPTION_TYPES = typing.get_type_hints(DecodeConfig)  # (a request's options: read once)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,8 +261,7 @@ def _option(name: str, value, max_beam_size: int) -> tuple:
   the option's declaration says (a bool is no integer, a string no number), or a 400
   naming it."""
   key = REQUEST_OPTIONS[name]
-  kind = typing.get_type_hints(DecodeConfig)[key]
-  declared = config_fields.options(DecodeConfig)[key]
+  kind, declared = _OPTION_TYPES[key], config_fields.options(DecodeConfig)[key]
   what = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[kind]
   taken = (int, float) if kind is float else kind
   if not isinstance(value, taken) or (kind is not bool and isinstance(value, bool)):

@@ -77,7 +77,7 @@ class Service:
       raise ConfigError(f"seed: not with the {self.name} engine, which seeds its sampling "
                         "once per process (our search's: --engine=jax)")
     decode = dataclasses.replace(self.translator.decode, **dict(options.decode))
-    fields.check_honoured(decode, self.name, "decode")
+    self.translator.engine.check(decode)
     return decode
 
   def translate(self, sentences: list[str], prefixes: list[str], options: Options

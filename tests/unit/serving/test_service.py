@@ -25,7 +25,9 @@ class Stub:
     cfg = helpers.tiny_train_config()
     # (as an ensemble whose shortest member reads 64 positions: the first run's config says 256)
     self.decode, self.max_len = cfg.decode, 64
-    self.engine = types.SimpleNamespace(name=engine, seeds_each_call=True, max_len=64)
+    self.engine = types.SimpleNamespace(
+        name=engine, seeds_each_call=True, max_len=64,
+        check=lambda decode: fields.check_honoured(decode, engine, "decode"))
     self.run = types.SimpleNamespace(cfg=cfg, tokenizer=Tokenizer.load(tokenizer_path))
 
   def translate(self, sentences, prefixes=None, seed=None, decode=None):

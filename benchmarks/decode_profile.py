@@ -1,4 +1,5 @@
-"""Where a beam step's time goes: a profile of the compiled search loop, by part of the model.
+"""Where a beam step's time goes: a profile of the compiled search loop (the slots' advance,
+all of a batch's sentences put into slots at once), by part of the model.
 
   python benchmarks/decode_profile.py --workdir=runs/default [--sentences=128] [--beam_size=4] \
       [--beam_impl=gather]
@@ -7,8 +8,8 @@ Beam-searches one batch of the split (`--batch`, of `--sentences` sentences, bat
 `evaluate` does: length-sorted) three times: the first
 compiles (XLA's optimised HLO of the search loop is dumped to a temporary folder, so the
 persistent compilation cache is not used), the second runs warm, the third runs under
-`jax.profiler` (a Perfetto trace). The loop's first run at the batch's full size (before any
-finished sentences leave it) is then split by XLA operation, each mapped through the HLO's
+`jax.profiler` (a Perfetto trace). The advance's run (its steps with every slot stepping,
+finished ones included) is then split by XLA operation, each mapped through the HLO's
 `op_name` to a part: the dense projections, the output layer with its log-softmax, the
 attention products, the beam's cache reorder, top-k, ... The table gives each part's
 milliseconds per step (the operations' own times; on several cores two operations may run
@@ -33,7 +34,7 @@ import numpy as np
 from absl import app, flags
 
 from transformer_jax.data.eval_sets import load_eval_set
-from transformer_jax.decoding import search
+from transformer_jax.decoding import slots
 from transformer_jax.decoding.batches import sentence_caps
 from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.search import beam_search
@@ -52,7 +53,7 @@ flags.DEFINE_enum("beam_impl", "flat", ["gather", "flat"], "How hypotheses keep 
                   "caches (config.decode.beam_impl; flat: what auto runs).")
 flags.DEFINE_string("checkpoint", "latest", "Checkpoint selection.")
 
-LOOP = f"jit_{search.beam_loop.__name__}"  # (its HLO module, the program store off)
+LOOP = f"jit_{slots.beam_advance.__name__}"  # (its HLO module, the program store off)
 PARTS = (  # (part, a pattern of the operation's op_name), the first that matches
     ("output layer + log-softmax", r"log_softmax"),
     ("beam reorder (cache gather)", r"take_along_axis"),

@@ -3,9 +3,9 @@
   python benchmarks/decode_speed.py --workdir=runs/default [--split=test2016] [--beam_size=4]
 
 With `--workdir`: beam search, greedy and sampling (one sample, as back-translation draws)
-over the split, cold and warm, with the work each did (sentence-steps run against what a
-batch run to its last sentence's end would run, and the outputs' own lengths), then the MBR
-utilities over 16 samples of `--mbr_sentences` sentences.
+over the split, cold and warm, with the work each did (program calls, steps at each width
+class, resizes; the outputs' own lengths), then the MBR utilities over 16 samples of
+`--mbr_sentences` sentences.
   python benchmarks/decode_speed.py --shape=small [--torch_python=/path/to/torch-venv/bin/python]
 
 `--shape=small` decodes like ../shared/peers/torch_peer.py --mode decode: a randomly
@@ -16,12 +16,12 @@ calls. With `--torch_python` the peer (Hugging Face `generate`) runs between our
 `--eos=allowed`: at most 32 new tokens, EOS allowed on both sides (the peer's model and
 inputs through benchmarks/hf_generate.py, without min_new_tokens).
 
-Cold includes compiling the programs of each batch shape; warm reruns the same batches. The
-search runs as compiled loops (encoder, cached decoder steps, beam bookkeeping), one per
-(rows, cache length) shape it passes through: there is no per-token Python dispatch.
+Cold includes compiling the programs (an advance per width class, the resizes between them);
+warm reruns the same set. The search runs in flight (`decoding.scheduler`): compiled loops
+of steps of every slot, new sentences put into slots as others finish; there is no per-token
+Python dispatch.
 """
 
-import collections
 import dataclasses
 import json
 import statistics
@@ -39,7 +39,7 @@ from transformer_jax.config.parse import from_config_dict
 from transformer_jax.configs import default
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.decoding import mbr
-from transformer_jax.decoding.batches import decode_batches
+from transformer_jax.decoding.batches import decode_set, decoder
 from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.decoding.search import beam_search
 from transformer_jax.evaluation.scoring import score
@@ -76,11 +76,10 @@ def peer_shape():
   src = np.random.default_rng(2).integers(3, 8000, (64, 32)).astype(np.int32)
   params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), src[:1], src[:1, :4])["params"])
   forced = FLAGS.eos == "forbidden"
-  counts = collections.Counter()
 
   def run():
     return beam_search(prepare(model, params), src, beam_size=4, alpha=0.6, max_len=32,
-                       min_len=32 if forced else 0, counts=counts)
+                       min_len=32 if forced else 0)
 
   t = time.perf_counter()
   seqs, _ = run()
@@ -122,23 +121,23 @@ def peer_shape():
 def _timed_decode(run, params, eval_set, cfg, rounds: int = 2):
   """(translations, seconds per round (the first compiles), the work counted in the last)."""
   timings = []
+  scorer = prepare(run.model, params)
   for _ in range(rounds):
-    counts = collections.Counter()
+    slots = decoder(scorer, cfg, run.mesh)
     t = time.perf_counter()
-    out = [[] for _ in range(len(eval_set))]
-    for rows, seqs, scores in decode_batches(prepare(run.model, params), eval_set, cfg, run.mesh,
-                                             counts):
-      for row, index in enumerate(rows):
-        out[index] = [(seqs[row, n], float(scores[row, n])) for n in range(seqs.shape[1])]
+    results = decode_set(scorer, eval_set, cfg, run.mesh, decoder_=slots)
+    out = [[(seqs[n], float(scores[n])) for n in range(seqs.shape[0])]
+           for seqs, scores in results]
     timings.append(time.perf_counter() - t)
-  return out, timings, counts
+  return out, timings, slots.counts
 
 
 def _work_line(out, counts) -> str:
   lengths = sum(int((cands[0][0] > 0).sum()) for cands in out if cands)
-  return (f"sentence-steps run {counts['sentence_steps']:,} (a batch to its last step: "
-          f"{counts['batch_steps']:,}; the outputs' own lengths: {lengths:,}); "
-          f"{len(counts['shapes'])} (rows, cache length) shapes")
+  steps = ", ".join(f"{n} {name}" for name, n in sorted(counts.items())
+                    if name.startswith("steps"))
+  return (f"{counts['calls']} program calls, {steps}, {counts['resizes']} resizes; the "
+          f"outputs' own lengths: {lengths:,} tokens")
 
 
 def _mbr_speed(samples: list[list[str]]):

@@ -34,7 +34,7 @@ from transformer_jax.inference.translator import Translator
 from transformer_jax.interop import ctranslate2_decoding
 from transformer_jax.interop.ctranslate2_export import export
 from transformer_jax.interop.engines import Ctranslate2Engine
-from transformer_jax.parallel import hardware
+from transformer_jax.parallel import compilation, hardware
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained workdir.", required=True)
@@ -99,7 +99,9 @@ def main(_):
                      "CTranslate2 float32": timed_translation(float32, one_cap),
                      "CTranslate2 float32, our caps": timed_translation(float32)},
             lambda: {"CTranslate2 int8": timed_translation(translator("int8"), one_cap)}]
+  prepared = compilation.programs_prepared()
   _, cold = ours_fn()
+  prepared = compilation.programs_prepared() - prepared
   times, outputs = {}, {}
   for make_phase in phases:
     phase = make_phase()
@@ -140,7 +142,9 @@ def main(_):
           f"{len(sources) / statistics.median(seconds):.1f} | "
           f"{', '.join(f'{s:.1f}' for s in seconds)} |")
   print()
-  print(f"Our first round, compiling: {cold:.1f} s. Agreement (float32 on both sides, cap "
+  caches = "off" if os.environ.get(compilation.SWITCH) == "0" else "on"
+  print(f"Our first round (compilation caches {caches}): {cold:.1f} s, {prepared} "
+        f"programs compiled or loaded during it. Agreement (float32 on both sides, cap "
         f"{ours.decode.max_length} tokens): greedy translations equal on "
         f"{agreement['greedy'][0]}/{len(sources)} sentences (BLEU {agreement['greedy'][1]:.2f} "
         f"/ {agreement['greedy'][2]:.2f}); beam {ours.decode.beam_size} BLEU ours "

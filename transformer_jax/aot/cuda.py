@@ -43,7 +43,7 @@ def _unsharded(tree):
 
 
 def exported(cfg: TrainConfig, mesh) -> dict[str, export.Exported]:
-  """The train step, beam search's start and its loop exported for CUDA (one device; `mesh`:
+  """The train step and beam search's in-flight advance exported for CUDA (one device; `mesh`:
   a one-device mesh of this machine, to describe the state), traced for a GPU."""
   with tracing_for("gpu"):
     return _exported(for_gpu(cfg), mesh)
@@ -61,13 +61,7 @@ def _exported(cfg: TrainConfig, mesh) -> dict[str, export.Exported]:
       state, batch, jax.ShapeDtypeStruct((2,), jnp.uint32))}
 
   scorer = programs.decoding_model(cfg, mesh)
-  scorer = scorer.replace(params=_unsharded(scorer.params))
-  inputs = jax.ShapeDtypeStruct((cfg.decode.batch_size, S), jnp.int32)
-  caps = jax.ShapeDtypeStruct((cfg.decode.batch_size,), jnp.int32)
-  functions = SearchEngine(scorer, None, cfg.decode).beam_functions()  # (as it decodes)
-  start = jax.jit(functions["start"])
-  out["beam_start"] = export.export(start, platforms=[PLATFORM])(scorer, inputs, caps, None)
-  loop = jax.jit(functions["loop"])
-  state = jax.eval_shape(start, scorer, inputs, caps, None)
-  out["beam_loop"] = export.export(loop, platforms=[PLATFORM])(scorer, state)
+  scorer = scorer.replace(params=_unsharded(scorer.params), prepared=_unsharded(scorer.prepared))
+  advance, args = SearchEngine(scorer, None, cfg.decode).functions()  # (as it decodes)
+  out["beam_advance"] = export.export(jax.jit(advance), platforms=[PLATFORM])(*args)
   return out

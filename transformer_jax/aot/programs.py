@@ -1,10 +1,12 @@
 """The programs a run executes, lowered for a mesh of devices that need not be present: the
-train step, the validation loss step, and beam search's start (encoding, caches) and loop.
+train step, the validation loss step, and beam search in flight (new sentences encoded into
+slots, the search loop).
 Arguments are `ShapeDtypeStruct`s with the shardings the run gives its arrays, so the
 compiler partitions the programs exactly as it would for the run.
 
 A program with loops is also given its "twin": the same arithmetic without loops (the fused
-loss in one tile, layers not scanned, one micro-batch of the batch's 1/k, one beam step), for
+loss in one tile, layers not scanned, one micro-batch of the batch's 1/k, one step of every
+slot), for
 which the TPU compiler's cost estimate is sound (it counts a loop's body once)."""
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import jax.numpy as jnp
 
 from transformer_jax.aot import flops
 from transformer_jax.config.sections import TrainConfig
-from transformer_jax.decoding import ensemble, resizing
+from transformer_jax.decoding import ensemble
 from transformer_jax.decoding.engine import SearchEngine
 from transformer_jax.evaluation.evaluator import eval_step
 from transformer_jax.model.embeddings import compute_dtype
@@ -121,29 +123,33 @@ def eval_program(cfg: TrainConfig, mesh) -> Program:
 
 def decoding_model(cfg: TrainConfig, mesh) -> StepwiseModel:
   """The model as the search receives it (`decoding.ensemble.prepare`: the per-layer layout,
-  the kernels in the compute dtype), its parameters abstract and placed on `mesh`."""
+  the kernels in the compute dtype, the output matrix prepared), its parameters abstract and
+  placed on `mesh`."""
   model_cfg = dataclasses.replace(cfg.model, scan_layers=False)
   model = Transformer(model_cfg)
   placed = abstract_state(dataclasses.replace(cfg, model=model_cfg), model, mesh).params
-  dtype = compute_dtype(model_cfg)
-  cast = jax.eval_shape(functools.partial(ensemble.in_compute_dtype, dtype=dtype), placed)
+  dtype = jnp.dtype(compute_dtype(model_cfg))
+  cast, prepared = jax.eval_shape(functools.partial(ensemble.decoding_variables, dtype=dtype),
+                                  placed)
   params = jax.tree_util.tree_map(lambda x, p: _sds(x.shape, x.dtype, p.sharding), cast, placed)
-  return StepwiseModel(model, params)
+  whole = mesh_lib.replicated(mesh)
+  prepared = jax.tree_util.tree_map(lambda x: _sds(x.shape, x.dtype, whole), prepared)
+  return StepwiseModel(model, params, prepared)
 
 
 def beam_programs(cfg: TrainConfig, mesh) -> list[Program]:
-  """Beam search's start (encoding the batch, creating the caches) and its loop, as the
-  decoding engine runs them (`SearchEngine.beam_programs`); the loop's twin is one beam step,
-  its figures per decoding step (at the cache's first length)."""
-  rows, S, W = _decode_rows(cfg, mesh), cfg.data.max_source_length, cfg.decode.beam_size
-  engine = SearchEngine(decoding_model(cfg, mesh), None, cfg.decode)
-  inputs = _sds((rows, S), jnp.int32, mesh_lib.batch_sharding(mesh))
-  caps = _sds((rows,), jnp.int32, mesh_lib.batch_sharding(mesh))
-  lowered = engine.beam_programs(inputs, caps)
-  m = cfg.model
-  encode = rows * S * (flops.encoder_token(m, S) + flops.cross_keys_values(m))
-  lowered = {name: _for_devices(lower, mesh) for name, lower in lowered.items()}
-  return [Program("beam_start", lowered["start"], None, 1, encode, 0, "batch"),
-          Program("beam_loop", lowered["loop"], lowered["step"], 1,
-                  flops.decoder_step(m, rows * W, S, resizing.SEGMENT), rows * W,
-                  "decoding step")]
+  """Beam search in flight as the decoding engine runs it (`SearchEngine.programs`), at the
+  width class of the config's longest source: "beam_advance" (new sentences encoded into
+  slots, the search loop), whose twin is one step of every slot; figures per decoding step,
+  the slots' cache at the class's length."""
+  # (slots: the batch size on an accelerator, whatever this machine would choose)
+  decode = dataclasses.replace(cfg.decode, slots=cfg.decode.slots or cfg.decode.batch_size)
+  engine = SearchEngine(decoding_model(cfg, mesh), None, decode, mesh)
+  decoder = engine.decoder()
+  g, W, m = decoder.geometry, decode.beam_size, cfg.model
+  width_class = g.class_of(min(cfg.data.max_source_length, g.widths[-1]))
+  lowered = {name: _for_devices(lower, mesh)
+             for name, lower in engine.programs(width_class).items()}
+  rows, S, C = g.slots * W, g.widths[width_class], g.capacities[width_class]
+  return [Program("beam_advance", lowered["advance"], lowered["step"], 1,
+                  flops.decoder_step(m, rows, S, C), rows, "decoding step")]

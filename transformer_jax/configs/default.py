@@ -136,6 +136,7 @@ def get_config():
   config.decode.seed = 0                # sampling: random seed
   config.decode.nbest = 1               # beam search: hypotheses returned per sentence
   config.decode.min_length = 0          # beam search: no EOS before this many tokens
+  config.decode.slots = 0               # sentences decoded at once, in flight (0: auto)
   config.decode.beam_impl = "auto"      # beam search: "gather" reorders each hypothesis's
                                         # cache, "flat" shares a sentence's (same outputs);
                                         # auto: flat (faster on a CPU and a GPU measured)

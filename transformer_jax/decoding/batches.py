@@ -1,8 +1,10 @@
-"""Decoding whole sets: length-sorted batches of a few shapes (each compiles once), split over
-the mesh's batch axes, turned back into text in input order."""
+"""Decoding whole sets: every sentence a `scheduler.Sentence` with its cap and settings,
+decoded in flight longest first in slots split over the mesh's batch axes, turned back into
+text in input order."""
 
 from __future__ import annotations
 
+import collections
 import zlib
 from typing import NamedTuple
 
@@ -12,10 +14,8 @@ import numpy as np
 
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import EOS_ID, content_ids
-from transformer_jax.decoding import resizing
+from transformer_jax.decoding import scheduler
 from transformer_jax.decoding.mbr import mbr_chosen
-from transformer_jax.decoding.rules import TokenRules
-from transformer_jax.decoding.search import beam_search, greedy_search
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.parallel import mesh as mesh_lib
 
@@ -39,72 +39,123 @@ def caps_of_lengths(cfg: DecodeConfig, source_lengths, prefix_lengths, model_max
   return np.where(lengths > 0, caps, 0).astype(np.int32)
 
 
-def search_settings(cfg: DecodeConfig) -> dict:
-  """The search's settings for `cfg` (beam search's; greedy search and sampling take
-  temperature, top_k, top_p and the rules): what its compiled programs are specialised to."""
-  return dict(beam_size=cfg.beam_size, beam_impl=cfg.beam_impl, alpha=cfg.length_penalty,
-              num_return=cfg.mbr_candidates if cfg.mbr else cfg.nbest, min_len=cfg.min_length,
-              rules=TokenRules.of(cfg))
+def slot_options(cfg: DecodeConfig) -> dict:
+  """Each sentence's runtime settings in the slots (`slots.SlotOptions`) for `cfg`."""
+  return dict(alpha=cfg.length_penalty,
+              num_return=cfg.mbr_candidates if cfg.mbr and not cfg.sampling else cfg.nbest,
+              min_len=cfg.min_length, beams=cfg.beam_size,
+              repetition_penalty=cfg.repetition_penalty,
+              no_repeat_ngram=cfg.no_repeat_ngram_size, sample=cfg.sampling,
+              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
 
 
-def decode_batches(scorer, eval_set, cfg: DecodeConfig, mesh=None, counts=None):
-  """Decodes every source of `eval_set`; yields (row indices, sequences (B, N, L), scores
-  (B, N)) per batch, N = the candidates asked for (cfg.nbest, or cfg.mbr_candidates with
-  MBR), best first for beam search. `scorer`: the model's decoding interface (one model's or
-  an ensemble's, made ready once: `ensemble.prepare`); the set's target prefixes, if any,
-  are forced.
+def draws(cfg: DecodeConfig) -> int:
+  """Rows per sentence: its samples (MBR over samples), else 1."""
+  return cfg.mbr_candidates if cfg.sampling and cfg.mbr else 1
 
-  Batches are length-sorted; each sentence has its own length cap (`sentence_caps`), so its
-  translation does not depend on the batch. A batch has `cfg.batch_size` rows, the last one
-  the smallest of a few sizes that holds it (`resizing.row_sizes`), split over the mesh's
-  batch axes; sentences leave the search as they finish (see `search`). Samples (MBR over
-  samples) are drawn together, a row per sample, each from its own key, made from the seed
-  and the sentence's own ids: a sample does not depend on the sentence's neighbours or its
-  place in the input (the same source, the same sample). `counts`: a Counter
-  that adds up the work done (see `search.beam_search`).
-  """
-  unit, batch_size = 1, cfg.batch_size
+
+def candidates(cfg: DecodeConfig) -> int:
+  """Hypotheses per sentence a search returns: the n-best, or MBR's candidates."""
+  return cfg.mbr_candidates if cfg.mbr else cfg.nbest
+
+
+CPU_SLOTS = 32  # `slot_count`'s auto on a CPU: test2016, default run, 2 cores: 16-64 within
+# 10% of each other, 128 1.25x slower (BENCHMARKS.md, "Decoding in flight")
+
+
+def slot_count(cfg: DecodeConfig) -> int:
+  """Sentences decoded at once: `cfg.slots`, or (0, auto) CPU_SLOTS on a CPU and
+  `cfg.batch_size` on an accelerator."""
+  if cfg.slots:
+    return cfg.slots
+  return min(cfg.batch_size, CPU_SLOTS) if jax.default_backend() == "cpu" else cfg.batch_size
+
+
+def decoder(scorer, cfg: DecodeConfig, mesh=None) -> scheduler.Decoder:
+  """The slots that decode with `cfg`: `slot_count` sentences (times their samples, a
+  row each; a multiple of the mesh's data-parallel size), beam search of `cfg.beam_size`
+  beams or greedy/sampling rows, the width classes of the model's positions. Requests whose
+  settings change no shape (`slot_options`) share them."""
+  rows = slot_count(cfg) * draws(cfg)
   if mesh is not None:
-    unit = mesh_lib.data_parallel_size(mesh)
-    batch_size = mesh_lib.round_up_to_data_parallel(batch_size, mesh)
-  sizes = resizing.row_sizes(batch_size, unit)
-  max_positions = scorer.max_len
-  settings = search_settings(cfg)
-  candidates = settings["num_return"]
-  draws = candidates if cfg.sampling else 1
-  for rows, batch in eval_set.batches(batch_size, max_len=max_positions):
-    size = resizing.fitting_size(len(rows), sizes)
-    inputs, prefixes = batch["inputs"][:size], batch.get("prefixes")
-    if prefixes is not None:
-      prefixes = prefixes[:size]
-    caps = sentence_caps(cfg, inputs, prefixes, max_positions)
-    max_len = max(1, int(caps.max()))
-    if draws > 1:  # a row per (sentence, draw), a sentence's draws consecutive
-      inputs, caps = np.repeat(inputs, draws, axis=0), np.repeat(caps, draws)
-      prefixes = None if prefixes is None else np.repeat(prefixes, draws, axis=0)
-    if mesh is not None:  # every host holds the whole batch; each places its own part
-      inputs = mesh_lib.global_array_from_full(inputs, mesh)
-      if prefixes is not None:
-        prefixes = mesh_lib.global_array_from_full(prefixes, mesh)
-    if cfg.greedy or cfg.sampling:
-      rng = None
-      if cfg.sampling:  # (draw n of a sentence: the seed folded with its ids' hash, then n)
-        ids = np.zeros((size,), np.uint32)
-        ids[:len(rows)] = [zlib.crc32(np.asarray(eval_set.source_ids[i], "<i4").tobytes())
-                           for i in rows]
-        base_rng = jax.random.PRNGKey(cfg.seed)
-        rng = jax.vmap(lambda i, n: jax.random.fold_in(jax.random.fold_in(base_rng, i), n))(
-            jnp.repeat(ids, draws), jnp.tile(jnp.arange(draws), size))
-      seqs, scores = greedy_search(scorer, inputs, max_len=max_len, rng=rng,
-                                   temperature=cfg.temperature, top_k=cfg.top_k,
-                                   top_p=cfg.top_p, prefix_BP=prefixes, caps=caps, unit=unit,
-                                   counts=counts, rules=settings["rules"])
-      seqs, scores = seqs.reshape(size, draws, -1), scores.reshape(size, draws)
-    else:
-      seqs, scores = beam_search(scorer, inputs, max_len=max_len, prefix_BP=prefixes,
-                                 caps=caps, unit=unit, counts=counts, **settings)
-      seqs, scores = seqs[:, :candidates], scores[:, :candidates]
-    yield rows, seqs, scores
+    rows = mesh_lib.round_up_to_data_parallel(rows, mesh)
+  max_positions = scorer.max_len  # (a cap may reach it: a forced prefix raises caps)
+  geometry = scheduler.geometry(rows, max_positions, max_positions)
+  beam_size = 0 if cfg.greedy or cfg.sampling else cfg.beam_size
+  return scheduler.Decoder(scorer, geometry, beam_size, cfg.beam_impl, mesh)
+
+
+def sentences(eval_set, cfg: DecodeConfig, max_positions: int, deliver,
+              longest_first: bool = True) -> list:
+  """`eval_set`'s sources as `scheduler.Sentence`s, longest first (or in their order: a
+  server's arrivals), each sample of a sentence its own, its key made from the seed and the
+  sentence's own ids (a sample depends on neither its neighbours nor its place in the
+  input); `deliver(index, draw, seqs, scores)`."""
+  options, n = slot_options(cfg), draws(cfg)
+  sources = [np.asarray(x[:max_positions], np.int32) for x in eval_set.source_ids]
+  prefixes = eval_set.prefix_ids
+  caps = caps_of_lengths(cfg, [len(x) for x in sources],
+                         None if prefixes is None else [len(p) for p in prefixes],
+                         max_positions)
+  keys = None
+  if cfg.sampling:  # (draw n of a sentence: the seed folded with its ids' hash, then n)
+    ids = [zlib.crc32(np.asarray(x, "<i4").tobytes()) for x in eval_set.source_ids]
+    base = jax.random.PRNGKey(cfg.seed)
+    keys = np.asarray(jax.vmap(lambda i, d: jax.random.fold_in(jax.random.fold_in(base, i), d))(
+        jnp.asarray(np.repeat(ids, n), jnp.uint32), jnp.tile(jnp.arange(n), len(ids))),
+        np.uint32).reshape(len(ids), n, 2)
+  order = range(len(sources))
+  if longest_first:
+    order = sorted(order, key=lambda i: (-len(sources[i]), i))
+  return [scheduler.Sentence(
+      source=sources[i], cap=int(caps[i]), options=options,
+      prefix=None if prefixes is None else np.asarray(prefixes[i][:max_positions], np.int32),
+      key=None if keys is None else keys[i, d],
+      deliver=lambda seqs, scores, i=i, d=d: deliver(i, d, seqs, scores))
+      for i in order for d in range(n)]
+
+
+class Gathered:
+  """The results of a set's sentences as they are delivered: each sentence's (sequences
+  (N, L), scores (N,)), N = the candidates asked for (cfg.nbest, or cfg.mbr_candidates with
+  MBR), best first for beam search; `on_done(i)` once sentence i has all of them."""
+
+  def __init__(self, cfg: DecodeConfig, size: int, on_done=None):
+    self.draws, self.kept, self.on_done = draws(cfg), candidates(cfg), on_done
+    self.results: list = [None] * size
+    self.waiting = size
+    self._parts: dict = {}
+
+  def deliver(self, i: int, d: int, seqs, scores):
+    if self.draws == 1:
+      self.results[i] = ((seqs[:self.kept], scores[:self.kept]) if seqs.ndim == 2
+                         else (seqs[None], scores[None]))
+    else:  # (a sample per row: the sentence's draws gathered)
+      self._parts.setdefault(i, {})[d] = (seqs, scores)
+      if len(self._parts[i]) < self.draws:
+        return
+      drawn = self._parts.pop(i)
+      self.results[i] = (np.stack([drawn[k][0] for k in range(self.draws)]),
+                         np.stack([drawn[k][1] for k in range(self.draws)]))
+    self.waiting -= 1
+    if self.on_done is not None:
+      self.on_done(i)
+
+
+def decode_set(scorer, eval_set, cfg: DecodeConfig, mesh=None, on_done=None, decoder_=None):
+  """Decodes every source of `eval_set` in flight (`scheduler`), longest first; returns, in
+  its order, each one's (sequences, scores) (`Gathered`). `scorer`: the model's decoding
+  interface (one model's or an ensemble's, made ready once: `ensemble.prepare`); the set's
+  target prefixes, if any, are forced; each sentence has its own length cap
+  (`caps_of_lengths`), so its translation depends on nothing else in the set. `on_done(i)`
+  once sentence i is done (e.g. a progress bar's update); `decoder_`: the slots to decode
+  in (`decoder`; default: made for `cfg`)."""
+  decoder_ = decoder_ or decoder(scorer, cfg, mesh)
+  gathered = Gathered(cfg, len(eval_set), on_done)
+  queue = collections.deque(sentences(eval_set, cfg, scorer.max_len, gathered.deliver))
+  decoder_.prepare(*decoder_.programs_of(list(queue)))  # (all at once, before the first)
+  decoder_.run(queue)
+  return gathered.results
 
 
 class Hypothesis(NamedTuple):
@@ -117,19 +168,20 @@ class Hypothesis(NamedTuple):
   ended: bool = True
 
 
+def hypotheses(seqs, scores, tokenizer, cfg: DecodeConfig) -> list[Hypothesis]:
+  """A sentence's n-best as `Hypothesis`es from its sequences and scores (`Gathered`), the
+  candidates reordered by MBR's expected utility where `cfg` asks (their scores kept)."""
+  hyps = [Hypothesis(tokenizer.detokenize(seqs[n]), float(scores[n]),
+                     tuple(content_ids(seqs[n])), bool((seqs[n] == EOS_ID).any()))
+          for n in range(seqs.shape[0]) if scores[n] > NEG_INF / 2]
+  return mbr_chosen(hyps, cfg.mbr, cfg.nbest) if cfg.mbr else hyps
+
+
 def translate_nbest(scorer, eval_set, tokenizer, cfg: DecodeConfig, mesh=None,
-                    on_batch=None) -> list[list[Hypothesis]]:
+                    on_batch=None, decoder_=None) -> list[list[Hypothesis]]:
   """For every source, in order: its `cfg.nbest` hypotheses, best first. `on_batch(n)` (e.g.
-  a progress bar's update) is called after each batch of n sentences."""
-  out: list[list[Hypothesis]] = [[] for _ in range(len(eval_set))]
-  for rows, seqs, scores in decode_batches(scorer, eval_set, cfg, mesh):
-    for row, index in enumerate(rows):
-      out[index] = [Hypothesis(tokenizer.detokenize(seqs[row, n]), float(scores[row, n]),
-                               tuple(content_ids(seqs[row, n])),
-                               bool((seqs[row, n] == EOS_ID).any()))
-                    for n in range(seqs.shape[1]) if scores[row, n] > NEG_INF / 2]
-      if cfg.mbr:  # (the candidates reordered by expected utility; their scores kept)
-        out[index] = mbr_chosen(out[index], cfg.mbr, cfg.nbest)
-    if on_batch is not None:
-      on_batch(len(rows))
-  return out
+  a progress bar's update) is called as sentences are done; `decoder_` as for
+  `decode_set`."""
+  done = None if on_batch is None else (lambda i: on_batch(1))
+  return [hypotheses(seqs, scores, tokenizer, cfg)
+          for seqs, scores in decode_set(scorer, eval_set, cfg, mesh, done, decoder_)]

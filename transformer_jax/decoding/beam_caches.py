@@ -14,9 +14,8 @@ rounds differently). "auto" is flat (`shares_caches`).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
-
-from transformer_jax.decoding import resizing
 
 
 def shares_caches(beam_impl: str) -> bool:
@@ -28,24 +27,26 @@ def shares_caches(beam_impl: str) -> bool:
   return beam_impl in ("flat", "auto")
 
 
-def reads(ancestry_BWS, step):
-  """The slots each hypothesis reads at `step`: its ancestry and its own new slot."""
+def reads(ancestry_BWS, steps_B):
+  """The slots each hypothesis reads at its sentence's step (`steps_B`, (B,)): its ancestry
+  and its own new slot."""
   W, slots = ancestry_BWS.shape[1:]
-  own_BWS = jnp.arange(slots)[None, None, :] == (step * W + jnp.arange(W))[None, :, None]
+  own_BWS = jnp.arange(slots)[None, None, :] == (
+      steps_B[:, None, None] * W + jnp.arange(W)[None, :, None])
   return ancestry_BWS | own_BWS
 
 
 def reorder(cache, cache_axes: tuple, beam_indices_BW, batch_size):
   """Picks, for each sentence, the beams `beam_indices_BW` from every array of `cache` whose
   rows are hypotheses (B*W, ...), as its description (`cache_axes`, in leaf order) says; one
-  row per sentence (the encoder's keys/values, shared by its beams) and step counters are
-  left as they are."""
+  row per sentence (the encoder's keys/values, shared by its beams) is left as it is."""
   def gather(x, axes):
-    if axes.rows is None or axes.per_source:
+    if axes.per_source:
       return x
     x = jnp.moveaxis(x, axes.rows, 0)
     x = x.reshape((batch_size, -1) + x.shape[1:])
     idx = beam_indices_BW.reshape(beam_indices_BW.shape + (1,) * (x.ndim - 2))
     taken = jnp.take_along_axis(x, idx, axis=1)
     return jnp.moveaxis(taken.reshape((-1,) + taken.shape[2:]), 0, axes.rows)
-  return resizing.map_cache(gather, cache, cache_axes)
+  leaves, tree = jax.tree_util.tree_flatten(cache)
+  return tree.unflatten([gather(x, axes) for x, axes in zip(leaves, cache_axes)])

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
 import logging
 import sys
 from typing import ClassVar
 
-import jax
 import numpy as np
 from tqdm import tqdm
 
@@ -25,8 +23,17 @@ from transformer_jax.config.fields import check_honoured
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.eval_sets import EvalSet
 from transformer_jax.data.tokenizer import EOS_ID, UNK_ID, Tokenizer
-from transformer_jax.decoding import search
-from transformer_jax.decoding.batches import Hypothesis, search_settings, translate_nbest
+from transformer_jax.decoding import scheduler, stream
+from transformer_jax.decoding.batches import (
+  Gathered,
+  Hypothesis,
+  decoder,
+  draws,
+  hypotheses,
+  slot_count,
+  translate_nbest,
+)
+from transformer_jax.decoding.batches import sentences as sentences_of
 from transformer_jax.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -51,6 +58,9 @@ class Engine(abc.ABC):
   @abc.abstractmethod
   def warm_up(self):
     """Prepares what the first short sentences need (programs, kernels) before they come."""
+
+  def close(self):
+    """Stops the engine's threads of its own (if any) once what they hold is done."""
 
   @property
   def label(self) -> str:
@@ -125,12 +135,14 @@ class SearchEngine(Engine):
     self.scorer, self.tokenizer, self.decode, self.mesh = scorer, tokenizer, decode, mesh
     self.max_len = scorer.max_len
     self.source_prefix = tuple(source_prefix)
+    self._decoders: dict = {}
+    self._streams: dict = {}
 
   def translate_set(self, eval_set, decode=None, on_batch=None):
     decode = decode or self.decode
     self.check(decode)
     return translate_nbest(self.scorer, eval_set, self.tokenizer, decode, self.mesh,
-                           on_batch)
+                           on_batch, self.decoder(decode))
 
   def warm_up(self):
     """Translates two made-up sources of 1 and 17 tokens (the two shortest length buckets),
@@ -140,33 +152,86 @@ class SearchEngine(Engine):
       source = np.asarray(list(self.source_prefix) + [UNK_ID + 1] * n + [EOS_ID], np.int32)
       self.translate_set(EvalSet([""], [""], [source], [source]))
 
-  def _beam_settings(self) -> tuple[dict, dict]:
-    """(the start's settings, the loop's and the step's) as this engine decodes."""
-    settings = search_settings(self.decode)
-    return ({k: settings[k] for k in ("beam_size", "beam_impl")},
-            {k: settings[k] for k in ("alpha", "num_return", "min_len", "rules")})
+  def submit(self, sentences: list[str], prefixes: list[str] | None, seed: int | None,
+             decode: DecodeConfig | None, done) -> list[scheduler.Sentence]:
+    """`translate` without waiting: the sentences join the queue of the in-flight slots
+    (`stream.Stream`, one per shape of decoding) in arrival order, and `done(n-best
+    lists)` is called (on the decoding thread) once all are done, or `done(error)`. Returns
+    what a client that leaves may cancel (`scheduler.Sentence.cancelled`)."""
+    decode = decode or self.decode
+    self.check(decode)
+    if seed is not None and decode.sampling:
+      decode = dataclasses.replace(decode, seed=seed)
+    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    results: list[list[Hypothesis]] = [[] for _ in sentences]
+    if not todo:
+      done(results)
+      return []
+    eval_set = EvalSet.from_pairs([sentences[i] for i in todo], [], self.tokenizer,
+                                  self.source_prefix)
+    if prefixes is not None:
+      eval_set = eval_set.with_prefixes([prefixes[i] for i in todo], self.tokenizer)
+    answered = []
 
-  def beam_programs(self, inputs_BS, caps_B) -> dict:
-    """The beam search's programs as this engine runs them, lowered for `inputs_BS` and
-    `caps_B` (arrays or ShapeDtypeStructs, placed as the compile tool places them): "start"
-    (the batch encoded, its caches made), "loop" (the compiled search loop at the cache's
-    first length) and "step" (one step of it, the loop's loop-free twin), each a function
-    returning its `jax.stages.Lowered`."""
-    start_settings, loop_settings = self._beam_settings()
+    def finished(_):
+      if gathered.waiting == 0 and not answered:
+        answered.append(True)
+        for i, (seqs, scores) in zip(todo, gathered.results):
+          results[i] = hypotheses(seqs, scores, self.tokenizer, decode)
+        done(results)
 
-    def start():
-      return search.beam_start.lower(self.scorer, inputs_BS, caps_B, None, **start_settings)
-    state = functools.cache(lambda: start().compile().out_info)
-    step = functools.partial(search.beam_step, **loop_settings)
-    return {"start": start,
-            "loop": lambda: search.beam_loop.lower(self.scorer, state(), **loop_settings,
-                                                   stop_at=0),
-            "step": lambda: jax.jit(step).lower(self.scorer, state())}
+    def failed(error):
+      if not answered:
+        answered.append(True)
+        done(error)
+    gathered = Gathered(decode, len(eval_set), finished)
+    queued = sentences_of(eval_set, decode, self.max_len, gathered.deliver, longest_first=False)
+    for sentence in queued:
+      sentence.on_error = failed
+    self.in_flight(decode).put(queued)
+    return queued
 
-  def beam_functions(self) -> dict:
-    """The beam search's start and loop as this engine runs them, as plain functions of
-    (model, inputs, caps, prefixes) and (model, state), its settings bound (what the CUDA
-    export exports: `aot.cuda`)."""
-    start_settings, loop_settings = self._beam_settings()
-    return {"start": functools.partial(search.beam_start.function, **start_settings),
-            "loop": functools.partial(search.beam_loop.function, **loop_settings, stop_at=0)}
+  def in_flight(self, decode: DecodeConfig | None = None) -> stream.Stream:
+    """The in-flight slots of `decode`'s shape fed from other threads (made at first use)."""
+    decoder_ = self.decoder(decode)
+    if id(decoder_) not in self._streams:
+      self._streams[id(decoder_)] = stream.Stream(decoder_)
+    return self._streams[id(decoder_)]
+
+  def close(self):
+    """Stops the in-flight slots' threads once what they hold is decoded."""
+    for fed in self._streams.values():
+      fed.close()
+    self._streams.clear()
+
+  def prepare_programs(self) -> int:
+    """Prepares (compiles, or loads from the program store) every program of the default
+    decoding's slots, each width class and the resizes between them, without decoding: what
+    a server does before it opens its port. Returns how many programs."""
+    return self.decoder().programs()
+
+  def decoder(self, decode: DecodeConfig | None = None) -> scheduler.Decoder:
+    """The slots that decode with `decode` (default: the engine's), made once per shape
+    (`batches.decoder`: kind, beams, slots): requests that differ in runtime settings
+    only share them."""
+    decode = decode or self.decode
+    if not (decode.greedy or decode.sampling):  # (fewer beams are searched in wider slots)
+      decode = dataclasses.replace(decode, beam_size=max(decode.beam_size,
+                                                         self.decode.beam_size))
+    key = (decode.greedy or decode.sampling, decode.beam_size, decode.beam_impl,
+           slot_count(decode), draws(decode))
+    if key not in self._decoders:
+      self._decoders[key] = decoder(self.scorer, decode, self.mesh)
+    return self._decoders[key]
+
+  def programs(self, width_class: int = 0) -> dict:
+    """The search's programs at a width class as this engine runs them (`Decoder.lowered`:
+    "advance" and its loop-free twin "step"), each a function returning its
+    `jax.stages.Lowered`: what the compile tool compiles for another platform."""
+    return self.decoder().lowered(width_class)
+
+  def functions(self, width_class: int = 0) -> tuple:
+    """(the advance as a plain function, its abstract arguments) at a width class: what the
+    CUDA export exports (`aot.cuda`)."""
+    decoder_ = self.decoder()
+    return decoder_.advance.function, (self.scorer, *decoder_.abstract(width_class))

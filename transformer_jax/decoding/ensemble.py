@@ -9,7 +9,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model.embeddings import compute_dtype
+from transformer_jax.model.embeddings import compute_dtype, prepared_output
 from transformer_jax.model.stepwise import StepwiseModel
 from transformer_jax.model.transformer import unscanned
 from transformer_jax.parallel.program_store import stored_jit
@@ -28,8 +28,8 @@ class Ensemble:
   def new_cache(self, inputs_BS, rows_per_source: int, length: int, shared: bool = False):
     return tuple(m.new_cache(inputs_BS, rows_per_source, length, shared) for m in self.models)
 
-  def step(self, cache, inputs_BS, tokens_N, readable_BRS=None, adjust=None):
-    log_probs, caches = zip(*(m.step(c, inputs_BS, tokens_N, readable_BRS, adjust)
+  def step(self, cache, inputs_BS, tokens_N, positions_N, readable_BRS=None, adjust=None):
+    log_probs, caches = zip(*(m.step(c, inputs_BS, tokens_N, positions_N, readable_BRS, adjust)
                               for m, c in zip(self.models, cache)))
     return sum(log_probs[1:], log_probs[0]) / len(log_probs), tuple(caches)
 
@@ -46,15 +46,20 @@ def in_compute_dtype(params, *, dtype):
   return jax.tree_util.tree_map_with_path(cast, params)
 
 
-_in_compute_dtype = stored_jit(static_argnames=("dtype",))(in_compute_dtype)
+def decoding_variables(params, *, dtype):
+  """(the parameters with their kernels in the compute dtype, what a step reads beside them:
+  `embeddings.prepared_output`). Traceable: the compile tool makes them abstract."""
+  cast = params if dtype == jnp.float32 else in_compute_dtype(params, dtype=dtype)
+  return cast, prepared_output(params, dtype)
+
+
+_decoding_variables = stored_jit(static_argnames=("dtype",))(decoding_variables)
 
 
 def _stepwise(model, params) -> StepwiseModel:
   model, params = unscanned(model, params)
-  dtype = compute_dtype(model.config)
-  if dtype != jnp.float32:
-    params = _in_compute_dtype(params, dtype=dtype)
-  return StepwiseModel(model, params)
+  params, prepared = _decoding_variables(params, dtype=jnp.dtype(compute_dtype(model.config)))
+  return StepwiseModel(model, params, prepared)
 
 
 def prepare(model, params=None):

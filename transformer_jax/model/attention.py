@@ -105,21 +105,28 @@ def repeat_kv_heads(x, groups: int, layout: str):
   return jnp.repeat(x, groups, axis=layout.index("h"))
 
 
-def write_slots(cache_BHSK, new_BHRK, first):
-  """The cache with slots first .. first + R - 1 replaced by `new_BHRK` (R slots); `first` a
-  multiple of R below the cache's length (a step's slots, as the decoding cache writes them).
+def write_slots(cache_BHSK, new_BHRK, first_B):
+  """The cache with row b's slots first_B[b] .. first_B[b] + R - 1 replaced by its R new
+  ones (`new_BHRK`); each first a multiple of R below the cache's length (a step's slots,
+  as the decoding cache writes them; rows decoding at positions of their own).
 
-  A dynamic-update-slice writes in place, except where XLA:CPU has no 16-bit-float kernel for
-  it: it then runs the update in f32, converting the whole cache there and back every step
-  (about a tenth of a bf16 decoding step). There a select of the new slots over the cache stays in
-  bf16 and costs about what reading the cache does."""
-  if traced_for() != "cpu" or jnp.dtype(cache_BHSK.dtype).itemsize != 2:
-    return jax.lax.dynamic_update_slice(cache_BHSK, new_BHRK, (0, 0, first, 0))
+  A select of the new slots over the cache (a scatter of per-row offsets runs on XLA:CPU as
+  a loop over the updated elements, slower). A 16-bit cache is selected over as 16-bit
+  integers, the same bits: XLA:CPU runs a 16-bit-float select through f32, converting the
+  whole cache there and back (figures: docs/design/decoding.md)."""
   S, R = cache_BHSK.shape[2], new_BHRK.shape[2]
-  slot_S = jnp.arange(S)
-  written_11S1 = ((slot_S >= first) & (slot_S < first + R))[None, None, :, None]
+  dtype = cache_BHSK.dtype
+  new_BHRK = new_BHRK.astype(dtype)
+  as_bits = jnp.dtype(dtype).itemsize == 2 and jnp.issubdtype(dtype, jnp.floating)
+  if as_bits:
+    cache_BHSK, new_BHRK = (jax.lax.bitcast_convert_type(x, jnp.uint16)
+                            for x in (cache_BHSK, new_BHRK))
+  slot_1S = jnp.arange(S)[None, :]
+  first_B1 = first_B[:, None]
+  written_B1S1 = ((slot_1S >= first_B1) & (slot_1S < first_B1 + R))[:, None, :, None]
   # slot first + r holds new r: first is a multiple of R, so slot s takes new s % R
-  return jnp.where(written_11S1, jnp.tile(new_BHRK, (1, 1, S // R, 1)), cache_BHSK)
+  written = jnp.where(written_B1S1, jnp.tile(new_BHRK, (1, 1, S // R, 1)), cache_BHSK)
+  return jax.lax.bitcast_convert_type(written, dtype) if as_bits else written
 
 
 class MultiHeadAttention(nn.Module):
@@ -128,7 +135,7 @@ class MultiHeadAttention(nn.Module):
   With config.model.num_kv_heads below num_heads (grouped-query attention), K and V have
   fewer heads, each shared by num_heads / num_kv_heads query heads: a smaller decoding cache.
   Rotary or relative positions (config.model.positional_encoding) enter self-attention here,
-  at `positions_BT` (decoding: the cache's step).
+  at `positions_BT` (decoding: each row's step).
   With `cached=True` (one decoding step against the cache), self-attention keeps keys/values
   of earlier steps in a 'cache' variable
   and cross-attention computes the encoder's keys/values once, when the cache is created.
@@ -184,14 +191,13 @@ class MultiHeadAttention(nn.Module):
       v_BSHK = split_heads("value")(context_BSD)
       # Positions inside attention (self-attention only; cross-attention has none).
       scheme = "" if self.is_cross_attention else cfg.positional_encoding
-      if scheme in ("rotary", "relative"):
-        query_positions_BT, key_positions_BS = self._positions(positions_BT, q_BTHK, cached)
+      query_positions_BT, key_positions_BS = self._positions(positions_BT, q_BTHK, cached)
       if scheme == "rotary":
         q_BTHK = rotary(q_BTHK, query_positions_BT, self.config.max_len)
         k_BSHK = rotary(k_BSHK, query_positions_BT, self.config.max_len)  # (the same positions)
       if cached:
         k_BSHK, v_BSHK, mask_BHTS, kv_layout = self._update_self_attention_cache(
-            k_BSHK, v_BSHK, mask_BHTS)
+            k_BSHK, v_BSHK, mask_BHTS, query_positions_BT)
       if scheme == "relative":
         bias_BHTS = self._relative_bias(query_positions_BT, key_positions_BS)
       if cached and k_BSHK.shape[0] < rows:
@@ -223,18 +229,17 @@ class MultiHeadAttention(nn.Module):
     return merge_heads(out_BTHK)
 
   def _positions(self, positions_BT, q_BTHK, cached: bool):
-    """(query positions (B, T), key positions (B or 1, S)) of self-attention. Decoding: the
-    step being decoded (the cache's index) and every cache slot; creating the cache, or
-    without given positions: 0..T-1."""
+    """(query positions (B, T), key positions (B or 1, S)) of self-attention. Decoding: each
+    row's step and every cache slot's; creating the cache, or without given positions:
+    0..T-1."""
     B, T = q_BTHK.shape[:2]
-    if cached and self.has_variable("cache", "index"):
-      step = self.get_variable("cache", "index")
+    if positions_BT is None:
+      positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    if cached and self.has_variable("cache", "cached_key"):
       cached = self.get_variable("cache", "cached_key")
       per_step = B // cached.shape[0]  # (slots a step fills: one per row sharing the cache)
       slots = jnp.arange(cached.shape[2], dtype=jnp.int32)
-      return jnp.full((B, T), step, jnp.int32), (slots // per_step)[None]
-    if positions_BT is None:
-      positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+      return positions_BT, (slots // per_step)[None]
     return positions_BT, positions_BT
 
   def _relative_bias(self, query_positions_BT, key_positions_BS):
@@ -249,44 +254,42 @@ class MultiHeadAttention(nn.Module):
                                            cfg.relative_num_buckets, cfg.relative_max_distance)
     return jnp.take(table_NH, buckets_BTS, axis=0).transpose(0, 3, 1, 2)
 
-  def _update_self_attention_cache(self, k_B1HK, v_B1HK, mask_BHTS):
-    """Writes this step's key/value at the cache index; attends to positions <= index.
-    Returns keys, values, mask and their layout: the cache is kept as (B, H, max_len, K), in
-    the compute dtype (bf16 halves the cache traffic); each step writes one contiguous (H, K)
-    slice per row (the (B, H, K, max_len) layout wrote strided columns, slower: BENCHMARKS.md,
-    "Against the PyTorch peer").
+  def _update_self_attention_cache(self, k_B1HK, v_B1HK, mask_BHTS, positions_B1):
+    """Writes this step's key/value of each row at its position (`positions_B1`); attends
+    to the positions up to it. Returns keys, values, mask and their layout: the cache is kept
+    as (B, H, max_len, K), in the compute dtype (bf16 halves the cache traffic); each step
+    writes one contiguous (H, K) slice per row (the (B, H, K, max_len) layout wrote strided
+    columns, slower: BENCHMARKS.md, "Against the PyTorch peer"). The cache keeps no step
+    counter: its rows may hold sentences at different steps (`decoding.slots`).
 
     A cache of fewer rows than the step's is shared by R consecutive rows (see
-    `Transformer.init_cache`): (B, H, R * C, K), step i's keys/values at slots
-    i * R .. i * R + R - 1, never moved; `mask_BHTS` (B, 1, R, R * C) then says which slots
-    each row reads."""
+    `Transformer.init_cache`), which decode at one position: (B, H, R * C, K), step i's
+    keys/values at slots i * R .. i * R + R - 1, never moved; `mask_BHTS` (B, 1, R, R * C)
+    then says which slots each row reads."""
     initialized = self.has_variable("cache", "cached_key")
     B, L, H, K = k_B1HK.shape  # (when the cache is created: L = max_len)
     dtype = compute_dtype(self.config)
     cached_key = self.variable("cache", "cached_key", jnp.zeros, (B, H, L, K), dtype)
     cached_value = self.variable("cache", "cached_value", jnp.zeros, (B, H, L, K), dtype)
-    index = self.variable("cache", "index", lambda: jnp.array(0, dtype=jnp.int32))
     if not initialized:  # creating the cache (full-length dummy input): nothing to attend to
       return k_B1HK, v_B1HK, mask_BHTS, "bshk"
     if L != 1:
       raise ValueError(f"cached decoding takes one token per step, got {L}")
-    i = index.value
 
     rows = cached_key.value.shape[0]  # (the step's B rows, or B / R shared caches)
     R = B // rows
     if R > 1 and mask_BHTS.shape != (rows, 1, R, cached_key.value.shape[2]):
       raise ValueError(f"a cache shared by {R} rows is read through their masks of slots "
                        f"({rows}, 1, {R}, {cached_key.value.shape[2]}), got {mask_BHTS.shape}")
+    step_B = positions_B1[::R, 0]  # (a shared cache's rows are at one step)
 
     def to_cache(x_B1HK):  # (rows * R, 1, H, K) -> (rows, H, R, K), in the cache's dtype
       return x_B1HK.reshape(rows, R, H, K).transpose(0, 2, 1, 3).astype(dtype)
 
-    cached_key.value = write_slots(cached_key.value, to_cache(k_B1HK), i * R)
-    cached_value.value = write_slots(cached_value.value, to_cache(v_B1HK), i * R)
-    index.value = i + 1
+    cached_key.value = write_slots(cached_key.value, to_cache(k_B1HK), step_B * R)
+    cached_value.value = write_slots(cached_value.value, to_cache(v_B1HK), step_B * R)
     if R > 1:
       return cached_key.value, cached_value.value, mask_BHTS, "bhsk"
     max_len = cached_key.value.shape[2]
-    causal_11TS = (jnp.arange(max_len) <= i)[None, None, None, :]
-    return cached_key.value, cached_value.value, causal_11TS, "bhsk"
-
+    causal_B11S = (jnp.arange(max_len)[None, :] <= step_B[:, None])[:, None, None, :]
+    return cached_key.value, cached_value.value, causal_B11S, "bhsk"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -162,27 +163,36 @@ class Embedding(nn.Module):
     return x_BTD * math.sqrt(self.config.d_model) if self.config.scale_embeddings else x_BTD
 
   def attend(self, x_BTD):
+    if self.has_variable("prepared", "output_DV"):  # (`prepared_output`: decoding's copy)
+      return matmul("btd,dv->btv", x_BTD, self.get_variable("prepared", "output_DV"),
+                    compute_dtype(self.config))
     return matmul("btd,vd->btv", x_BTD, self.table_VD, compute_dtype(self.config))
+
+
+def prepared_output(params, dtype):
+  """The 'prepared' variables a decoding step reads beside `params`: each embedding table as
+  the output layer's matrix, transposed and in the compute dtype once, not at each step (or
+  at each call of a decoding program, which would hoist it out of its loop)."""
+  def walk(tree):
+    out = {}
+    for name, value in tree.items():
+      if name == "embedding" and not isinstance(value, Mapping):
+        out["output_DV"] = value.T.astype(dtype)
+      elif isinstance(value, Mapping) and (sub := walk(value)):
+        out[name] = sub
+    return out
+  return walk(params)
 
 
 class PositionalEncoding(nn.Module):
   """Adds sinusoidal (or learned) position encodings at the given positions (nothing for
-  rotary and relative positions, which self-attention applies).
-
-  With `cached=True` (a decoding step) the position is the step count kept in the 'cache'
-  collection.
-  """
+  rotary and relative positions, which self-attention applies); a decoding step gives each
+  row's own position."""
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, positions_BT, cached: bool = False):
+  def __call__(self, x_BTD, positions_BT):
     cfg = self.config
-    if cached:
-      started = self.has_variable("cache", "position")
-      position = self.variable("cache", "position", lambda: jnp.array(0, dtype=jnp.int32))
-      positions_BT = jnp.broadcast_to(position.value, x_BTD.shape[:2])
-      if started:
-        position.value = position.value + 1
     if cfg.positional_encoding in ("rotary", "relative"):
       return x_BTD  # (positions enter in self-attention)
     if cfg.positional_encoding == "learned":

@@ -5,11 +5,13 @@ searches (`decoding.search` imports no model; it takes this interface, or an ens
   row each), C positions long; `shared=True`: the R rows of a source share one self-attention
   cache, a step writing R slots (row r's at step i: slot i * R + r), which each row reads
   through its own mask (`step`'s `readable_BRS`) instead of the cache being moved;
-- `step`: each row's log-probabilities of its next token after `tokens_N`, and the cache with
-  this step's keys/values in it (`adjust`: a function that rewrites the logits before their
-  log-softmax, e.g. the search's rules on repeated tokens);
+- `step`: each row's log-probabilities of its next token after `tokens_N`, its
+  `positions_N`-th (rows decode at positions of their own: the cache keeps no step counter),
+  and the cache with this step's keys/values in it (`adjust`: a function that rewrites the
+  logits before their log-softmax, e.g. the search's rules on repeated tokens);
 - `cache_axes`: what each array of a cache holds along its axes (`CacheAxes`), so that code
-  outside the model resizes and reorders caches without knowing their variable names.
+  outside the model inserts sources into, resizes and reorders caches without knowing their
+  variable names.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from transformer_jax.model.transformer import Transformer
 @dataclasses.dataclass(frozen=True)
 class CacheAxes:
   """What a cache array holds along its axes."""
-  rows: int | None    # the axis of rows; None: one value for every row (a step counter)
-  per_source: bool    # its rows are sources (the encoder's keys/values), not decoder rows
+  rows: int          # the axis of rows
+  per_source: bool   # its rows are sources (the encoder's keys/values), not decoder rows
   length: int | None  # the axis of decoded positions (their slots); None: none
+  source: int | None  # the axis of source positions; None: none
 
 
 def _name(key) -> str:
@@ -40,11 +43,9 @@ def cache_axes(cache):
   """The `CacheAxes` of each array of a Transformer's decoding cache (the same tree)."""
   def describe(path, x):
     names = [_name(k) for k in path]
-    if x.ndim == 0:  # (the positional encoding's and each self-attention's step counter)
-      return CacheAxes(None, False, None)
-    if names[-1] in ("cached_key", "cached_value"):  # (B, H, C, K)
+    if names[-1] in ("cached_key", "cached_value"):  # (B, H, C or S, K)
       cross = "cross_attention" in names
-      return CacheAxes(0, cross, None if cross else 2)
+      return CacheAxes(0, cross, None if cross else 2, 2 if cross else None)
     raise ValueError(f"no description of the decoding cache's {'/'.join(names)}")
   return jax.tree_util.tree_map_with_path(describe, cache)
 
@@ -66,6 +67,7 @@ class StepwiseModel:
   """A Transformer in the per-layer layout and its parameters, as a search decodes with it."""
   model: Transformer = flax.struct.field(pytree_node=False)
   params: Any
+  prepared: Any = None  # what a step reads beside the parameters (`embeddings.prepared_output`)
 
   @property
   def max_len(self) -> int:
@@ -83,16 +85,20 @@ class StepwiseModel:
     cache = mutated["cache"]
     return _shared(cache, rows_per_source) if shared else cache
 
-  def step(self, cache, inputs_BS, tokens_N, readable_BRS=None, adjust=None):
+  def step(self, cache, inputs_BS, tokens_N, positions_N, readable_BRS=None, adjust=None):
     """(log-probabilities (N, V) in f32 of each row's next token after `tokens_N`, the
-    cache); `inputs_BS`: the sources (their padding is masked); `readable_BRS`: with a
-    shared cache, the slots each of a source's R rows reads; `adjust`: logits (N, V) ->
-    logits, applied before the log-softmax."""
+    cache); `positions_N`: each row's position (the tokens it has so far; the rows sharing
+    a cache at one); `inputs_BS`: the sources (their padding is masked); `readable_BRS`:
+    with a shared cache, the slots each of a source's R rows reads; `adjust`: logits
+    (N, V) -> logits, applied before the log-softmax."""
     # (the encoder's output is in the cache already, as cross-attention keys/values)
+    variables = {"params": self.params, "cache": cache}
+    if self.prepared is not None:
+      variables["prepared"] = self.prepared
     logits, mutated = self.model.apply(
-        {"params": self.params, "cache": cache}, None, inputs_BS, tokens_N[:, None],
-        cached=True, method=Transformer.decoder_logits, mutable=["cache"],
-        readable_BRS=readable_BRS)
+        variables, None, inputs_BS, tokens_N[:, None],
+        targets_positions_BT=positions_N[:, None], cached=True,
+        method=Transformer.decoder_logits, mutable=["cache"], readable_BRS=readable_BRS)
     logits_NV = logits[:, 0].astype(jnp.float32)
     if adjust is not None:
       logits_NV = adjust(logits_NV)

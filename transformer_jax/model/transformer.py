@@ -240,14 +240,16 @@ class Transformer(nn.Module):
     """Logits (B, T, V) over the next token given decoder inputs (the shifted targets).
 
     Teacher forcing needs `targets_BT` (for the padding mask). With `cached=True` it runs one
-    step (T == 1) against the cache: the position and the causal mask come from the cache,
-    or, for R rows sharing one cache (`init_cache`), which of its R * C slots each row reads
-    from `readable_BRS` (B, R, R * C).
+    step (T == 1) against the cache, each row at its own position (`targets_positions_BT`,
+    (B, 1): the tokens it has generated so far), reading the cache up to it, or, for R rows
+    sharing one cache (`init_cache`), the slots of its R * C that `readable_BRS` (B, R,
+    R * C) says.
     """
     cfg = self.config
     T = decoder_inputs_BT.shape[1]
     if cached:
-      positions_BT = None  # kept in the cache by the positional encoding
+      positions_BT = (default_positions(decoder_inputs_BT) if targets_positions_BT is None
+                      else targets_positions_BT)
       # (the causal mask: used only when the cache is created)
       self_mask_B1TT = causal_mask(T) if readable_BRS is None else readable_BRS[:, None]
       cross_mask_B1TS = (inputs_BS > 0)[:, None, None, :]
@@ -260,7 +262,7 @@ class Transformer(nn.Module):
         self_mask_B1TT &= segment_mask(targets_segmentation_BT, targets_segmentation_BT)
         cross_mask_B1TS &= segment_mask(targets_segmentation_BT, inputs_segmentation_BS)
     y_BTD = self.target_positional_encoding(self.target_embedding(decoder_inputs_BT),
-                                            positions_BT, cached)
+                                            positions_BT)
     y_BTD = self.embedding_dropout(y_BTD, deterministic=not train)
     if cfg.scan_layers:
       if cached:

@@ -83,18 +83,34 @@ def enable_compilation_cache():
 PROGRAM_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   "/jax/core/compile/backend_compile_duration", program_store.LOAD_EVENT)
-_prepared = {"seconds": 0.0, "listening": False}
+# (a program compiled, or loaded whole from the program store: one made ready to run)
+PROGRAM_READY_EVENTS = ("/jax/core/compile/backend_compile_duration", program_store.LOAD_EVENT)
+_prepared = {"seconds": 0.0, "programs": 0, "listening": False}
 
 
 def _count(event: str, duration: float, **_):
   if event in PROGRAM_EVENTS:
     _prepared["seconds"] += duration
+  if event in PROGRAM_READY_EVENTS:
+    _prepared["programs"] += 1
+
+
+def _listen():
+  if not _prepared["listening"]:
+    monitoring.register_event_duration_secs_listener(_count)
+    _prepared["listening"] = True
 
 
 def program_seconds() -> float:
   """Seconds this process has spent preparing programs since the first call (the difference
   of two calls: the share of the time between them)."""
-  if not _prepared["listening"]:
-    monitoring.register_event_duration_secs_listener(_count)
-    _prepared["listening"] = True
+  _listen()
   return _prepared["seconds"]
+
+
+def programs_prepared() -> int:
+  """Programs this process has compiled, or loaded from the program store, since the first
+  call (the difference of two calls: those prepared between them, e.g. after a server's
+  warm-up)."""
+  _listen()
+  return _prepared["programs"]

@@ -55,15 +55,25 @@ log = logging.getLogger(__name__)
 
 LOAD_EVENT = "/transformer_jax/program_store/load_duration"  # (counted as preparing programs)
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-# (one program found or compiled at a time: two threads meeting one new shape compile it once,
-# and the persistent cache's hit counter, read around each compile, is not shared)
-_FIRST_CALLS = threading.RLock()
+# (a program of one signature found or compiled once: threads meeting it wait for the first;
+# programs of other signatures compile at the same time, each thread counting the persistent
+# cache's hits of its own compiles)
+_LOCKS = threading.Lock()
+_first_calls: dict = {}
+_hits = threading.local()
+
+
+def _first_call_lock(signature) -> threading.Lock:
+  with _LOCKS:
+    return _first_calls.setdefault(signature, threading.Lock())
+
+
 MAX_BYTES = 1 << 30  # the store's size, beyond which the programs used least recently go
 # (JAX settings that change what a function traces to, or where it runs)
 _TRACING_SETTINGS = ("jax_enable_x64", "jax_explicit_x64_dtypes", "jax_default_matmul_precision",
                      "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
                      "jax_default_prng_impl", "jax_threefry_partitionable", "jax_default_device")
-_store = {"folder": None, "source": "", "environment": "", "hits": 0, "listening": False}
+_store = {"folder": None, "source": "", "environment": "", "listening": False}
 
 
 def enable(folder: str | Path):
@@ -86,8 +96,8 @@ def folder() -> Path | None:
 
 
 def _count_cache_hit(event: str, **_):
-  if event == _CACHE_HIT_EVENT:
-    _store["hits"] += 1
+  if event == _CACHE_HIT_EVENT:  # (recorded by the thread that compiles)
+    _hits.count = getattr(_hits, "count", 0) + 1
 
 
 def source_digest() -> str:
@@ -149,7 +159,8 @@ class StoredJit:
   arguments are keyword-only; the others are given positionally. `fun` is a module-level
   function: a closure's values would not be in the key."""
 
-  def __init__(self, fun, static_argnames: tuple[str, ...] = ()):
+  def __init__(self, fun, static_argnames: tuple[str, ...] = (),
+               donate_argnames: tuple[str, ...] = ()):
     if fun.__closure__ or "<locals>" in fun.__qualname__:
       raise TypeError(f"{fun.__qualname__}: a StoredJit takes a module-level function (what a "
                       "closure holds is not in a program's key)")
@@ -158,11 +169,11 @@ class StoredJit:
       if name not in parameters or parameters[name].kind is not inspect.Parameter.KEYWORD_ONLY:
         raise TypeError(f"{fun.__qualname__}: static argument {name!r} must be keyword-only")
     functools.update_wrapper(self, fun)
-    self._fun, self._static = fun, tuple(static_argnames)
+    self._fun, self._static, self._donate = fun, tuple(static_argnames), tuple(donate_argnames)
     # (the function's own code in the key too: the package's source does not hold a function
     # outside it)
     self._code = hashlib.sha256(marshal.dumps(fun.__code__)).hexdigest()
-    self._jitted = jax.jit(fun, static_argnames=static_argnames)
+    self._jitted = jax.jit(fun, static_argnames=static_argnames, donate_argnames=donate_argnames)
     self._programs = {}  # signature -> compiled program (this process)
     self._preloaded = {}  # signature -> loaded program, not yet run
 
@@ -174,8 +185,8 @@ class StoredJit:
     program = self._programs.get(signature)
     if program is not None:
       return program(*args)
-    with _FIRST_CALLS:  # (a server's threads meeting one new shape: one compiles it)
-      program = self._programs.get(signature)
+    with _first_call_lock(signature):  # (threads meeting one new shape: one compiles it;
+      program = self._programs.get(signature)  # other shapes compile meanwhile)
       if program is not None:
         return program(*args)
       return self._first_call(where, signature, static, args)
@@ -254,9 +265,9 @@ class StoredJit:
   def _compile(self, path: Path, key: str, args, static):
     """The program compiled (as jax.jit would), and stored if this process compiled it."""
     for name in (key, f"{key}_{secrets.token_hex(4)}"):
-      hits = _store["hits"]
+      hits = getattr(_hits, "count", 0)
       compiled = self._named(name).trace(*args, **static).lower().compile()
-      if _store["hits"] == hits:  # (compiled here, not handed over by JAX's cache)
+      if getattr(_hits, "count", 0) == hits:  # (compiled here, not handed over by JAX's cache)
         try:
           _save(path, compiled)
         except OSError as e:  # (e.g. a read-only cache folder: said once, then off)
@@ -273,12 +284,14 @@ class StoredJit:
     def named(*args, **kwargs):
       return self._fun(*args, **kwargs)
     named.__name__ = f"{self._fun.__name__}_{name}"
-    return jax.jit(named, static_argnames=self._static)
+    return jax.jit(named, static_argnames=self._static, donate_argnames=self._donate)
 
 
-def stored_jit(*, static_argnames: tuple[str, ...] = ()):
-  """Decorator: `StoredJit(fun, static_argnames)`."""
-  return functools.partial(StoredJit, static_argnames=static_argnames)
+def stored_jit(*, static_argnames: tuple[str, ...] = (), donate_argnames: tuple[str, ...] = ()):
+  """Decorator: `StoredJit(fun, static_argnames, donate_argnames)` (donated: arguments whose
+  buffers the program may reuse for its outputs, e.g. a state it updates)."""
+  return functools.partial(StoredJit, static_argnames=static_argnames,
+                           donate_argnames=donate_argnames)
 
 
 def _save(path: Path, compiled):

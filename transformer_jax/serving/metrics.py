@@ -1,7 +1,9 @@
 """The server's counters in Prometheus' text format (`GET /metrics`): requests and errors
 by endpoint and status, request latency and batch sizes as histograms, the queue's depth and
-sentences translated (a counter, and per second over the last minute), and the engine's
-seconds per batch (their sum over the wall time: how many workers were busy, on average)."""
+sentences translated (a counter, and per second over the last minute), the engine's
+seconds per batch (their sum over the wall time: how many workers were busy, on average; with
+our engine in flight, per request), and the programs compiled or loaded since the warm-up
+(0 under any load: every program is made before the port opens)."""
 
 from __future__ import annotations
 
@@ -39,7 +41,11 @@ class Histogram:
 class Metrics:
   """Thread-safe counters of one server."""
 
-  def __init__(self):
+  def __init__(self, programs=None):
+    """`programs()`: the count of programs the process has prepared (compiled or loaded);
+    those prepared after the metrics were made (a warmed-up server's) are exported."""
+    self.programs = programs
+    self.programs_at_start = programs() if programs else 0
     self.lock = threading.Lock()
     self.requests = collections.Counter()  # (endpoint, status)
     self.latency = Histogram(LATENCY_BUCKETS)
@@ -83,6 +89,9 @@ class Metrics:
                 f"transformer_jax_queue_sentences {self.queue_depth}",
                 "# TYPE transformer_jax_sentences_total counter",
                 f"transformer_jax_sentences_total {self.sentences}",
+                "# TYPE transformer_jax_programs_after_warm_up_total counter",
+                "transformer_jax_programs_after_warm_up_total "
+                f"{self.programs() - self.programs_at_start if self.programs else 0}",
                 "# TYPE transformer_jax_sentences_per_second gauge",
                 "transformer_jax_sentences_per_second "
                 f"{sum(n for t, n in self.recent if t >= now - 60) / 60:.3f}"]

@@ -15,8 +15,10 @@ import uvicorn
 
 from transformer_jax.errors import UsageError
 from transformer_jax.interop import engines
+from transformer_jax.parallel import compilation
 from transformer_jax.serving.api import Limits, make_app
 from transformer_jax.serving.batcher import Batcher
+from transformer_jax.serving.inflight import InFlight
 from transformer_jax.serving.metrics import Metrics
 from transformer_jax.serving.service import Service
 
@@ -44,11 +46,15 @@ def serve(args):
   start = time.monotonic()
   log.info("Warming up (%s -> %s): compiling the programs requests will need",
            service.source_lang, service.target_lang)
-  sentences = service.warm_up(args.warm_up_batches)
-  log.info("Warmed up on %d sentences in %.1f s", sentences, time.monotonic() - start)
-  metrics = Metrics()
-  batcher = Batcher(service, metrics, args.max_batch_sentences, args.max_wait_ms / 1000,
-                    args.max_queue, workers)
+  done = service.warm_up(args.warm_up_batches)
+  log.info("Warmed up in %.1f s (%d %s)", time.monotonic() - start, done,
+           "width classes' programs" if args.engine == "jax" else "sentences")
+  metrics = Metrics(compilation.programs_prepared)  # (from now on: programs made under load)
+  if args.engine == "jax":  # (sentences into the in-flight slots as they come)
+    batcher = InFlight(service, metrics, args.max_queue)
+  else:
+    batcher = Batcher(service, metrics, args.max_batch_sentences, args.max_wait_ms / 1000,
+                      args.max_queue, workers)
   app = make_app(service, batcher, metrics, Limits(args.max_body_bytes,
                                                   args.max_request_sentences,
                                                   timeout_s=args.timeout_s))
@@ -57,8 +63,9 @@ def serve(args):
   except OSError as e:  # (a program other than ours took the port meanwhile)
     raise UsageError(f"--host={args.host} --port={args.port}: cannot listen there "
                      f"({e.strerror})") from None
-  log.info("Serving on http://%s:%d (engine %s, %d worker%s)", args.host,
-           sock.getsockname()[1], service.name, workers, "s" if workers > 1 else "")
+  log.info("Serving on http://%s:%d (engine %s, %s)", args.host, sock.getsockname()[1],
+           service.name, f"{args.max_batch_sentences} sentences in flight"
+           if args.engine == "jax" else f"{workers} worker{'s' if workers > 1 else ''}")
   # (httptools: the parser in C; h11's pure Python took a core's tenth at 200 requests/s)
   server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning",
                                          access_log=False))

@@ -4,6 +4,7 @@ with the decoding options a request may change."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 
@@ -11,7 +12,6 @@ from transformer_jax.config import fields
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.eval_sets import load_eval_set
 from transformer_jax.data.plan import data_plan
-from transformer_jax.decoding import resizing
 from transformer_jax.errors import ConfigError, Error
 from transformer_jax.inference.translator import Translator
 
@@ -66,6 +66,7 @@ class Service:
     self.aligns = translator.alignment_layer is not None
     decode = translator.decode  # (n-best lists, the page's alternatives, need beam search)
     self.beam_search = not (decode.greedy or decode.sampling)
+    self._aligning = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aligning")
 
   def decode_config(self, options: Options):
     """config.decode with the request's options, checked as the config checks its own and
@@ -88,6 +89,37 @@ class Service:
     sentences = _tagged(sentences, tag)
     results = self.translator.translate(sentences, prefixes=prefixes if any(prefixes) else None,
                                         seed=options.seed, decode=self.decode_config(options))
+    return self._answers(sentences, results, options, tag)
+
+  def submit(self, sentences: list[str], prefixes: list[str], options: Options, done):
+    """`translate` without waiting, through our engine's in-flight slots (`Engine.submit`):
+    `done(list of Translated)`, or `done(error)`, is called from another thread once all
+    are done (alignments, where asked, are made on a thread of their own, not the decoding
+    one). Returns what a client that leaves may cancel."""
+    tag = self.tags.get(options.target, "")
+    sentences = _tagged(sentences, tag)
+    decode = self.decode_config(options)
+    self.translator.check_tagged([s for s in sentences if s.strip()])
+
+    def finished(results):
+      if isinstance(results, Exception):
+        done(results)
+      elif options.alignments:
+        self._aligning.submit(self._answered, done, sentences, results, options, tag)
+      else:
+        self._answered(done, sentences, results, options, tag)
+    return self.translator.engine.submit(sentences, prefixes if any(prefixes) else None,
+                                         options.seed, decode, finished)
+
+  def _answered(self, done, sentences, results, options: Options, tag: str):
+    try:
+      answers = self._answers(sentences, results, options, tag)
+    except Exception as e:  # noqa: BLE001 (the client is told)
+      done(e)
+      return
+    done(answers)
+
+  def _answers(self, sentences, results, options: Options, tag: str) -> list[Translated]:
     out = [Translated([{"translation": h.text, "score": float(h.score)} for h in hyps],
                       self._notes(sentence, hyps))
            for sentence, hyps in zip(sentences, results)]
@@ -122,26 +154,36 @@ class Service:
                         f"{'/'.join(self.sources)} -> {', '.join(self.targets)})")
 
   def warm_up(self, chunks: int = 3) -> int:
-    """Compiles (or loads from the persistent cache) the programs requests will need: the
-    run's validation sources translated in `chunks` batches of each row count a batch can
-    have, in file order (mixed lengths, as requests come); without the validation data on
-    this machine, the two shortest lengths only. Returns the sentences translated."""
+    """Makes ready the programs requests will need. Our engine decodes in flight: every
+    program of its slots (each width class's and the resizes between them) is prepared,
+    none is left to compile under load (`chunks`: 0 = only what a short line needs).
+    CTranslate2: the run's validation sources translated in `chunks` batches of a few
+    sizes, in file order (mixed lengths, as requests come); without the validation data on
+    this machine, two short lines. Returns the programs (ours) or sentences (CTranslate2)."""
     run = self.translator.run
     if not chunks:
       self.translator.warm_up()
       return 2
+    if self.name == "jax":
+      return self.translator.engine.prepare_programs()
     try:
       sources = load_eval_set(run.cfg.data, run.cfg.data.eval_split, run.tokenizer).sources
     except Error as e:
       log.warning("no validation data to warm up with (%s): the first requests of other "
-                  "lengths compile their programs", e)
+                  "lengths may be slower", e)
       self.translator.warm_up()
       return 2
     done, sources = 0, _tagged(sources, self.tags.get(self.target_lang, ""))
-    for rows in resizing.row_sizes(self.translator.decode.batch_size):
+    size = self.translator.decode.batch_size
+    for rows in sorted({size, max(1, size // 4), 1}, reverse=True):
       for start in range(0, min(len(sources), chunks * rows), rows):
         done += len(self.translator.translate(sources[start:start + rows]))
     return done
+
+  def close(self):
+    """Stops the engine's threads once what they hold is answered."""
+    self.translator.engine.close()
+    self._aligning.shutdown()
 
 
 def _tagged(sentences: list[str], tag: str) -> list[str]:

@@ -1,9 +1,8 @@
 """The compile tool lowers the decoding programs the engine runs, by asking the engine for
-them: the model prepared as the search prepares it (kernels alone in the compute dtype), the
-same start and loop."""
+them: the model prepared as the search prepares it (kernels alone in the compute dtype, the
+output matrix prepared), the same in-flight advance and its loop-free step."""
 
 import jax
-import jax.numpy as jnp
 
 from tests.helpers import _mesh, tiny_setup
 from transformer_jax.aot import programs
@@ -15,17 +14,21 @@ def _avals(lowered):
   return jax.tree_util.tree_map(lambda a: (a.shape, str(a.dtype)), lowered.args_info)
 
 
-def _unplaced(text: str) -> str:
-  return "\n".join(line.split(" {mhlo.sharding")[0] for line in text.splitlines())
+def _products(text: str) -> list[str]:
+  """The program's matrix products, operand and result types (the compute dtype's rules)."""
+  return sorted(line.split(" : ", 1)[1] for line in text.splitlines() if "dot_general" in line)
 
 
 def test_the_compile_tools_beam_programs_are_the_engines_in_bfloat16():
   cfg, model, state = tiny_setup(**{"model.dtype": "bfloat16"})
   tool = {p.name: p for p in programs.beam_programs(cfg, _mesh())}
-  rows, S = cfg.decode.batch_size, cfg.data.max_source_length  # (one device)
-  engine = SearchEngine(prepare(model, state.params), None, cfg.decode).beam_programs(
-      jnp.zeros((rows, S), jnp.int32), jnp.zeros((rows,), jnp.int32))
-  assert _avals(tool["beam_start"].lower()) == _avals(engine["start"]())
-  assert _avals(tool["beam_loop"].lower()) == _avals(engine["loop"]())
-  # (the same programs: what differs between them is where the parameters are placed)
-  assert _unplaced(tool["beam_loop"].lower().as_text()) == _unplaced(engine["loop"]().as_text())
+  engine = SearchEngine(prepare(model, state.params), None, cfg.decode)
+  width_class = engine.decoder().geometry.class_of(cfg.data.max_source_length)
+  ours = engine.programs(width_class)
+  assert list(tool) == ["beam_advance"]
+  assert _avals(tool["beam_advance"].lower()) == _avals(ours["advance"]())
+  assert _avals(tool["beam_advance"].twin()) == _avals(ours["step"]())
+  # (the same products in the same dtypes; what differs is where the arrays are placed)
+  assert (_products(tool["beam_advance"].lower().as_text())
+          == _products(ours["advance"]().as_text()))
+  assert _products(tool["beam_advance"].twin().as_text()) == _products(ours["step"]().as_text())

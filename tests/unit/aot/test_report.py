@@ -26,5 +26,5 @@ def test_a_refusal_offers_only_the_levers_not_yet_pulled_and_that_divide():
                                               "parallelism.mesh_shape": (1, -1, 1)}),
                         "train_step")
   assert pulled == "try --config.num_micro_batches=12 (the batch in 12 pieces)"
-  decoding = check.levers(tiny_train_config(), "beam_loop")
+  decoding = check.levers(tiny_train_config(), "beam_advance")
   assert "--config.decode.batch_size" in decoding and "num_micro_batches" not in decoding

@@ -1,7 +1,9 @@
-"""Decoding whole sets: a sentence's translation does not depend on the batch it is in."""
+"""Decoding whole sets in flight: a sentence's translation does not depend on what else is in
+the slots, when it was put in, or the width class the slots ran at."""
 
 import collections
 import dataclasses
+import threading
 import types
 
 import flax.linen as nn
@@ -12,16 +14,14 @@ from jax import monitoring
 
 from tests import helpers
 from transformer_jax.data.eval_sets import EvalSet
-from transformer_jax.decoding import resizing
-from transformer_jax.decoding import search as search_lib
-from transformer_jax.decoding.batches import decode_batches, sentence_caps, translate_nbest
+from transformer_jax.decoding import batches, scheduler, slots
+from transformer_jax.decoding import stream as stream_lib
+from transformer_jax.decoding.batches import decode_set, sentence_caps, translate_nbest
 from transformer_jax.decoding.ensemble import prepare
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.parallel import program_store
 
-# 32 source lengths from 1 to 40 tokens: a batch of them spans three 16-token buckets; their
-# caps (length + 2) end the short ones early, so that the search compacts 32 -> 16 -> 8 rows,
-# and the long ones pass the cache's first segment (16 positions), so that it grows.
+# 32 source lengths from 1 to 40 tokens, over three width classes (16, 32, 64 at max_len 64).
 LENGTHS = tuple(1 + i * 39 // 31 for i in range(32))
 
 
@@ -43,31 +43,41 @@ def random_model():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("search", ["beam", "greedy"])
-def test_a_translation_is_the_same_alone_and_in_a_batch(random_model, search, dtype):
+@pytest.mark.parametrize("search", ["beam", "greedy", "sampling"])
+def test_a_translation_is_the_same_alone_and_among_others_inserted_early_or_late(
+    random_model, search, dtype):
+  """Each sentence decoded alone, and among the 32 in 4 slots (each put into a slot freed by
+  another, beside longer and shorter neighbours, the slots widening and narrowing around it),
+  and among the longer or the shorter half only (it goes in last or first): the same
+  hypotheses and scores, a seeded sample too."""
   model, params, sources = random_model
-  model = Transformer(dataclasses.replace(model.config, dtype=dtype))
-  cfg = helpers.section("decode", beam_size=3, greedy=search == "greedy", max_length=64,
-                        max_length_a=1.0, max_length_b=2, batch_size=len(sources))
+  # (EOS made unlikely: translations run long, and outgrow their width class's cache)
+  model = Transformer(dataclasses.replace(model.config, dtype=dtype, output_bias=True))
+  params = {**params, "output_logits_bias": np.zeros(16, np.float32).copy()}
+  params["output_logits_bias"][1] = -2.0
+  cfg = helpers.section("decode", beam_size=3, greedy=search == "greedy",
+                        sampling=search == "sampling", max_length=64, max_length_a=1.0,
+                        max_length_b=30, batch_size=4, seed=7)
+  scorer = prepare(model, params)
 
-  def decode(ids, counts=None):
-    return {int(i): (s, c) for rows, seqs, scores in
-            decode_batches(prepare(model, params), _eval_set(ids), cfg, counts=counts)
-            for i, s, c in zip(rows, seqs, scores)}
+  def decode(indices, counts=None):
+    slots_ = batches.decoder(scorer, cfg)
+    out = decode_set(scorer, _eval_set([sources[i] for i in indices]), cfg, decoder_=slots_)
+    if counts is not None:
+      counts.update(slots_.counts)
+    return dict(zip(indices, out))
 
   counts = collections.Counter()
-  together = decode(sources, counts)
-  assert counts["compactions"] >= 2 and counts["growths"] >= 1, counts
+  everything = decode(range(32), counts)
+  assert counts["resizes"] >= 3 and counts["calls"] > 8, counts
+  shorter, longer = decode(range(16)), decode(range(16, 32))
   for i, source in enumerate(sources):
-    (alone_seqs, alone_scores), = decode([source]).values()
-    seqs, scores = together[i]
-    width = max(alone_seqs.shape[-1], seqs.shape[-1])
-    pad = [(0, 0)] * (seqs.ndim - 1)
-    np.testing.assert_array_equal(np.pad(alone_seqs, pad + [(0, width - alone_seqs.shape[-1])]),
-                                  np.pad(seqs, pad + [(0, width - seqs.shape[-1])]))
-    np.testing.assert_allclose(alone_scores, scores, rtol=1e-5 if dtype == "float32" else 2e-3)
-    # ...and it ends by the sentence's own cap: len + 2 tokens.
-    assert (seqs[0] > 0).sum() <= LENGTHS[i] + 2
+    alone = decode([i])[i]
+    for other in (everything[i], (shorter if i < 16 else longer)[i]):
+      np.testing.assert_array_equal(alone[0], other[0])
+      np.testing.assert_allclose(alone[1], other[1], rtol=1e-5 if dtype == "float32" else 2e-3)
+    # ...and it ends by the sentence's own cap: len + 30 tokens.
+    assert (everything[i][0][0] > 0).sum() <= LENGTHS[i] + 30
 
 
 def test_each_sentence_has_its_own_cap_and_an_empty_row_none():
@@ -79,51 +89,54 @@ def test_each_sentence_has_its_own_cap_and_an_empty_row_none():
   np.testing.assert_array_equal(sentence_caps(cfg, inputs, prefixes, 64), [9, 9, 0])
 
 
-def test_the_batch_sizes_a_search_steps_down_through():
-  assert resizing.row_sizes(128) == [128, 64, 32, 16, 8, 4, 2, 1]
-  assert resizing.row_sizes(100) == [100, 64, 32, 16, 8, 4, 2, 1]
-  assert resizing.row_sizes(16, unit=8) == [16, 8]
-  assert resizing.row_sizes(24, unit=6) == [24, 18, 12, 6]
-  # (a search compacts by fours: each size is a program per source width and cache length)
-  assert resizing.row_sizes(128, ratio=4) == [128, 64, 16, 8, 4, 1]
-  assert resizing.row_sizes(32, ratio=4) == [32, 16, 8, 4, 1]
-  assert resizing.row_sizes(20, unit=8, ratio=4) == [20, 16, 8]  # (the batch's own size)
-  sizes = resizing.row_sizes(100, ratio=4)
-  assert sizes == [100, 64, 16, 8, 4, 1]
-  assert resizing.fitting_size(65, sizes) == 100 and resizing.fitting_size(3, sizes) == 4
-  assert resizing.smaller_size(100, sizes) == 64 and resizing.smaller_size(64, sizes) == 16
-  assert resizing.smaller_size(16, sizes) == 8
-  assert resizing.smaller_size(8, sizes) == 0  # (no compaction below FEWEST_ROWS = 8 rows)
-  assert resizing.compacted_size(3, sizes) == 8 and resizing.compacted_size(20, sizes) == 64
+def test_the_width_classes_and_the_caches_that_go_with_them():
+  assert scheduler.width_classes(256) == [16, 32, 64, 128, 256]
+  assert scheduler.width_classes(100) == [16, 32, 64, 100]
+  assert scheduler.width_classes(256, ratio=1.5) == [16, 24, 40, 64, 96, 144, 216, 256]
+  assert scheduler.width_classes(10) == [10]
+  g = scheduler.geometry(128, 256, 200)
+  assert g.capacities == (24, 40, 72, 136, 200) and g.arrivals == 16
+  assert g.class_of(16) == 0 and g.class_of(17) == 1 and g.class_of(3, prefix=30) == 1
+  # (wider for a longer output at once; narrower only with HEADROOM positions to spare)
+  assert g.class_for_step(23, current=0) == 0 and g.class_for_step(24, current=0) == 1
+  assert g.class_for_step(16, current=1) == 1 and g.class_for_step(15, current=1) == 0
+  assert g.class_for_step(500, current=0) == 4
 
 
-def test_a_search_compacts_by_fours(random_model):
-  """128 sentences (the sources four times over, finishing at or before their caps) step down
-  through 64, 16 and 8 rows, not through every power of two: each size a search visits is
-  programs to compile."""
+def test_a_set_runs_one_advance_per_width_class_and_the_resizes_between(random_model):
+  """The programs a set needs are known before its first sentence: an advance per width
+  class its sentences and outputs reach, a resize per move between neighbouring classes
+  (the 32 sources, longest first, in 8 slots: classes 64, 32 and 16)."""
   model, params, sources = random_model
-  inputs = np.zeros((128, max(LENGTHS)), np.int32)
-  for row, source in enumerate(sources * 4):
-    inputs[row, :len(source)] = source
-  counts = collections.Counter()
-  search_lib.greedy_search(prepare(model, params), inputs, max_len=64,
-                           caps=np.array(LENGTHS * 4) + 2, counts=counts)
-  visited = {rows for rows, _ in counts["shapes"]}
-  assert visited == {128, 64, 16, 8}, counts
+  cfg = helpers.section("decode", beam_size=2, max_length=64, max_length_a=1.0,
+                        max_length_b=2, batch_size=8)
+  traced = []
+
+  def listen(event, _, fun_name="", **__):
+    if event.endswith("jaxpr_trace_duration"):
+      traced.append(fun_name)
+  for program in (slots.beam_advance, slots.resized):
+    program._jitted.clear_cache()
+  monitoring.register_event_duration_secs_listener(listen)
+  try:
+    decode_set(prepare(model, params), _eval_set(sources), cfg)
+  finally:
+    monitoring.unregister_event_duration_listener(listen)
+  names = collections.Counter(name for name in traced
+                              if name.startswith(("beam_advance", "resized")))
+  assert names == {"beam_advance": 3, "resized": 2}, names
 
 
 @pytest.mark.parametrize("search", ["beam", "sampling"])
 def test_a_set_decoded_with_stored_programs_equals_jax_jit(random_model, search, tmp_path,
                                                           monkeypatch):
-  """Every program of a search that compacts and grows (start, loops, compactions, growth),
-  compiled into the program store, then loaded by a new process (nothing held in memory)
-  without tracing, some of them preloaded while a loop ran: the same sequences and scores as
-  plain jax.jit."""
+  """Every program of a set decoded in flight (advances at three width classes, resizes
+  between them), compiled into the program store, then loaded by a new process (nothing
+  held in memory) without tracing: the same sequences and scores as plain jax.jit."""
   model, params, sources = random_model
   cfg = helpers.section("decode", beam_size=3, sampling=search == "sampling", max_length=64,
-                        max_length_a=1.0, max_length_b=2, batch_size=len(sources), seed=5)
-  stored = (search_lib.beam_start, search_lib.beam_loop, search_lib.greedy_start,
-            search_lib.greedy_loop, resizing.compact, resizing.grow)
+                        max_length_a=1.0, max_length_b=2, batch_size=4, seed=5)
+  stored = (slots.beam_advance, slots.greedy_advance, slots.resized)
   traced = []
 
   def listen(event, _, fun_name="", **__):
@@ -132,10 +145,7 @@ def test_a_set_decoded_with_stored_programs_equals_jax_jit(random_model, search,
 
   def decode():
     traced.clear()
-    counts = collections.Counter()
-    out = [(rows, seqs, scores) for rows, seqs, scores in
-           decode_batches(prepare(model, params), _eval_set(sources), cfg, counts=counts)]
-    assert counts["compactions"] >= 2 and counts["growths"] >= 1, counts
+    out = decode_set(prepare(model, params), _eval_set(sources), cfg)
     return out, [name for name in traced if name.startswith(tuple(f.__name__ for f in stored))]
 
   assert program_store.folder() is None  # (conftest: off unless a test turns it on)
@@ -149,22 +159,12 @@ def test_a_set_decoded_with_stored_programs_equals_jax_jit(random_model, search,
     compiled, compiled_traces = decode()
     for program in stored:  # (a new process)
       monkeypatch.setattr(program, "_programs", {})
-    preloaded, preload = [], program_store.StoredJit.preload
-
-    def counted_preload(self, *args, **kwargs):
-      preloaded.append(preload(self, *args, **kwargs))
-      return preloaded[-1]
-    monkeypatch.setattr(program_store.StoredJit, "preload", counted_preload)
     loaded, loaded_traces = decode()
   finally:
     monitoring.unregister_event_duration_listener(listen)
-  # (and the next compaction and loop were read while a loop ran, and run)
-  unused = sum(len(program._preloaded) for program in stored)
-  assert len(compiled_traces) >= 6 and loaded_traces == [] and sum(
-      p is not None for p in preloaded) > unused
-  for (rows, seqs, scores), *others in zip(plain, compiled, loaded):
-    for other_rows, other_seqs, other_scores in others:
-      np.testing.assert_array_equal(rows, other_rows)
+  assert len(compiled_traces) >= 5 and loaded_traces == []
+  for (seqs, scores), *others in zip(plain, compiled, loaded):
+    for other_seqs, other_scores in others:
       np.testing.assert_array_equal(seqs, other_seqs)
       np.testing.assert_array_equal(scores, other_scores)
 
@@ -172,17 +172,14 @@ def test_a_set_decoded_with_stored_programs_equals_jax_jit(random_model, search,
 def test_flat_beam_search_gives_the_reordering_search_s_n_best_and_scores(random_model):
   """`decode.beam_impl="flat"` (one append-only cache per sentence, read through each
   hypothesis's ancestry) finds what reordering each hypothesis's cache finds: the same 3-best
-  and scores, through two compactions and a growth (the cache's slots and the ancestry grow
-  by W per position)."""
+  and scores, sentences inserted into slots mid-flight and the slots resized (the cache's
+  slots and the ancestry by W per position)."""
   model, params, sources = random_model
   found = {}
   for impl in ("gather", "flat"):
     cfg = helpers.section("decode", beam_size=3, nbest=3, max_length=64, max_length_a=1.0,
-                          max_length_b=2, batch_size=len(sources), beam_impl=impl)
-    counts = collections.Counter()
-    found[impl] = [(seqs, scores) for _, seqs, scores in
-                   decode_batches(prepare(model, params), _eval_set(sources), cfg, counts=counts)]
-    assert counts["compactions"] >= 2 and counts["growths"] >= 1, counts
+                          max_length_b=2, batch_size=8, beam_impl=impl)
+    found[impl] = decode_set(prepare(model, params), _eval_set(sources), cfg)
   for (seqs, scores), (flat_seqs, flat_scores) in zip(found["gather"], found["flat"]):
     np.testing.assert_array_equal(flat_seqs, seqs)
     np.testing.assert_allclose(flat_scores, scores, rtol=1e-5)
@@ -197,10 +194,7 @@ def test_an_ensemble_decodes_within_its_shortest_member_s_positions(random_model
                         max_length_b=30, batch_size=len(sources))
 
   def decode(models):
-    out = {int(i): (s, c) for rows, seqs, scores in
-           decode_batches(prepare(models, (params, params)), _eval_set(sources), cfg)
-           for i, s, c in zip(rows, seqs, scores)}
-    return [out[i] for i in range(len(sources))]
+    return decode_set(prepare(models, (params, params)), _eval_set(sources), cfg)
 
   expected = decode((short, short))
   assert all(np.isfinite(scores).all() for _, scores in expected)
@@ -231,3 +225,68 @@ def test_a_hypothesis_says_whether_it_ended_or_its_cap_stopped_it(random_model, 
       assert h.ended == (len(h.ids) < cap) and len(h.ids) <= cap
       ended.append(h.ended)
   assert any(ended) and not all(ended), ended
+
+
+def test_fewer_beams_in_wider_slots_search_as_a_beam_of_their_own_width(random_model):
+  """A request for beam 2 on a beam-4 server decodes in the server's 4-beam slots (no new
+  program): the same 2-best and scores as a beam-2 search."""
+  model, params, sources = random_model
+  scorer = prepare(model, params)
+  narrow = helpers.section("decode", beam_size=2, nbest=2, length_penalty=0.6, max_length=64,
+                           max_length_a=1.0, max_length_b=2, batch_size=8)
+  wide = dataclasses.replace(narrow, beam_size=4)
+  alone = decode_set(scorer, _eval_set(sources), narrow)
+  in_wider = decode_set(scorer, _eval_set(sources), narrow,
+                        decoder_=batches.decoder(scorer, wide))
+  for (seqs, scores), (wide_seqs, wide_scores) in zip(alone, in_wider):
+    np.testing.assert_array_equal(wide_seqs, seqs)
+    np.testing.assert_allclose(wide_scores, scores, rtol=1e-5)
+
+
+def test_a_stream_decodes_sentences_put_from_threads_as_offline_and_skips_the_cancelled(
+    random_model):
+  """Sentences put into a `Stream` by four threads at once, in arrival order (no sorting, no
+  batch formed), each with its own length penalty: each the same as decoded offline with its
+  settings; a sentence cancelled before it reaches a slot is never delivered; a failure of
+  the decoder reaches every sentence it held."""
+  model, params, sources = random_model
+  scorer = prepare(model, params)
+  cfg = helpers.section("decode", beam_size=3, max_length=64, max_length_a=1.0,
+                        max_length_b=2, batch_size=4)
+  decoder = batches.decoder(scorer, cfg)
+  stream = stream_lib.Stream(decoder, max_steps=2)
+  results, threads = {}, []
+  alphas = [0.0, 0.6, 1.0, 2.0]
+
+  def client(k):
+    settings = dataclasses.replace(cfg, length_penalty=alphas[k])
+    gathered = batches.Gathered(settings, 8)
+    mine = batches.sentences(_eval_set(sources[k::4]), settings, 64, gathered.deliver,
+                             longest_first=False)
+    stream.put(mine)
+    while gathered.waiting:
+      threading.Event().wait(0.01)
+    results[k] = gathered.results
+
+  try:
+    for k in range(4):
+      threads.append(threading.Thread(target=client, args=(k,)))
+      threads[-1].start()
+    for thread in threads:
+      thread.join(120)
+    cancelled, delivered = scheduler.Sentence(sources[0], 10, {}), []
+    cancelled.deliver = lambda *a: delivered.append(a)
+    cancelled.cancelled = True
+    errors = []
+    broken = scheduler.Sentence(np.array([3, 4, 1]), 10, {"alpha": "not a number"},
+                                deliver=lambda *a: None, on_error=errors.append)
+    stream.put([cancelled, broken])
+  finally:
+    stream.close()
+  assert delivered == [] and len(errors) == 1
+  for k in range(4):
+    offline = decode_set(scorer, _eval_set(sources[k::4]),
+                         dataclasses.replace(cfg, length_penalty=alphas[k]))
+    for (seqs, scores), (got_seqs, got_scores) in zip(offline, results[k]):
+      np.testing.assert_array_equal(got_seqs, seqs)
+      np.testing.assert_allclose(got_scores, scores, rtol=1e-5)

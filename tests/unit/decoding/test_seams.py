@@ -53,7 +53,7 @@ def test_the_searches_import_no_model():
   """Beam, greedy and sampling search, their rules, their batches and MBR take the model's
   decoding interface; only `decoding/ensemble.py` (the interface over several models) and the
   engine that makes one ready import the model's side."""
-  for name in ("search", "batches", "rules", "resizing", "beam_caches", "mbr"):
+  for name in ("search", "batches", "rules", "slots", "scheduler", "beam_caches", "mbr"):
     tree = ast.parse((PACKAGE / "decoding" / f"{name}.py").read_text())
     imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     imported += [a.name for node in ast.walk(tree) if isinstance(node, ast.Import)

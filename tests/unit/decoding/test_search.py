@@ -1,6 +1,5 @@
 """Beam search and greedy decoding against brute force on a tiny random model."""
 
-import collections
 import itertools
 
 import flax.linen as nn
@@ -219,15 +218,13 @@ def test_flat_beam_search_equals_reordering_caches_in_each_attention_variant(var
   inputs = jnp.asarray(rng.integers(2, 12, (6, 7)) * (np.arange(7)[None] < lengths), jnp.int32)
   params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(1), inputs,
                                              inputs[:, :3])["params"])
-  params = jax.tree_util.tree_map(lambda x: x * 2.0, params)  # (longer outputs: a growth)
+  params = jax.tree_util.tree_map(lambda x: x * 2.0, params)  # (longer outputs)
   kw = dict(beam_size=3, alpha=0.6, max_len=40, num_return=3,
             caps=np.array([40, 3, 30, 0, 35, 20]),
             prefix_BP=jnp.array([[5, 6], [0, 0], [7, 0], [3, 3], [0, 0], [4, 0]]))
-  counts = collections.Counter()
   seqs, scores = decode.beam_search(prepare(model, params), inputs, beam_impl="gather", **kw)
   flat_seqs, flat_scores = decode.beam_search(prepare(model, params), inputs, beam_impl="flat",
-                                              counts=counts, **kw)
-  assert counts["growths"] >= 1, counts
+                                              **kw)
   np.testing.assert_array_equal(flat_seqs, seqs)
   np.testing.assert_allclose(flat_scores, scores, rtol=1e-5)
 

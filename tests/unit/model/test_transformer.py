@@ -114,16 +114,25 @@ def test_cached_step_by_step_decoding_equals_full_forward(variant):
   decoder_inputs = shift_right(TARGETS)
 
   @jax.jit
-  def decode_step(cache, tokens_B1):  # one cached step, compiled once for all steps
+  def decode_step(cache, tokens_B1, positions_B1):  # one cached step, compiled once
     return model.apply({"params": params, "cache": cache}, encoded, INPUTS, tokens_B1,
-                       cached=True, method=Transformer.decoder_logits, mutable=["cache"])
+                       targets_positions_BT=positions_B1, cached=True,
+                       method=Transformer.decoder_logits, mutable=["cache"])
 
-  for t in range(TARGETS.shape[1]):
-    step_logits, mutated = decode_step(cache, decoder_inputs[:, t:t + 1])
+  # Rows at steps of their own: row b starts lags[b] steps late (until then it decodes its
+  # first position again), as sentences put into decoding slots at different times do.
+  B, T = TARGETS.shape
+  lags = np.arange(B) % 3
+  for t in range(T + lags.max()):
+    positions = np.clip(t - lags, 0, T - 1)
+    tokens = np.asarray(decoder_inputs)[np.arange(B), positions]
+    step_logits, mutated = decode_step(cache, jnp.asarray(tokens[:, None]),
+                                       jnp.asarray(positions[:, None], jnp.int32))
     cache = mutated["cache"]
-    real = np.asarray(TARGETS[:, t]) > 0
+    now = (t - lags >= 0) & (t - lags < T)
+    real = now & (np.asarray(TARGETS)[np.arange(B), positions] > 0)
     np.testing.assert_allclose(np.asarray(step_logits[:, 0])[real],
-                               np.asarray(full[:, t])[real], atol=1e-4)
+                               np.asarray(full)[np.arange(B), positions][real], atol=1e-4)
 
 
 def test_bfloat16_path_is_close_to_float32_and_differentiable():

@@ -16,6 +16,7 @@ import logging
 import sys
 from typing import ClassVar
 
+import jax
 import numpy as np
 from tqdm import tqdm
 
@@ -132,6 +133,10 @@ class SearchEngine(Engine):
 
   def __init__(self, scorer, tokenizer: Tokenizer, decode: DecodeConfig, mesh=None,
                source_prefix: tuple[int, ...] | list[int] = ()):
+    if mesh is not None and mesh.size == 1:  # (one device: its arrays placed plainly, so
+      # that the slots a program returns are placed as those it was given: the next call
+      # on them the same program)
+      scorer, mesh = jax.device_put(scorer, mesh.devices.flat[0]), None
     self.scorer, self.tokenizer, self.decode, self.mesh = scorer, tokenizer, decode, mesh
     self.max_len = scorer.max_len
     self.source_prefix = tuple(source_prefix)

@@ -176,9 +176,12 @@ class Decoder:
             "step": lambda: jax.jit(step).lower(self.scorer, state)}
 
   def _placed(self, tree):
-    """`tree` on the device (split over the mesh's batch axes, first axis: the slots)."""
+    """`tree` on the device (split over the mesh's batch axes, first axis: the slots):
+    committed to the device the model is on, as a program's outputs are (an uncommitted
+    input would make the next call, on the outputs, another program)."""
     if self.mesh is None:
-      return jax.device_put(tree)
+      device = next(iter(jax.tree_util.tree_leaves(self.scorer)[0].devices()))
+      return jax.device_put(tree, device)
     split, whole = mesh_lib.batch_sharding(self.mesh), mesh_lib.replicated(self.mesh)
     return jax.tree_util.tree_map(
         lambda x: jax.make_array_from_callback(

@@ -142,8 +142,8 @@ class DecodeConfig:
   beam_impl: str = option(before="auto", choices=("auto", "gather", "flat"), compiles="shape",
                           ctranslate2=ByEngine("nothing to do: no output depends on it"))
   # sentences our search decodes at once, in flight (each in a slot of its own, sampling: each
-  # sample); 0 = auto: 32 on a CPU (fastest there of 16-128: a few long sentences hold fewer
-  # others at a wide cache), batch_size elsewhere
+  # sample); 0 = auto: 32 on a CPU (the fastest measured there: a few long sentences hold
+  # fewer others at a wide cache), batch_size elsewhere
   slots: int = option(before=0, minimum=0, compiles="shape",
                       ctranslate2=ByEngine("nothing to do: it batches `max_batch_size`"))
   # minimum-Bayes-risk choice among candidates by a sacreBLEU utility: "chrf" or "bleu" (sentence

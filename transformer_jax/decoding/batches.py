@@ -59,8 +59,8 @@ def candidates(cfg: DecodeConfig) -> int:
   return cfg.mbr_candidates if cfg.mbr else cfg.nbest
 
 
-CPU_SLOTS = 32  # `slot_count`'s auto on a CPU: test2016, default run, 2 cores: 16-64 within
-# 10% of each other, 128 1.25x slower (BENCHMARKS.md, "Decoding in flight")
+CPU_SLOTS = 32  # `slot_count`'s auto on a CPU: the fastest of those measured (BENCHMARKS.md,
+# "Decoding in flight": fewer slots beside the few long sentences that hold a wide cache)
 
 
 def slot_count(cfg: DecodeConfig) -> int:

@@ -133,9 +133,11 @@ class SearchEngine(Engine):
 
   def __init__(self, scorer, tokenizer: Tokenizer, decode: DecodeConfig, mesh=None,
                source_prefix: tuple[int, ...] | list[int] = ()):
-    if mesh is not None and mesh.size == 1:  # (one device: its arrays placed plainly, so
-      # that the slots a program returns are placed as those it was given: the next call
-      # on them the same program)
+    # (on one device its arrays placed plainly, so that the slots a program returns are
+    # placed as those it was given and the next call on them is the same program; an abstract
+    # model, the compile tool's, as given)
+    if mesh is not None and mesh.size == 1 and all(
+        isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(scorer)):
       scorer, mesh = jax.device_put(scorer, mesh.devices.flat[0]), None
     self.scorer, self.tokenizer, self.decode, self.mesh = scorer, tokenizer, decode, mesh
     self.max_len = scorer.max_len

@@ -23,6 +23,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import itertools
 import math
 import os
 from typing import Callable
@@ -251,12 +252,6 @@ class Decoder:
     `max_steps`: the most steps between two looks at the queue (0: no limit), and with
     `more`, a finished sentence is delivered at once."""
     g = self.geometry
-    def class_of(sentence):  # (kept on the sentence: computed once)
-      if sentence.width_class < 0:
-        prefix = 0 if sentence.prefix is None else int(np.count_nonzero(sentence.prefix))
-        sentence.width_class = g.class_of(len(sentence.source), prefix)
-      return sentence.width_class
-
     free, live = list(range(g.slots))[::-1], {}  # (slot -> sentence)
     state, cls, longest = None, None, 0  # (longest: the most tokens a live slot has)
     while True:
@@ -264,8 +259,8 @@ class Decoder:
         more(not live and not queue)
       if not queue and not live:
         return
-      upcoming = [class_of(s) for s in list(queue)[:g.arrivals]]
-      target = max([class_of(s) for s in live.values()] + upcoming
+      upcoming = [self.class_of(s) for s in itertools.islice(queue, g.arrivals)]
+      target = max([self.class_of(s) for s in live.values()] + upcoming
                    + [g.class_for_step(longest, g.slots if cls is None else cls)])
       if state is None:
         state, cls = self._empty(target), target
@@ -276,7 +271,7 @@ class Decoder:
         if queue[0].cancelled:
           queue.popleft()
           continue
-        if class_of(queue[0]) > cls:
+        if self.class_of(queue[0]) > cls:
           break
         slot = free.pop()
         live[slot] = queue.popleft()
@@ -329,13 +324,18 @@ class Decoder:
     slots_lib.resized(self._empty(cls), width=self.geometry.widths[to],
                       capacity=self.geometry.capacities[to])
 
+  def class_of(self, sentence: Sentence) -> int:
+    """The smallest width class that holds `sentence` (kept on it: computed once)."""
+    if sentence.width_class < 0:
+      prefix = 0 if sentence.prefix is None else int(np.count_nonzero(sentence.prefix))
+      sentence.width_class = self.geometry.class_of(len(sentence.source), prefix)
+    return sentence.width_class
+
   def programs_of(self, sentences: list[Sentence]) -> tuple[list[int], list[tuple]]:
     """(the width classes, the moves between them) that decoding `sentences` longest first
     runs through: each class from the widest of theirs down to the narrowest, each narrowing
     on the way (a translation that outgrows its class's cache may still widen it)."""
-    g = self.geometry
-    found = [g.class_of(len(s.source), 0 if s.prefix is None else
-                        int(np.count_nonzero(s.prefix))) for s in sentences]
+    found = [self.class_of(s) for s in sentences]
     if not found:
       return [], []
     classes = list(range(min(found), max(found) + 1))

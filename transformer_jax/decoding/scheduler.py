@@ -108,6 +108,12 @@ def geometry(slots: int, max_width: int, longest_cap: int, arrivals: int = 0,
   return Geometry(slots, arrivals or max(1, slots // 8), tuple(widths), tuple(capacities))
 
 
+def _from_full(tree, sharding_of):
+  """Each array of `tree`, of which every host holds all, placed by `sharding_of(array)`."""
+  return jax.tree_util.tree_map(lambda x: jax.make_array_from_callback(
+      np.shape(x), sharding_of(x), lambda idx, x=np.asarray(x): x[idx]), tree)
+
+
 class Decoder:
   """N slots of one kind decoding with `scorer` (`ensemble.prepare`'s): beam search of
   `beam_size` beams ("flat" or "gather" caches: `beam_caches`), or greedy/sampling rows
@@ -184,17 +190,14 @@ class Decoder:
       device = next(iter(jax.tree_util.tree_leaves(self.scorer)[0].devices()))
       return jax.device_put(tree, device)
     split, whole = mesh_lib.batch_sharding(self.mesh), mesh_lib.replicated(self.mesh)
-    return jax.tree_util.tree_map(
-        lambda x: jax.make_array_from_callback(
-            np.shape(x), split if np.ndim(x) else whole, lambda idx, x=np.asarray(x): x[idx]),
-        tree)
+    return _from_full(tree, lambda x: split if np.ndim(x) else whole)
 
   def _replicated(self, tree):
+    """`tree` (numpy arrays) whole on every device of the mesh, as it is without one."""
     if self.mesh is None:
       return tree
     whole = mesh_lib.replicated(self.mesh)
-    return jax.tree_util.tree_map(lambda x: jax.make_array_from_callback(
-        np.shape(x), whole, lambda idx, x=np.asarray(x): x[idx]), tree)
+    return _from_full(tree, lambda x: whole)
 
   def _arrivals(self, cls: int, todo: list[tuple[int, Sentence]]):
     """The `slots.Arrivals` of `todo` ((slot, sentence) pairs) at class `cls`, K rows, as

@@ -71,18 +71,27 @@ def slot_count(cfg: DecodeConfig) -> int:
   return min(cfg.batch_size, CPU_SLOTS) if jax.default_backend() == "cpu" else cfg.batch_size
 
 
-def decoder(scorer, cfg: DecodeConfig, mesh=None) -> scheduler.Decoder:
+def asks_options(cfg: DecodeConfig) -> bool:
+  """Whether `cfg` asks for a rule or sampling: the work that slots for a file's settings
+  alone compile in only then (`slots.Slots.every_option`)."""
+  return cfg.sampling or cfg.repetition_penalty != 1.0 or cfg.no_repeat_ngram_size > 0
+
+
+def decoder(scorer, cfg: DecodeConfig, mesh=None, every_option: bool | None = None
+            ) -> scheduler.Decoder:
   """The slots that decode with `cfg`: `slot_count` sentences (times their samples, a
   row each; a multiple of the mesh's data-parallel size), beam search of `cfg.beam_size`
   beams or greedy/sampling rows, the width classes of the model's positions. Requests whose
-  settings change no shape (`slot_options`) share them."""
+  settings change no shape (`slot_options`) share them when `every_option` (a server's
+  slots); None: the rules and sampling compiled in where `cfg` asks for them."""
   rows = slot_count(cfg) * draws(cfg)
   if mesh is not None:
     rows = mesh_lib.round_up_to_data_parallel(rows, mesh)
   max_positions = scorer.max_len  # (a cap may reach it: a forced prefix raises caps)
   geometry = scheduler.geometry(rows, max_positions, max_positions)
   beam_size = 0 if cfg.greedy or cfg.sampling else cfg.beam_size
-  return scheduler.Decoder(scorer, geometry, beam_size, cfg.beam_impl, mesh)
+  every_option = asks_options(cfg) if every_option is None else every_option
+  return scheduler.Decoder(scorer, geometry, beam_size, cfg.beam_impl, mesh, every_option)
 
 
 def sentences(eval_set, cfg: DecodeConfig, max_positions: int, deliver,

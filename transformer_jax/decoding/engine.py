@@ -28,6 +28,7 @@ from transformer_jax.decoding import scheduler, stream
 from transformer_jax.decoding.batches import (
   Gathered,
   Hypothesis,
+  asks_options,
   decoder,
   draws,
   hypotheses,
@@ -149,7 +150,7 @@ class SearchEngine(Engine):
     decode = decode or self.decode
     self.check(decode)
     return translate_nbest(self.scorer, eval_set, self.tokenizer, decode, self.mesh,
-                           on_batch, self.decoder(decode))
+                           on_batch, self.decoder(decode, every_option=asks_options(decode)))
 
   def warm_up(self):
     """Translates two made-up sources of 1 and 17 tokens (the two shortest length buckets),
@@ -217,18 +218,20 @@ class SearchEngine(Engine):
     a server does before it opens its port. Returns how many programs."""
     return self.decoder().programs()
 
-  def decoder(self, decode: DecodeConfig | None = None) -> scheduler.Decoder:
+  def decoder(self, decode: DecodeConfig | None = None, every_option: bool = True
+              ) -> scheduler.Decoder:
     """The slots that decode with `decode` (default: the engine's), made once per shape
     (`batches.decoder`: kind, beams, slots): requests that differ in runtime settings
-    only share them."""
+    only share them; `every_option` False (a set decoded with its settings alone): the
+    rules and sampling left out of their programs."""
     decode = decode or self.decode
     if not (decode.greedy or decode.sampling):  # (fewer beams are searched in wider slots)
       decode = dataclasses.replace(decode, beam_size=max(decode.beam_size,
                                                          self.decode.beam_size))
     key = (decode.greedy or decode.sampling, decode.beam_size, decode.beam_impl,
-           slot_count(decode), draws(decode))
+           slot_count(decode), draws(decode), every_option)
     if key not in self._decoders:
-      self._decoders[key] = decoder(self.scorer, decode, self.mesh)
+      self._decoders[key] = decoder(self.scorer, decode, self.mesh, every_option)
     return self._decoders[key]
 
   def programs(self, width_class: int = 0) -> dict:

@@ -117,12 +117,14 @@ def _from_full(tree, sharding_of):
 class Decoder:
   """N slots of one kind decoding with `scorer` (`ensemble.prepare`'s): beam search of
   `beam_size` beams ("flat" or "gather" caches: `beam_caches`), or greedy/sampling rows
-  (`beam_size` 0). On `mesh`, the slots are split over its batch axes."""
+  (`beam_size` 0). On `mesh`, the slots are split over its batch axes. `every_option`:
+  the rules and sampling compiled in (`slots.Slots`)."""
 
   def __init__(self, scorer, geometry: Geometry, beam_size: int = 0, beam_impl: str = "auto",
-               mesh=None):
+               mesh=None, every_option: bool = True):
     self.scorer, self.geometry, self.mesh = scorer, geometry, mesh
     self.beam_size, self.flat = beam_size, beam_size > 0 and shares_caches(beam_impl)
+    self.every_option = every_option
     self.advance = slots_lib.beam_advance if beam_size else slots_lib.greedy_advance
     self.counts = collections.Counter()  # program calls, steps, resizes (`run`)
     self._shapes = {}  # class -> the slots' ShapeDtypeStructs
@@ -131,9 +133,13 @@ class Decoder:
   # --- the slots on the device ---
 
   def _empty(self, cls: int):
-    """Free slots at class `cls`, on the device."""
+    """Free slots at class `cls`, on the device (each option at its value in a free slot:
+    a rule off)."""
     state = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype),
                                    self._slots_shapes(cls))
+    state = state.replace(options=slots_lib.SlotOptions(**{
+        name: np.full((self.geometry.slots,), value, dtype)
+        for name, (value, dtype) in slots_lib.OPTION_DEFAULTS.items()}))
     return self._placed(state)
 
   def _slots_shapes(self, cls: int):
@@ -152,8 +158,9 @@ class Decoder:
     axes = tuple(jax.tree_util.tree_leaves(self.scorer.cache_axes(cache)))
     if self.beam_size:
       return jax.eval_shape(lambda c: slots_lib.empty_beam_slots(
-          c, axes, N, S, C, self.beam_size, self.flat), cache)
-    return jax.eval_shape(lambda c: slots_lib.empty_greedy_slots(c, axes, N, S, C), cache)
+          c, axes, N, S, C, self.beam_size, self.flat, self.every_option), cache)
+    return jax.eval_shape(lambda c: slots_lib.empty_greedy_slots(
+        c, axes, N, S, C, self.every_option), cache)
 
   def abstract(self, cls: int) -> tuple:
     """(the slots, the arrivals, release_at, max_steps) of an advance at class `cls` as

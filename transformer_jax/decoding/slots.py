@@ -10,7 +10,9 @@ beam, or a greedy or sampled row) at a step of its own; what the compiled progra
   when the sentences in them all fit it (`scheduler` chooses).
 
 A slot's settings (`SlotOptions`: length penalty, n-best, beams, caps, the rules, sampling's)
-are runtime values: sentences with different ones decode side by side in one program. The
+are runtime values: sentences with different ones decode side by side in one program. Slots
+made without `every_option` (a file whose settings ask for no rule and no sampling) leave
+the rules' and sampling's work out of their programs: smaller ones, faster to compile. The
 search within a slot is `search`'s (beam search as fairseq's, GNMT's length penalty; see its
 docstring); a slot's output depends on nothing else in the slots. Free slots and slots done
 but not yet collected run along (their work is wasted, their results untouched).
@@ -78,6 +80,9 @@ class Slots:
   options: SlotOptions
   cache: Any                    # the model's decoding cache (or each ensemble model's)
   cache_axes: tuple = flax.struct.field(pytree_node=False)  # (model.stepwise.CacheAxes)
+  # the rules and sampling compiled in (any sentence may ask for them); False: left out, and
+  # a sentence's repetition_penalty, no_repeat_ngram and sample are not read
+  every_option: bool = flax.struct.field(pytree_node=False)
 
 
 @flax.struct.dataclass
@@ -163,7 +168,7 @@ def _next_log_probs(scorer, s: Slots, tokens_R, history_RC, rows_per_slot: int,
     return jnp.repeat(x, rows_per_slot, axis=0)
   forced_R = per_row(_forced(s.prefix, s.steps))
   steps_R = per_row(s.steps)
-  adjust = functools.partial(
+  adjust = None if not s.every_option else functools.partial(
       adjust_rows, tokens_NC=history_RC, length_N=steps_R, free_N=forced_R == 0,
       penalty_N=per_row(s.options.repetition_penalty),
       ngram_N=per_row(s.options.no_repeat_ngram))
@@ -190,13 +195,13 @@ def _written(seqs, tokens, steps_N):
 # --- Beam search slots ---
 
 def empty_beam_slots(cache, cache_axes, slots: int, width: int, capacity: int, beam_size: int,
-                     flat: bool) -> BeamSlots:
+                     flat: bool, every_option: bool = True) -> BeamSlots:
   """N free beam slots around `cache` (made for them: `scheduler`)."""
   N, W, C = slots, beam_size, capacity
   return BeamSlots(
       steps=jnp.zeros((N,), jnp.int32), caps=jnp.zeros((N,), jnp.int32),
       inputs=jnp.zeros((N, width), jnp.int32), prefix=jnp.zeros((N, C), jnp.int32),
-      options=empty_options(N), cache=cache, cache_axes=cache_axes,
+      options=empty_options(N), cache=cache, cache_axes=cache_axes, every_option=every_option,
       live_seqs=jnp.zeros((N, W, C), jnp.int32), live_logprobs=jnp.full((N, W), NEG_INF),
       finished_seqs=jnp.zeros((N, W, C), jnp.int32), finished_scores=jnp.full((N, W), NEG_INF),
       ancestry=jnp.zeros((N, W, W * C), bool) if flat else None)
@@ -312,13 +317,13 @@ def beam_advance(scorer, slots: BeamSlots, arrivals: Arrivals, release_at, max_s
 
 # --- Greedy and sampling slots ---
 
-def empty_greedy_slots(cache, cache_axes, slots: int, width: int, capacity: int
-                       ) -> GreedySlots:
+def empty_greedy_slots(cache, cache_axes, slots: int, width: int, capacity: int,
+                       every_option: bool = True) -> GreedySlots:
   N, C = slots, capacity
   return GreedySlots(
       steps=jnp.zeros((N,), jnp.int32), caps=jnp.zeros((N,), jnp.int32),
       inputs=jnp.zeros((N, width), jnp.int32), prefix=jnp.zeros((N, C), jnp.int32),
-      options=empty_options(N), cache=cache, cache_axes=cache_axes,
+      options=empty_options(N), cache=cache, cache_axes=cache_axes, every_option=every_option,
       keys=jnp.zeros((N, 2), jnp.uint32), seqs=jnp.zeros((N, C), jnp.int32),
       logprobs=jnp.zeros((N,)), done=jnp.ones((N,), bool))
 
@@ -345,8 +350,10 @@ def greedy_step(scorer, s: GreedySlots) -> GreedySlots:
     filtered = sampling_filter(log_probs, o.temperature, o.top_k, o.top_p)
     return jax.vmap(lambda key, step, logits: jax.random.categorical(
         jax.random.fold_in(key, step), logits))(s.keys, s.steps, filtered).astype(jnp.int32)
-  token = jnp.where(o.sample, jax.lax.cond(jnp.any(o.sample & ~s.done), drawn,
-                                           lambda: argmax), argmax)
+  token = argmax
+  if s.every_option:
+    token = jnp.where(o.sample, jax.lax.cond(jnp.any(o.sample & ~s.done), drawn,
+                                             lambda: argmax), argmax)
   token = jnp.where(s.done, PAD_ID, token)
   logprobs = s.logprobs + jnp.where(s.done, 0.0, jnp.take_along_axis(
       log_probs, token[:, None], axis=1)[:, 0])

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.ops.platform import traced_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,19 @@ def _shared(cache, rows_per_source: int):
     shape[axes.length] *= rows_per_source
     return jnp.zeros(shape, x.dtype)
   return jax.tree_util.tree_map(widen, cache, cache_axes(cache))
+
+
+def _log_softmax(logits_NV):
+  """jax.nn.log_softmax over the last axis, the same values. On a CPU the maximum is taken
+  over a copy with the first column out (and that column's after): XLA:CPU would otherwise
+  fuse the output layer's product into the maximum, one fusion three times slower than the
+  two apart (docs/design/decoding.md); the copy stops it."""
+  if traced_for() != "cpu":
+    return jax.nn.log_softmax(logits_NV)
+  rest_NV = logits_NV.at[:, 0].set(-jnp.inf)
+  max_N1 = jnp.maximum(jnp.max(rest_NV, axis=-1, keepdims=True), logits_NV[:, :1])
+  shifted_NV = logits_NV - jax.lax.stop_gradient(max_N1)
+  return shifted_NV - jnp.log(jnp.sum(jnp.exp(shifted_NV), axis=-1, keepdims=True))
 
 
 @flax.struct.dataclass
@@ -102,7 +116,7 @@ class StepwiseModel:
     logits_NV = logits[:, 0].astype(jnp.float32)
     if adjust is not None:
       logits_NV = adjust(logits_NV)
-    return jax.nn.log_softmax(logits_NV), mutated["cache"]
+    return _log_softmax(logits_NV), mutated["cache"]
 
   @staticmethod
   def cache_axes(cache):

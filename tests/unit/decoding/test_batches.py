@@ -247,13 +247,14 @@ def test_a_stream_decodes_sentences_put_from_threads_as_offline_and_skips_the_ca
     random_model):
   """Sentences put into a `Stream` by four threads at once, in arrival order (no sorting, no
   batch formed), each with its own length penalty: each the same as decoded offline with its
-  settings; a sentence cancelled before it reaches a slot is never delivered; a failure of
-  the decoder reaches every sentence it held."""
+  settings (the stream's slots with every option compiled in, as a server's; offline's with
+  those its settings ask: none); a sentence cancelled before it reaches a slot is never
+  delivered; a failure of the decoder reaches every sentence it held."""
   model, params, sources = random_model
   scorer = prepare(model, params)
   cfg = helpers.section("decode", beam_size=3, max_length=64, max_length_a=1.0,
                         max_length_b=2, batch_size=4)
-  decoder = batches.decoder(scorer, cfg)
+  decoder = batches.decoder(scorer, cfg, every_option=True)
   stream = stream_lib.Stream(decoder, max_steps=2)
   results, threads = {}, []
   alphas = [0.0, 0.6, 1.0, 2.0]

@@ -162,7 +162,9 @@ def decode_set(scorer, eval_set, cfg: DecodeConfig, mesh=None, on_done=None, dec
   decoder_ = decoder_ or decoder(scorer, cfg, mesh)
   gathered = Gathered(cfg, len(eval_set), on_done)
   queue = collections.deque(sentences(eval_set, cfg, scorer.max_len, gathered.deliver))
-  decoder_.prepare(*decoder_.programs_of(list(queue)))  # (all at once, before the first)
+  # (every program known before the first sentence: the widest class's first, the narrower
+  # ones ready by the time the slots narrow, while the wider ones decode)
+  decoder_.prepare(*decoder_.programs_of(list(queue)), wait=False)
   decoder_.run(queue)
   return gathered.results
 

@@ -22,10 +22,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import functools
 import itertools
 import math
-import os
 from typing import Callable
 
 import jax
@@ -128,7 +126,8 @@ class Decoder:
     self.advance = slots_lib.beam_advance if beam_size else slots_lib.greedy_advance
     self.counts = collections.Counter()  # program calls, steps, resizes (`run`)
     self._shapes = {}  # class -> the slots' ShapeDtypeStructs
-    self._prepared = set()  # the programs `prepare` has made ready
+    self._jobs = {}  # ("advance", class) or ("resize", from, to) -> its preparation (`prepare`)
+    self._pool = None  # (the threads preparing them)
 
   # --- the slots on the device ---
 
@@ -235,6 +234,7 @@ class Decoder:
 
   def _resized(self, state, cls: int, to: int):
     while cls != to:  # (through the neighbouring classes: a program per neighbour)
+      self._ready("resize", cls, cls + (1 if to > cls else -1))
       cls += 1 if to > cls else -1
       state = slots_lib.resized(state, width=self.geometry.widths[cls],
                                 capacity=self.geometry.capacities[cls])
@@ -295,6 +295,7 @@ class Decoder:
         release_at = len(free) + 1 if more is not None else g.slots + 1
       steps = max_steps if max_steps and (free or more is None) else 1 << 30
       arrivals = self._replicated(self._arrivals(cls, todo))
+      self._ready("advance", cls)
       state, active, ran = self.advance(self.scorer, state, arrivals, np.int32(release_at),
                                         np.int32(steps))
       active, steps = mesh_lib.fetch(active), mesh_lib.fetch(state.steps)
@@ -308,23 +309,35 @@ class Decoder:
           del live[slot]
           free.append(slot)
 
-  def prepare(self, classes, moves=()) -> int:
+  def prepare(self, classes, moves=(), wait: bool = True) -> int:
     """Makes ready (compiles, or loads from the program store) the advance of each width
-    class of `classes` and the resize of each (from, to) of `moves`, several at once (a
-    thread per core: XLA compiles a program on one), without decoding. Returns how many."""
-    todo = [("advance", c) for c in sorted(set(classes))] + [
-        ("resize", a, b) for a, b in sorted(set(moves))]
-    todo = [job for job in todo if job not in self._prepared]  # (once per decoder)
-    jobs = [functools.partial(self._prepare_advance if job[0] == "advance" else
-                              self._prepare_resize, *job[1:]) for job in todo]
-    if not jobs:
-      return 0
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1)),
-                                               thread_name_prefix="compile") as pool:
-      for job in [pool.submit(job) for job in jobs]:
-        job.result()
-    self._prepared.update(todo)
-    return len(jobs)
+    class of `classes` and the resize of each (from, to) of `moves`, without decoding, on a
+    thread of their own, widest class first, each narrowing before the class it leads to
+    (one at a time: XLA:CPU compiles a program on both cores already, and the first one is
+    ready sooner alone). `wait` False: in the background, while the wider classes decode
+    (`run` waits at a class or a move only for its own program, if it is not ready yet: the
+    slots move through the classes as they would with every program ready, and each
+    sentence's result is the same). Returns how many programs."""
+    first = sorted(set(classes), reverse=True)
+    order = [("advance", c) for c in first[:1]]
+    for c in first[1:]:
+      order += [("resize", a, b) for a, b in sorted(set(moves)) if b == c] + [("advance", c)]
+    order += [("resize", a, b) for a, b in sorted(set(moves)) if ("resize", a, b) not in order]
+    todo = [job for job in order if job not in self._jobs]  # (once per decoder)
+    if self._pool is None and todo:
+      self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
+    for job in todo:
+      self._jobs[job] = self._pool.submit(
+          self._prepare_advance if job[0] == "advance" else self._prepare_resize, *job[1:])
+    if wait:
+      for job in order:
+        self._jobs[job].result()
+    return len(todo)
+
+  def _ready(self, *job):
+    """Waits for `job`'s program if it is being prepared (and raises what failed it)."""
+    if job in self._jobs:
+      self._jobs[job].result()
 
   def _prepare_advance(self, cls: int):
     self.advance(self.scorer, self._empty(cls), self._replicated(self._arrivals(cls, [])),

@@ -6,8 +6,10 @@ feeds them from a queue: a whole file sorted longest first (the last sentences t
 then short ones, and the slots narrow as the long ones leave), or the server's requests in
 arrival order (`stream.Stream`). Each program call puts up to K new sentences into free slots,
 then steps every live slot until min(K, waiting) more have finished (so that the next call
-refills them) or, for the server, one has (its client is answered at once) or a few steps
-have run (a request that arrives meanwhile waits at most that long).
+refills them) or, for the server, a few steps have run (a finished sentence waits at most
+that long for its answer, and a request that arrives meanwhile for a slot: calls of several
+steps each, not one per finished sentence, whose insert and look at the slots would cost
+as much as the steps).
 
 Width classes: sources are padded to the smallest of a few widths (`width_classes`), and
 each width has the cache length that its longest source's cap needs (`capacity`); the
@@ -259,8 +261,8 @@ class Decoder:
     """Decodes every `Sentence` of `queue` (a deque, taken from its left) and those that
     `more(block)` adds to it (the server's arrivals; block: whether it may wait for one,
     nothing being in flight); each one's `deliver` is called as soon as it is done.
-    `max_steps`: the most steps between two looks at the queue (0: no limit), and with
-    `more`, a finished sentence is delivered at once."""
+    `max_steps`: the most steps between two looks at the queue (0: no limit): how long a
+    finished sentence may wait to be delivered, and an arrival for a slot."""
     g = self.geometry
     free, live = list(range(g.slots))[::-1], {}  # (slot -> sentence)
     state, cls, longest = None, None, 0  # (longest: the most tokens a live slot has)
@@ -286,14 +288,12 @@ class Decoder:
         slot = free.pop()
         live[slot] = queue.popleft()
         todo.append((slot, live[slot]))
-      # (the loop stops once this many slots are free or done: enough to refill, or, with
-      # none waiting, one more done for the server, all of them for a file)
+      # (the loop stops once this many slots are free or done: enough to refill; with none
+      # waiting, all of them, or for the server after max_steps, which bounds how long a
+      # finished sentence waits for its answer and an arrival for a slot)
       waiting = len(queue)
-      if waiting:
-        release_at = min(g.arrivals, waiting)
-      else:
-        release_at = len(free) + 1 if more is not None else g.slots + 1
-      steps = max_steps if max_steps and (free or more is None) else 1 << 30
+      release_at = min(g.arrivals, waiting) if waiting else g.slots + 1
+      steps = max_steps or 1 << 30
       arrivals = self._replicated(self._arrivals(cls, todo))
       self._ready("advance", cls)
       state, active, ran = self.advance(self.scorer, state, arrivals, np.int32(release_at),

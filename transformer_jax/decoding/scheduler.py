@@ -311,26 +311,28 @@ class Decoder:
 
   def prepare(self, classes, moves=(), wait: bool = True) -> int:
     """Makes ready (compiles, or loads from the program store) the advance of each width
-    class of `classes` and the resize of each (from, to) of `moves`, without decoding, on a
-    thread of their own, widest class first, each narrowing before the class it leads to
-    (one at a time: XLA:CPU compiles a program on both cores already, and the first one is
-    ready sooner alone). `wait` False: in the background, while the wider classes decode
-    (`run` waits at a class or a move only for its own program, if it is not ready yet: the
-    slots move through the classes as they would with every program ready, and each
-    sentence's result is the same). Returns how many programs."""
-    first = sorted(set(classes), reverse=True)
-    order = [("advance", c) for c in first[:1]]
-    for c in first[1:]:
-      order += [("resize", a, b) for a, b in sorted(set(moves)) if b == c] + [("advance", c)]
-    order += [("resize", a, b) for a, b in sorted(set(moves)) if ("resize", a, b) not in order]
-    todo = [job for job in order if job not in self._jobs]  # (once per decoder)
+    class of `classes` and the resize of each (from, to) of `moves`, without decoding: the
+    advances on a thread of their own, widest first (one at a time: XLA:CPU compiles a
+    program on both cores already, and the first one is ready sooner alone), the resizes,
+    small, on this one meanwhile. `wait` False: the advances in the background, while the
+    wider classes decode (`run` waits at a class only for its own advance, if it is not
+    ready yet: the slots move through the classes as they would with every program ready,
+    and each sentence's result is the same). Returns how many programs."""
+    advances = [("advance", c) for c in sorted(set(classes), reverse=True)]
+    resizes = [("resize", a, b) for a, b in sorted(set(moves))]
+    todo = [job for job in advances + resizes if job not in self._jobs]  # (once per decoder)
     if self._pool is None and todo:
       self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
     for job in todo:
-      self._jobs[job] = self._pool.submit(
-          self._prepare_advance if job[0] == "advance" else self._prepare_resize, *job[1:])
+      if job[0] == "advance":
+        self._jobs[job] = self._pool.submit(self._prepare_advance, *job[1:])
+    for job in todo:
+      if job[0] == "resize":
+        self._jobs[job] = done = concurrent.futures.Future()
+        self._prepare_resize(*job[1:])
+        done.set_result(None)
     if wait:
-      for job in order:
+      for job in advances:
         self._jobs[job].result()
     return len(todo)
 

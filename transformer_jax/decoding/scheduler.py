@@ -317,24 +317,32 @@ class Decoder:
     small, on this one meanwhile. `wait` False: the advances in the background, while the
     wider classes decode (`run` waits at a class only for its own advance, if it is not
     ready yet: the slots move through the classes as they would with every program ready,
-    and each sentence's result is the same). Returns how many programs."""
+    and each sentence's result is the same). With several processes, all on this thread
+    (each host runs its programs in one order: a second thread's would interleave their
+    collectives otherwise). Returns how many programs."""
     advances = [("advance", c) for c in sorted(set(classes), reverse=True)]
     resizes = [("resize", a, b) for a, b in sorted(set(moves))]
     todo = [job for job in advances + resizes if job not in self._jobs]  # (once per decoder)
-    if self._pool is None and todo:
+    here = [job for job in todo if job[0] == "resize" or jax.process_count() > 1]
+    if len(here) < len(todo) and self._pool is None:
       self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
     for job in todo:
-      if job[0] == "advance":
-        self._jobs[job] = self._pool.submit(self._prepare_advance, *job[1:])
-    for job in todo:
-      if job[0] == "resize":
-        self._jobs[job] = done = concurrent.futures.Future()
-        self._prepare_resize(*job[1:])
-        done.set_result(None)
+      if job not in here:
+        self._jobs[job] = self._pool.submit(self._prepare_job, job)
+    for job in here:
+      self._jobs[job] = done = concurrent.futures.Future()
+      self._prepare_job(job)
+      done.set_result(None)
     if wait:
       for job in advances:
         self._jobs[job].result()
     return len(todo)
+
+  def _prepare_job(self, job):
+    if job[0] == "advance":
+      self._prepare_advance(*job[1:])
+    else:
+      self._prepare_resize(*job[1:])
 
   def _ready(self, *job):
     """Waits for `job`'s program if it is being prepared (and raises what failed it)."""

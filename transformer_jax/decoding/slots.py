@@ -10,9 +10,9 @@ beam, or a greedy or sampled row) at a step of its own; what the compiled progra
   when the sentences in them all fit it (`scheduler` chooses).
 
 A slot's settings (`SlotOptions`: length penalty, n-best, beams, caps, the rules, sampling's)
-are runtime values: sentences with different ones decode side by side in one program. Slots
-made without `every_option` (a file whose settings ask for no rule and no sampling) leave
-the rules' and sampling's work out of their programs: smaller ones, faster to compile. The
+are runtime values: sentences with different ones decode side by side in one program (slots
+made without `every_option`, for a set whose settings ask for no rule and no sampling, leave
+those out of their programs, and do not read those options: smaller programs). The
 search within a slot is `search`'s (beam search as fairseq's, GNMT's length penalty; see its
 docstring); a slot's output depends on nothing else in the slots. Free slots and slots done
 but not yet collected run along (their work is wasted, their results untouched).
@@ -80,9 +80,7 @@ class Slots:
   options: SlotOptions
   cache: Any                    # the model's decoding cache (or each ensemble model's)
   cache_axes: tuple = flax.struct.field(pytree_node=False)  # (model.stepwise.CacheAxes)
-  # the rules and sampling compiled in (any sentence may ask for them); False: left out, and
-  # a sentence's repetition_penalty, no_repeat_ngram and sample are not read
-  every_option: bool = flax.struct.field(pytree_node=False)
+  every_option: bool = flax.struct.field(pytree_node=False)  # the rules and sampling in
 
 
 @flax.struct.dataclass
@@ -164,8 +162,7 @@ def _next_log_probs(scorer, s: Slots, tokens_R, history_RC, rows_per_slot: int,
   the only one its row may take; the rules rewrite each row's logits from its tokens so far
   (`history_RC`). `reads_NWS`: the cache slots each row reads, when a slot's hypotheses share
   one (`beam_caches.reads`)."""
-  def per_row(x):
-    return jnp.repeat(x, rows_per_slot, axis=0)
+  per_row = functools.partial(jnp.repeat, repeats=rows_per_slot, axis=0)
   forced_R = per_row(_forced(s.prefix, s.steps))
   steps_R = per_row(s.steps)
   adjust = None if not s.every_option else functools.partial(
@@ -350,10 +347,8 @@ def greedy_step(scorer, s: GreedySlots) -> GreedySlots:
     filtered = sampling_filter(log_probs, o.temperature, o.top_k, o.top_p)
     return jax.vmap(lambda key, step, logits: jax.random.categorical(
         jax.random.fold_in(key, step), logits))(s.keys, s.steps, filtered).astype(jnp.int32)
-  token = argmax
-  if s.every_option:
-    token = jnp.where(o.sample, jax.lax.cond(jnp.any(o.sample & ~s.done), drawn,
-                                             lambda: argmax), argmax)
+  token = argmax if not s.every_option else jnp.where(o.sample, jax.lax.cond(
+      jnp.any(o.sample & ~s.done), drawn, lambda: argmax), argmax)
   token = jnp.where(s.done, PAD_ID, token)
   logprobs = s.logprobs + jnp.where(s.done, 0.0, jnp.take_along_axis(
       log_probs, token[:, None], axis=1)[:, 0])

@@ -165,7 +165,10 @@ def decode_set(scorer, eval_set, cfg: DecodeConfig, mesh=None, on_done=None, dec
   # (every program known before the first sentence: the widest class's first, the narrower
   # ones ready by the time the slots narrow, while the wider ones decode)
   decoder_.prepare(*decoder_.programs_of(list(queue)), wait=False)
-  decoder_.run(queue)
+  try:
+    decoder_.run(queue)
+  finally:
+    decoder_.cancel_pending()  # (programs of classes it never reached, e.g. stopped early)
   return gathered.results
 
 

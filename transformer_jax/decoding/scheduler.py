@@ -26,6 +26,8 @@ import concurrent.futures
 import dataclasses
 import itertools
 import math
+import os
+import time
 from typing import Callable
 
 import jax
@@ -34,6 +36,7 @@ import numpy as np
 
 from transformer_jax.decoding import slots as slots_lib
 from transformer_jax.decoding.beam_caches import shares_caches
+from transformer_jax.parallel import compilation
 from transformer_jax.parallel import mesh as mesh_lib
 
 SMALLEST_WIDTH = 16  # the narrowest width class
@@ -260,7 +263,8 @@ class Decoder:
   def run(self, queue, more: Callable | None = None, max_steps: int = 0):
     """Decodes every `Sentence` of `queue` (a deque, taken from its left) and those that
     `more(block)` adds to it (the server's arrivals; block: whether it may wait for one,
-    nothing being in flight); each one's `deliver` is called as soon as it is done.
+    nothing being in flight); each one's `deliver` is called once the call that finished it
+    returns.
     `max_steps`: the most steps between two looks at the queue (0: no limit): how long a
     finished sentence may wait to be delivered, and an arrival for a slot."""
     g = self.geometry
@@ -310,44 +314,58 @@ class Decoder:
           free.append(slot)
 
   def prepare(self, classes, moves=(), wait: bool = True) -> int:
-    """Makes ready (compiles, or loads from the program store) the advance of each width
-    class of `classes` and the resize of each (from, to) of `moves`, without decoding: the
-    advances on a thread of their own, widest first (one at a time: XLA:CPU compiles a
-    program on both cores already, and the first one is ready sooner alone), the resizes,
-    small, on this one meanwhile. `wait` False: the advances in the background, while the
-    wider classes decode (`run` waits at a class only for its own advance, if it is not
-    ready yet: the slots move through the classes as they would with every program ready,
-    and each sentence's result is the same). With several processes, all on this thread
-    (each host runs its programs in one order: a second thread's would interleave their
-    collectives otherwise). Returns how many programs."""
+    """Makes ready (compiles, or loads from the store) the advance of each class of
+    `classes` and the resize of each (from, to) of `moves`, without decoding: the advances
+    widest first on a thread of their own (on a CPU one: XLA:CPU compiles on both cores
+    already), the resizes on this one meanwhile; on a mesh all here, in one order (a second
+    thread's programs would interleave the devices' collectives). `wait` False: in the
+    background while the wider classes decode (`run` waits at a class for its advance only:
+    the same classes at the same steps, the same results). Returns how many programs."""
     advances = [("advance", c) for c in sorted(set(classes), reverse=True)]
     resizes = [("resize", a, b) for a, b in sorted(set(moves))]
     todo = [job for job in advances + resizes if job not in self._jobs]  # (once per decoder)
-    here = [job for job in todo if job[0] == "resize" or jax.process_count() > 1]
+    on_mesh = self.mesh is not None or jax.process_count() > 1
+    here = [job for job in todo if job[0] == "resize" or on_mesh]
     if len(here) < len(todo) and self._pool is None:
-      self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
+      workers = 1 if jax.default_backend() == "cpu" else max(1, os.cpu_count() or 1)
+      self._pool = concurrent.futures.ThreadPoolExecutor(
+          workers, thread_name_prefix="compile", initializer=compilation.in_background)
     for job in todo:
       if job not in here:
         self._jobs[job] = self._pool.submit(self._prepare_job, job)
     for job in here:
       self._jobs[job] = done = concurrent.futures.Future()
-      self._prepare_job(job)
-      done.set_result(None)
+      try:
+        done.set_result(self._prepare_job(job))
+      finally:
+        if not done.done():  # (failed: tried again when next asked)
+          del self._jobs[job]
     if wait:
       for job in advances:
-        self._jobs[job].result()
+        self._ready(*job)
     return len(todo)
 
   def _prepare_job(self, job):
-    if job[0] == "advance":
-      self._prepare_advance(*job[1:])
-    else:
-      self._prepare_resize(*job[1:])
+    (self._prepare_advance if job[0] == "advance" else self._prepare_resize)(*job[1:])
 
   def _ready(self, *job):
-    """Waits for `job`'s program if it is being prepared (and raises what failed it)."""
-    if job in self._jobs:
-      self._jobs[job].result()
+    """Waits for `job`'s program if it is being prepared, a wait counted as preparing (a
+    failed job raises, and is forgotten: tried again when next asked)."""
+    preparing, started = self._jobs.get(job), time.perf_counter()
+    try:
+      if preparing is not None:
+        preparing.result()
+    except BaseException:
+      self._jobs.pop(job, None)
+      raise
+    finally:
+      compilation.waited(time.perf_counter() - started)
+
+  def cancel_pending(self):
+    """Drops the preparations not started yet (of classes a set did not reach)."""
+    for job, preparing in list(self._jobs.items()):
+      if preparing.cancel():
+        del self._jobs[job]
 
   def _prepare_advance(self, cls: int):
     self.advance(self.scorer, self._empty(cls), self._replicated(self._arrivals(cls, [])),

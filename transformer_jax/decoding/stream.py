@@ -16,11 +16,13 @@ log = logging.getLogger(__name__)
 class Stream:
   """A decoder's slots fed from other threads (the server's requests): sentences join the
   queue as they arrive and go into slots in that order, nobody waiting for a batch to form;
-  each is delivered as soon as it is done (and at most `max_steps` steps pass between two
-  looks at the queue). A failure of the decoder fails every sentence it holds (their
+  each is delivered within `max_steps` steps of being done (at most that many pass between
+  two looks at the queue). A failure of the decoder fails every sentence it holds (their
   `on_error`), and the next ones start afresh."""
 
   def __init__(self, decoder: Decoder, max_steps: int = 4):
+    if max_steps < 1:
+      raise ValueError(f"a stream looks at its queue every max_steps >= 1 steps, got {max_steps}")
     self.decoder, self.max_steps = decoder, max_steps
     self.inbox: list[Sentence] = []
     # (taken, not delivered yet: id -> sentence; weakly, so that a cancelled sentence the

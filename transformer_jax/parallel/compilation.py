@@ -15,13 +15,15 @@ off with the switch), which loads them without tracing them.
 
 `program_seconds` counts the time this process spent preparing programs (tracing, lowering,
 compiling or loading them from a cache), from JAX's own duration events and the store's, so
-that a speed can be given apart from it.
+that a speed can be given apart from it; a program prepared on a thread beside the work
+(`in_background`) counts only as long as the work waited for it (`waited`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -88,11 +90,26 @@ PROGRAM_READY_EVENTS = ("/jax/core/compile/backend_compile_duration", program_st
 _prepared = {"seconds": 0.0, "programs": 0, "listening": False}
 
 
+_thread = threading.local()  # (`in_background`: this thread prepares beside the work)
+
+
 def _count(event: str, duration: float, **_):
-  if event in PROGRAM_EVENTS:
+  if event in PROGRAM_EVENTS and not getattr(_thread, "in_background", False):
     _prepared["seconds"] += duration
   if event in PROGRAM_READY_EVENTS:
     _prepared["programs"] += 1
+
+
+def in_background():
+  """Marks this thread as preparing programs beside the work that will run them: its
+  seconds are not the work's (`waited` counts what the work waits for them)."""
+  _thread.in_background = True
+
+
+def waited(seconds: float):
+  """Counts `seconds` the work spent waiting for a program prepared in the background."""
+  _listen()
+  _prepared["seconds"] += seconds
 
 
 def _listen():

@@ -1,6 +1,7 @@
 """Requests straight into our engine's in-flight slots (`stream.Stream`): a request's
 sentences join the queue as it arrives and go into the next free slots; nobody waits for a
-batch to form, and each request is answered as soon as its last sentence is done. Requests
+batch to form, and each request is answered within a few steps (the stream's `max_steps`)
+of its last sentence being done. Requests
 with any decoding options share the slots (the options are each sentence's own), except
 those that change a program's shape (sampling or greedy from a beam server, a wider beam),
 which get slots of their own. The queue is bounded (`QueueFull`: the server answers 503), a

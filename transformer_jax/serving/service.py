@@ -161,11 +161,11 @@ class Service:
     sizes, in file order (mixed lengths, as requests come); without the validation data on
     this machine, two short lines. Returns the programs (ours) or sentences (CTranslate2)."""
     run = self.translator.run
+    if self.name == "jax":  # (the slots requests decode in: `SearchEngine.submit`'s)
+      return self.translator.engine.prepare_programs(narrowest=0 if chunks else 2)
     if not chunks:
       self.translator.warm_up()
       return 2
-    if self.name == "jax":
-      return self.translator.engine.prepare_programs()
     try:
       sources = load_eval_set(run.cfg.data, run.cfg.data.eval_split, run.tokenizer).sources
     except Error as e:

@@ -217,12 +217,7 @@ class SearchEngine(Engine):
     decoding's slots, each width class and the resizes between them, without decoding: what
     a server does before it opens its port (`narrowest` > 0: that many of the narrowest
     classes only, what short lines need). Returns how many programs."""
-    slots = self.decoder()
-    if not narrowest:
-      return slots.programs()
-    classes = range(min(narrowest, len(slots.geometry.widths)))
-    return slots.prepare(classes, [(c, c + 1) for c in classes[:-1]]
-                         + [(c + 1, c) for c in classes[:-1]])
+    return self.decoder().programs(narrowest)
 
   def decoder(self, decode: DecodeConfig | None = None, every_option: bool = True
               ) -> scheduler.Decoder:

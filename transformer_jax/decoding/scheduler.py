@@ -392,9 +392,9 @@ class Decoder:
     classes = list(range(min(found), max(found) + 1))
     return classes, [(c + 1, c) for c in classes[:-1]]
 
-  def programs(self) -> int:
-    """Prepares every program of these slots: each width class, each resize between
-    neighbours (both ways): what a server does before it opens its port."""
-    classes = range(len(self.geometry.widths))
+  def programs(self, narrowest: int = 0) -> int:
+    """Prepares every program of these slots (`narrowest` > 0: of that many narrowest
+    classes): each class, each resize between neighbours both ways (a server's warm-up)."""
+    classes = range(min(narrowest or len(self.geometry.widths), len(self.geometry.widths)))
     moves = [(c, c + 1) for c in classes[:-1]] + [(c + 1, c) for c in classes[:-1]]
     return self.prepare(classes, moves)

@@ -291,3 +291,12 @@ def test_a_stream_decodes_sentences_put_from_threads_as_offline_and_skips_the_ca
     for (seqs, scores), (got_seqs, got_scores) in zip(offline, results[k]):
       np.testing.assert_array_equal(got_seqs, seqs)
       np.testing.assert_allclose(got_scores, scores, rtol=1e-5)
+
+
+def test_a_stream_that_would_never_look_at_its_queue_is_refused(random_model):
+  """max_steps is how many steps may pass between two looks at the queue: 0 would run a call
+  until its slots are free, leaving a request that arrives meanwhile waiting."""
+  model, params, _ = random_model
+  decoder = batches.decoder(prepare(model, params), helpers.section("decode", batch_size=4))
+  with pytest.raises(ValueError, match="max_steps >= 1"):
+    stream_lib.Stream(decoder, max_steps=0)

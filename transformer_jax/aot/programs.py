@@ -138,10 +138,11 @@ def decoding_model(cfg: TrainConfig, mesh) -> StepwiseModel:
 
 
 def beam_programs(cfg: TrainConfig, mesh) -> list[Program]:
-  """Beam search in flight as the decoding engine runs it (`SearchEngine.programs`), at the
-  width class of the config's longest source: "beam_advance" (new sentences encoded into
-  slots, the search loop), whose twin is one step of every slot; figures per decoding step,
-  the slots' cache at the class's length."""
+  """Beam search in flight as the decoding engine runs it (`SearchEngine.programs`) for a set
+  decoded with the config's settings (validation, `evaluate`: the rules and sampling in only
+  if they ask), at the width class of the config's longest source: "beam_advance" (new
+  sentences encoded into slots, the search loop), whose twin is one step of every slot;
+  figures per decoding step, the slots' cache at the class's length."""
   # (slots: the batch size on an accelerator, whatever this machine would choose)
   decode = dataclasses.replace(cfg.decode, slots=cfg.decode.slots or cfg.decode.batch_size)
   engine = SearchEngine(decoding_model(cfg, mesh), None, decode, mesh)

@@ -235,14 +235,20 @@ class SearchEngine(Engine):
       self._decoders[key] = decoder(self.scorer, decode, self.mesh, every_option)
     return self._decoders[key]
 
-  def programs(self, width_class: int = 0) -> dict:
+  def programs(self, width_class: int = 0, every_option: bool | None = None) -> dict:
     """The search's programs at a width class as this engine runs them (`Decoder.lowered`:
     "advance" and its loop-free twin "step"), each a function returning its
-    `jax.stages.Lowered`: what the compile tool compiles for another platform."""
-    return self.decoder().lowered(width_class)
+    `jax.stages.Lowered`: what the compile tool compiles for another platform.
+    `every_option` None: the slots that decode a set with the engine's settings (validation,
+    `evaluate`: the rules and sampling in only if those settings ask); True: a server's."""
+    return self._decoder_of_sets(every_option).lowered(width_class)
 
-  def functions(self, width_class: int = 0) -> tuple:
+  def functions(self, width_class: int = 0, every_option: bool | None = None) -> tuple:
     """(the advance as a plain function, its abstract arguments) at a width class: what the
-    CUDA export exports (`aot.cuda`)."""
-    decoder_ = self.decoder()
+    CUDA export exports (`aot.cuda`); `every_option` as for `programs`."""
+    decoder_ = self._decoder_of_sets(every_option)
     return decoder_.advance.function, (self.scorer, *decoder_.abstract(width_class))
+
+  def _decoder_of_sets(self, every_option: bool | None) -> scheduler.Decoder:
+    return self.decoder(every_option=asks_options(self.decode) if every_option is None
+                        else every_option)

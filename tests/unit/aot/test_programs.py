@@ -32,3 +32,16 @@ def test_the_compile_tools_beam_programs_are_the_engines_in_bfloat16():
   assert (_products(tool["beam_advance"].lower().as_text())
           == _products(ours["advance"]().as_text()))
   assert _products(tool["beam_advance"].twin().as_text()) == _products(ours["step"]().as_text())
+
+
+def test_the_compile_tool_lowers_what_a_set_runs_not_a_server_s_every_option():
+  """The default settings ask for no repetition rule and no sampling: the tool's advance is
+  the lean one validation and `evaluate` run (without the rules' `cond`), not the server's,
+  whose slots keep every option."""
+  cfg, model, state = tiny_setup()
+  tool = programs.beam_programs(cfg, _mesh())[0]
+  engine = SearchEngine(prepare(model, state.params), None, cfg.decode)
+  width_class = engine.decoder().geometry.class_of(cfg.data.max_source_length)
+  server = engine.programs(width_class, every_option=True)["advance"]().as_text()
+  assert server.count("stablehlo.case") == 1
+  assert tool.lower().as_text().count("stablehlo.case") == 0

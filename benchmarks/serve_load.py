@@ -37,6 +37,7 @@ from absl import app, flags
 from transformer_jax.data import text
 from transformer_jax.interop import engines
 from transformer_jax.parallel import hardware
+from transformer_jax.serving.server import sentences_at_once
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained run.", required=True)
@@ -45,7 +46,7 @@ flags.DEFINE_integer("sentences", 400, "test2016 sentences sent per client count
 flags.DEFINE_enum("mode", "single", ["single", "list"], "One sentence a request, or lists of "
                   "--list_size.")
 flags.DEFINE_integer("list_size", 8, "Sentences per request in list mode.")
-flags.DEFINE_integer("max_batch_sentences", 32, "The server's batch size.")
+flags.DEFINE_integer("max_batch_sentences", 0, "The server's batch size (0: its auto).")
 flags.DEFINE_float("max_wait_ms", 50.0, "The server's batching wait.")
 flags.DEFINE_integer("workers", 2, "The server's batches at once.")
 flags.DEFINE_enum("engine", "jax", ["jax", "ctranslate2"], "The server's engine.")
@@ -116,16 +117,17 @@ def main(_):
   sentences = list(itertools.islice(text.read_lines(SOURCES), FLAGS.sentences))
   print(hardware.describe_machine(), flush=True)
   offline_speed, expected = _offline(sentences, [])
-  at_batch, _ = _offline(sentences, [f"batch_size={FLAGS.max_batch_sentences}"])
+  at_once = sentences_at_once(FLAGS.max_batch_sentences, FLAGS.engine)
+  at_batch, _ = _offline(sentences, [f"batch_size={at_once}"])
   proc, url = _start(FLAGS.workdir)
   try:
     for clients in map(int, FLAGS.clients):  # (warm: each client count's path once)
       _load(url, sentences, expected, clients)
     print(f"engine {FLAGS.engine}; offline: {offline_speed:.1f} sentences/s at the run's "
           f"batch of {translator_batch()}, {at_batch:.1f} at the server's "
-          f"{FLAGS.max_batch_sentences}; {FLAGS.mode} requests" + (
+          f"{at_once}; {FLAGS.mode} requests" + (
               f", wait {FLAGS.max_wait_ms:g} ms, {FLAGS.workers} worker(s)"
-              if FLAGS.engine != "jax" else f", {FLAGS.max_batch_sentences} slots in flight"))
+              if FLAGS.engine != "jax" else f", {at_once} slots in flight"))
     print("| clients | sentences/s | vs offline | vs offline at the server's size | p50 (ms) "
           "| p95 (ms) | p99 (ms) | wrong |")
     print("|---|---|---|---|---|---|---|---|")

@@ -27,8 +27,9 @@ def define_flags(fv: flags.FlagValues):
   runner.define_decoding_flags(fv)
   flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.", flag_values=fv)
   flags.DEFINE_integer("port", 5000, "Port (0: any free one, printed).", flag_values=fv)
-  flags.DEFINE_integer("max_batch_sentences", 32, "Sentences decoded at once: our engine's "
-                       "slots; CTranslate2's most per engine call.", flag_values=fv)
+  flags.DEFINE_integer("max_batch_sentences", 0, "Sentences decoded at once: our engine's "
+                       "slots; CTranslate2's most per engine call. 0: 16 slots for our engine "
+                       "on a CPU, 32 otherwise.", lower_bound=0, flag_values=fv)
   flags.DEFINE_float("max_wait_ms", 50.0, "CTranslate2: longest a batch waits for more "
                      "requests (from its first, or from the last answer: for its clients to "
                      "send again).", flag_values=fv)

@@ -24,6 +24,21 @@ from transformer_jax.serving.service import Service
 
 log = logging.getLogger(__name__)
 
+# Our engine's slots on a CPU when --max_batch_sentences is 0 (auto): a step costs in
+# proportion to the slots, filled or not, and closed-loop clients keep fewer sentences in
+# flight than there are of them; 16 slots served 32 clients 1.1x faster than 32 slots and a
+# lone request in 0.57x the time (BENCHMARKS.md, "Serving: In flight"). Elsewhere, and
+# CTranslate2's calls: 32.
+CPU_SLOTS = 16
+SENTENCES = 32
+
+
+def sentences_at_once(max_batch_sentences: int, engine: str) -> int:
+  """The server's sentences decoded at once: the flag's, or (0) its auto."""
+  if max_batch_sentences:
+    return max_batch_sentences
+  return CPU_SLOTS if engine == "jax" and jax.default_backend() == "cpu" else SENTENCES
+
 
 def serve(args):
   """Runs the server of the `transformer-jax-serve` flags until SIGTERM or Ctrl-C."""
@@ -38,9 +53,10 @@ def serve(args):
   sock, claim = _bound(args.host, args.port)
   workers = args.workers or (2 if args.engine == "ctranslate2" or jax.default_backend() == "cpu"
                              else 1)
+  at_once = sentences_at_once(args.max_batch_sentences, args.engine)
   # (batches of at most the server's size; our search aligns on request)
   service = Service(engines.translator(
-      args.engine, args.workdir, args.checkpoint, [f"batch_size={args.max_batch_sentences}"],
+      args.engine, args.workdir, args.checkpoint, [f"batch_size={at_once}"],
       args.source_tag, args.dtype, args.compute_type, alignments=args.engine == "jax",
       calls_at_once=workers))
   start = time.monotonic()
@@ -53,7 +69,7 @@ def serve(args):
   if args.engine == "jax":  # (sentences into the in-flight slots as they come)
     batcher = InFlight(service, metrics, args.max_queue)
   else:
-    batcher = Batcher(service, metrics, args.max_batch_sentences, args.max_wait_ms / 1000,
+    batcher = Batcher(service, metrics, at_once, args.max_wait_ms / 1000,
                       args.max_queue, workers)
   app = make_app(service, batcher, metrics, Limits(args.max_body_bytes,
                                                   args.max_request_sentences,
@@ -64,7 +80,7 @@ def serve(args):
     raise UsageError(f"--host={args.host} --port={args.port}: cannot listen there "
                      f"({e.strerror})") from None
   log.info("Serving on http://%s:%d (engine %s, %s)", args.host, sock.getsockname()[1],
-           service.name, f"{args.max_batch_sentences} sentences in flight"
+           service.name, f"{at_once} sentences in flight"
            if args.engine == "jax" else f"{workers} worker{'s' if workers > 1 else ''}")
   # (httptools: the parser in C; h11's pure Python took a core's tenth at 200 requests/s)
   server = uvicorn.Server(uvicorn.Config(app, http="httptools", log_level="warning",

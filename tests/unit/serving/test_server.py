@@ -56,3 +56,13 @@ def test_limits_that_contradict_each_other_are_one_line_before_anything():
                                max_wait_ms=50.0)
   with pytest.raises(UsageError, match=r"^--timeout_s=0 must be > 0 and --max_wait_ms=50 >= "):
     server.serve(args)  # (every request would be a 504)
+
+
+def test_the_server_decodes_16_sentences_at_once_on_a_cpu_unless_told(monkeypatch):
+  """Auto (0): our engine's slots 16 on a CPU (a step costs as its slots, filled or not), 32
+  on an accelerator and for CTranslate2's calls; a number given is kept."""
+  assert server.sentences_at_once(0, "jax") == 16
+  assert server.sentences_at_once(0, "ctranslate2") == 32
+  assert server.sentences_at_once(8, "jax") == 8
+  monkeypatch.setattr(server.jax, "default_backend", lambda: "gpu")
+  assert server.sentences_at_once(0, "jax") == 32

@@ -77,18 +77,20 @@ def asks_options(cfg: DecodeConfig) -> bool:
   return cfg.sampling or cfg.repetition_penalty != 1.0 or cfg.no_repeat_ngram_size > 0
 
 
-def decoder(scorer, cfg: DecodeConfig, mesh=None, every_option: bool | None = None
-            ) -> scheduler.Decoder:
+def decoder(scorer, cfg: DecodeConfig, mesh=None, every_option: bool | None = None,
+            arrival_order: bool = False) -> scheduler.Decoder:
   """The slots that decode with `cfg`: `slot_count` sentences (times their samples, a
   row each; a multiple of the mesh's data-parallel size), beam search of `cfg.beam_size`
-  beams or greedy/sampling rows, the width classes of the model's positions. Requests whose
+  beams or greedy/sampling rows, the width classes of the model's positions (narrower ones
+  for slots fed in `arrival_order`, a server's: `scheduler.SMALLEST_WIDTH`). Requests whose
   settings change no shape (`slot_options`) share them when `every_option` (a server's
   slots); None: the rules and sampling compiled in where `cfg` asks for them."""
   rows = slot_count(cfg) * draws(cfg)
   if mesh is not None:
     rows = mesh_lib.round_up_to_data_parallel(rows, mesh)
   max_positions = scorer.max_len  # (a cap may reach it: a forced prefix raises caps)
-  geometry = scheduler.geometry(rows, max_positions, max_positions)
+  geometry = scheduler.geometry(rows, max_positions, max_positions, smallest=(
+      scheduler.ARRIVAL_ORDER_SMALLEST_WIDTH if arrival_order else scheduler.SMALLEST_WIDTH))
   beam_size = 0 if cfg.greedy or cfg.sampling else cfg.beam_size
   every_option = asks_options(cfg) if every_option is None else every_option
   return scheduler.Decoder(scorer, geometry, beam_size, cfg.beam_impl, mesh, every_option)

@@ -153,10 +153,11 @@ class SearchEngine(Engine):
                            on_batch, self.decoder(decode, every_option=asks_options(decode)))
 
   def warm_up(self):
-    """Translates two made-up sources of 1 and 17 tokens (the two shortest length buckets),
-    so that the programs a line typed interactively needs are traced, and compiled or loaded
+    """Translates two made-up sources, one in each of the two narrowest width classes, so
+    that the programs a line typed interactively needs are traced, and compiled or loaded
     from the program store, while the answer to the first line is read."""
-    for n in (1, 17):
+    narrowest = self.decoder(every_option=asks_options(self.decode)).geometry.widths[0]
+    for n in (1, narrowest):  # (n tokens, the prefix and EOS: the second one class wider)
       source = np.asarray(list(self.source_prefix) + [UNK_ID + 1] * n + [EOS_ID], np.int32)
       self.translate_set(EvalSet([""], [""], [source], [source]))
 
@@ -201,7 +202,7 @@ class SearchEngine(Engine):
 
   def in_flight(self, decode: DecodeConfig | None = None) -> stream.Stream:
     """The in-flight slots of `decode`'s shape fed from other threads (made at first use)."""
-    decoder_ = self.decoder(decode)
+    decoder_ = self.decoder(decode, arrival_order=True)
     if id(decoder_) not in self._streams:
       self._streams[id(decoder_)] = stream.Stream(decoder_)
     return self._streams[id(decoder_)]
@@ -217,22 +218,24 @@ class SearchEngine(Engine):
     decoding's slots, each width class and the resizes between them, without decoding: what
     a server does before it opens its port (`narrowest` > 0: that many of the narrowest
     classes only, what short lines need). Returns how many programs."""
-    return self.decoder().programs(narrowest)
+    return self.decoder(arrival_order=True).programs(narrowest)
 
-  def decoder(self, decode: DecodeConfig | None = None, every_option: bool = True
-              ) -> scheduler.Decoder:
+  def decoder(self, decode: DecodeConfig | None = None, every_option: bool = True,
+              arrival_order: bool = False) -> scheduler.Decoder:
     """The slots that decode with `decode` (default: the engine's), made once per shape
-    (`batches.decoder`: kind, beams, slots): requests that differ in runtime settings
-    only share them; `every_option` False (a set decoded with its settings alone): the
-    rules and sampling left out of their programs."""
+    (`batches.decoder`: kind, beams, slots, width classes): requests that differ in runtime
+    settings only share them; `every_option` False (a set decoded with its settings alone):
+    the rules and sampling left out of their programs; `arrival_order`: the slots a stream
+    feeds (a server's requests), with narrower width classes."""
     decode = decode or self.decode
     if not (decode.greedy or decode.sampling):  # (fewer beams are searched in wider slots)
       decode = dataclasses.replace(decode, beam_size=max(decode.beam_size,
                                                          self.decode.beam_size))
     key = (decode.greedy or decode.sampling, decode.beam_size, decode.beam_impl,
-           slot_count(decode), draws(decode), every_option)
+           slot_count(decode), draws(decode), every_option, arrival_order)
     if key not in self._decoders:
-      self._decoders[key] = decoder(self.scorer, decode, self.mesh, every_option)
+      self._decoders[key] = decoder(self.scorer, decode, self.mesh, every_option,
+                                    arrival_order)
     return self._decoders[key]
 
   def programs(self, width_class: int = 0, every_option: bool | None = None) -> dict:
@@ -250,5 +253,7 @@ class SearchEngine(Engine):
     return decoder_.advance.function, (self.scorer, *decoder_.abstract(width_class))
 
   def _decoder_of_sets(self, every_option: bool | None) -> scheduler.Decoder:
+    if every_option:  # (a server's)
+      return self.decoder(arrival_order=True)
     return self.decoder(every_option=asks_options(self.decode) if every_option is None
                         else every_option)

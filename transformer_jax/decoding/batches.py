@@ -14,7 +14,7 @@ import numpy as np
 
 from transformer_jax.config.sections import DecodeConfig
 from transformer_jax.data.tokenizer import EOS_ID, content_ids
-from transformer_jax.decoding import scheduler
+from transformer_jax.decoding import scheduler, width_classes
 from transformer_jax.decoding.mbr import mbr_chosen
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.parallel import mesh as mesh_lib
@@ -82,15 +82,16 @@ def decoder(scorer, cfg: DecodeConfig, mesh=None, every_option: bool | None = No
   """The slots that decode with `cfg`: `slot_count` sentences (times their samples, a
   row each; a multiple of the mesh's data-parallel size), beam search of `cfg.beam_size`
   beams or greedy/sampling rows, the width classes of the model's positions (narrower ones
-  for slots fed in `arrival_order`, a server's: `scheduler.SMALLEST_WIDTH`). Requests whose
+  for slots fed in `arrival_order`, a server's: `width_classes.SMALLEST_WIDTH`). Requests whose
   settings change no shape (`slot_options`) share them when `every_option` (a server's
   slots); None: the rules and sampling compiled in where `cfg` asks for them."""
   rows = slot_count(cfg) * draws(cfg)
   if mesh is not None:
     rows = mesh_lib.round_up_to_data_parallel(rows, mesh)
   max_positions = scorer.max_len  # (a cap may reach it: a forced prefix raises caps)
-  geometry = scheduler.geometry(rows, max_positions, max_positions, smallest=(
-      scheduler.ARRIVAL_ORDER_SMALLEST_WIDTH if arrival_order else scheduler.SMALLEST_WIDTH))
+  geometry = width_classes.geometry(rows, max_positions, max_positions, smallest=(
+      width_classes.ARRIVAL_ORDER_SMALLEST_WIDTH if arrival_order
+      else width_classes.SMALLEST_WIDTH))
   beam_size = 0 if cfg.greedy or cfg.sampling else cfg.beam_size
   every_option = asks_options(cfg) if every_option is None else every_option
   return scheduler.Decoder(scorer, geometry, beam_size, cfg.beam_impl, mesh, every_option)

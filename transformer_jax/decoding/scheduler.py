@@ -11,12 +11,9 @@ that long for its answer, and a request that arrives meanwhile for a slot: calls
 steps each, not one per finished sentence, whose insert and look at the slots would cost
 as much as the steps).
 
-Width classes: sources are padded to the smallest of a few widths (`width_classes`), and
-each width has the cache length that its longest source's cap needs (`capacity`); the
-slots run at the class of the widest sentence they hold or take next, and move to another
-only when every sentence in them fits it (`slots.resized`). The programs are thus known
-from the config and the slot settings: per class, one `advance`, and a resize between
-neighbouring classes.
+Width classes (`width_classes`): sources are padded to the smallest of a few widths, each
+with a cache length; the slots run at the class of the widest sentence they hold or take
+next, and move to another only when every sentence in them fits it (`slots.resized`).
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ import collections
 import concurrent.futures
 import dataclasses
 import itertools
-import math
 import os
 import time
 from typing import Callable
@@ -36,35 +32,9 @@ import numpy as np
 
 from transformer_jax.decoding import slots as slots_lib
 from transformer_jax.decoding.beam_caches import shares_caches
+from transformer_jax.decoding.width_classes import Geometry
 from transformer_jax.parallel import compilation
 from transformer_jax.parallel import mesh as mesh_lib
-
-# The narrowest width class. A set is queued longest first and passes each class once, each
-# class an advance compiled: fewer, wider classes finish sooner at the same warm speed
-# (test2016: 24, 48 against 16, 32, 64: first decode 8.9-9.1 s against 9.8-10.4). Slots fed
-# in arrival order (a server's) run at the class of their widest sentence, and short ones
-# are most: a narrower class keeps their steps cheaper (7% more sentences/s; BENCHMARKS.md,
-# "Decoding in flight").
-SMALLEST_WIDTH = 24
-ARRIVAL_ORDER_SMALLEST_WIDTH = 16
-WIDTH_RATIO = 2  # each width class this many times the last
-ROUNDING = 8  # cache lengths are multiples of this
-HEADROOM = 8  # positions a cache keeps beyond the longest output in it when the slots narrow
-
-
-def width_classes(max_width: int, ratio: float = WIDTH_RATIO,
-                  smallest: int = SMALLEST_WIDTH) -> list[int]:
-  """The source widths sentences are padded to: `smallest`, then each `ratio` times the last
-  (rounded to 8), below `max_width` (the model's positions), which is the last."""
-  widths, w = [], smallest
-  while w < max_width:
-    widths.append(w)
-    w = max(_rounded(w * ratio), w + ROUNDING)
-  return widths + [max_width]
-
-
-def _rounded(n: float) -> int:
-  return ROUNDING * math.ceil(n / ROUNDING)
 
 
 @dataclasses.dataclass
@@ -80,43 +50,6 @@ class Sentence:
   cancelled: bool = False         # not to be decoded (its client left): skipped if waiting
   on_error: Callable | None = None  # on_error(exception): its decoding failed (`Stream`)
   width_class: int = -1           # the smallest width class that holds it (-1: not known yet)
-
-
-@dataclasses.dataclass(frozen=True)
-class Geometry:
-  """What the programs are specialised to: the slots and their width classes, each a source
-  width and a cache length (the positions its sentences usually need; a sentence that
-  needs more moves the slots to a wider class: the last one's holds the longest cap)."""
-  slots: int                      # N sentences at once
-  arrivals: int                   # K sentences put into slots per program call
-  widths: tuple[int, ...]         # the width classes
-  capacities: tuple[int, ...]     # each class's cache length
-
-  def class_of(self, length: int, prefix: int = 0) -> int:
-    """The smallest class that holds a source of `length` ids and a forced prefix of
-    `prefix` tokens (and its next one)."""
-    for c, (w, capacity) in enumerate(zip(self.widths, self.capacities)):
-      if length <= w and prefix < capacity:
-        return c
-    raise ValueError(f"a source of {length} ids fits no width class (widths {self.widths})")
-
-  def class_for_step(self, step: int, current: int) -> int:
-    """The smallest class whose cache holds position `step` (a smaller class than `current`
-    only with HEADROOM positions to spare)."""
-    for c, capacity in enumerate(self.capacities):
-      if capacity > step + (HEADROOM if c < current else 0):
-        return c
-    return len(self.capacities) - 1
-
-
-def geometry(slots: int, max_width: int, longest_cap: int, arrivals: int = 0,
-             ratio: float = WIDTH_RATIO, smallest: int = SMALLEST_WIDTH) -> Geometry:
-  """The width classes of sources up to `max_width`; a class of width w holds w + HEADROOM
-  positions (a translation rarely outgrows its source by more), the last one `longest_cap`
-  (no sentence's cap is longer)."""
-  widths = width_classes(max_width, ratio, smallest)
-  capacities = [min(_rounded(w + HEADROOM), longest_cap) for w in widths[:-1]] + [longest_cap]
-  return Geometry(slots, arrivals or max(1, slots // 8), tuple(widths), tuple(capacities))
 
 
 def _from_full(tree, sharding_of):

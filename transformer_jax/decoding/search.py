@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.decoding import scheduler
+from transformer_jax.decoding import scheduler, width_classes
 from transformer_jax.decoding.rules import TokenRules
 from transformer_jax.decoding.slots import length_penalty  # noqa: F401 (the searches' formula)
 from transformer_jax.ops.masking import NEG_INF
@@ -46,7 +46,7 @@ def _decode(scorer, inputs_BS, max_len, caps, prefix_BP, options, keys, unit, be
   B, S = inputs.shape
   prefixes = None if prefix_BP is None else np.asarray(jax.device_get(prefix_BP))
   slots = -(-B // unit) * unit
-  geometry = scheduler.Geometry(slots, slots, (S,), (max_len,))
+  geometry = width_classes.Geometry(slots, slots, (S,), (max_len,))
   queue = collections.deque()
   for b in range(B):
     queue.append(scheduler.Sentence(

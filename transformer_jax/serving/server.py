@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 # Our engine's slots on a CPU when --max_batch_sentences is 0 (auto): a step costs in
 # proportion to the slots, filled or not, and closed-loop clients keep fewer sentences in
-# flight than there are of them; 16 slots served 32 clients 1.1x faster than 32 slots and a
-# lone request in 0.57x the time (BENCHMARKS.md, "Serving: In flight"). Elsewhere, and
+# flight than there are of them; 16 slots served 32 clients faster than 32 slots, and a lone
+# request sooner (BENCHMARKS.md, "Serving: the server under load"). Elsewhere, and
 # CTranslate2's calls: 32.
 CPU_SLOTS = 16
 SENTENCES = 32

@@ -90,29 +90,6 @@ def test_each_sentence_has_its_own_cap_and_an_empty_row_none():
   np.testing.assert_array_equal(sentence_caps(cfg, inputs, prefixes, 64), [9, 9, 0])
 
 
-class _TinyScorer:
-  max_len = 256
-
-
-def test_the_width_classes_and_the_caches_that_go_with_them():
-  assert scheduler.width_classes(256) == [24, 48, 96, 192, 256]  # (a set's)
-  assert scheduler.width_classes(256, smallest=16) == [16, 32, 64, 128, 256]
-  assert scheduler.width_classes(100, smallest=16) == [16, 32, 64, 100]
-  assert scheduler.width_classes(256, ratio=1.5, smallest=16) == [16, 24, 40, 64, 96, 144,
-                                                                  216, 256]
-  assert scheduler.width_classes(10) == [10]
-  assert batches.decoder(_TinyScorer(), helpers.section("decode")).geometry.widths[0] == 24
-  assert batches.decoder(_TinyScorer(), helpers.section("decode"),
-                         arrival_order=True).geometry.widths[0] == 16
-  g = scheduler.geometry(128, 256, 200, smallest=16)
-  assert g.capacities == (24, 40, 72, 136, 200) and g.arrivals == 16
-  assert g.class_of(16) == 0 and g.class_of(17) == 1 and g.class_of(3, prefix=30) == 1
-  # (wider for a longer output at once; narrower only with HEADROOM positions to spare)
-  assert g.class_for_step(23, current=0) == 0 and g.class_for_step(24, current=0) == 1
-  assert g.class_for_step(16, current=1) == 1 and g.class_for_step(15, current=1) == 0
-  assert g.class_for_step(500, current=0) == 4
-
-
 def test_a_set_runs_one_advance_per_width_class_and_the_resizes_between(random_model):
   """The programs a set needs are known before its first sentence: an advance per width
   class its sentences and outputs reach, a resize per move between neighbouring classes
@@ -258,8 +235,9 @@ def test_a_stream_decodes_sentences_put_from_threads_as_offline_and_skips_the_ca
   """Sentences put into a `Stream` by four threads at once, in arrival order (no sorting, no
   batch formed), each with its own length penalty: each the same as decoded offline with its
   settings (the stream's slots with every option compiled in and a server's narrower width
-  classes; offline's with those its settings ask, none, and a set's classes); a sentence cancelled before it reaches a slot is never
-  delivered; a failure of the decoder reaches every sentence it held."""
+  classes; offline's with those its settings ask, none, and a set's classes); a sentence
+  cancelled before it reaches a slot is never delivered; a failure of the decoder reaches
+  every sentence it held."""
   model, params, sources = random_model
   scorer = prepare(model, params)
   cfg = helpers.section("decode", beam_size=3, max_length=64, max_length_a=1.0,

@@ -126,3 +126,14 @@ def fetch(array: jax.Array) -> np.ndarray:
   if jax.process_count() > 1 and not array.is_fully_addressable:
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
   return np.asarray(jax.device_get(array))
+
+
+def gathered_over_fsdp(sharding: NamedSharding) -> NamedSharding:
+  """`sharding` with its dimensions split over `fsdp` whole (what FSDP's forward pass uses:
+  each parameter gathered at its use, still split over `tensor`)."""
+  def keep(axes):
+    if axes is None:
+      return None
+    axes = tuple(a for a in (axes if isinstance(axes, tuple) else (axes,)) if a != "fsdp")
+    return axes[0] if len(axes) == 1 else (axes or None)
+  return NamedSharding(sharding.mesh, P(*(keep(a) for a in sharding.spec)))

@@ -45,7 +45,7 @@ def ema_decay_at(decay: float, step):
 
 def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoothing: float,
                num_micro_batches: int = 1, nonfinite_at_step: int = 0, mesh=None, tx=None,
-               ema_decay=None):
+               ema_decay=None, param_shardings=None):
   """One optimizer step; returns the new state and metric sums with their denominators.
 
   `lr_scale` multiplies the update (for AdamW: the learning rate, weight decay included): the
@@ -63,10 +63,19 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   `mesh` (the one the step is jitted over) lets the output loss run per device.
   `tx` and `ema_decay`, when given, stand for the state's own (a population member's,
   built from its traced values: `training.population`).
+  `param_shardings` (FSDP: the parameters' shardings over a mesh whose `fsdp` axis splits
+  them): the forward pass takes each parameter gathered whole over `fsdp`, and the gradients
+  are constrained back to the parameters' split. Left to propagate on its own, GSPMD split
+  the activations' model dimension as the parameters' and moved them between layouts
+  (all-to-alls, and all-gathers and all-reduces of activations: BENCHMARKS.md, "Compiled for
+  TPUs without one").
   """
   dropout_rng = jax.random.fold_in(rng, state.step)
 
   def loss_fn(params, batch, rngs):
+    if param_shardings is not None:  # (FSDP: each parameter whole for the forward pass)
+      params = jax.lax.with_sharding_constraint(params, jax.tree_util.tree_map(
+          mesh_lib.gathered_over_fsdp, param_shardings))
     loss_sum, nll_sum, num_tokens = training_loss_sums(model, params, batch, rngs,
                                                        label_smoothing, mesh)
     return loss_sum / jnp.maximum(num_tokens, 1.0), (loss_sum, nll_sum, num_tokens)
@@ -77,6 +86,8 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   else:
     grads, (loss_sum, nll_sum, num_tokens) = _accumulated_grads(
         loss_fn, state.params, batch, dropout_rng, num_micro_batches)
+  if param_shardings is not None:  # (summed over the batch, split as the parameters)
+    grads = jax.lax.with_sharding_constraint(grads, param_shardings)
   step = state.step + 1
   if nonfinite_at_step:
     grads = jax.tree_util.tree_map(
@@ -132,7 +143,9 @@ def compile_step(cfg, model, mesh, state_sharding, nonfinite_at_step: int = 0):
   return jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.label_smoothing,
                         num_micro_batches=cfg.num_micro_batches,
-                        nonfinite_at_step=nonfinite_at_step, mesh=mesh),
+                        nonfinite_at_step=nonfinite_at_step, mesh=mesh,
+                        param_shardings=state_sharding.params
+                        if mesh.shape["fsdp"] > 1 else None),
       in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), replicated,
                     *lr_scale_sharding),
       out_shardings=(state_sharding, replicated),

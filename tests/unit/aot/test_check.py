@@ -55,6 +55,11 @@ def test_fsdp_gathers_the_parameters_and_scatters_the_summed_gradients(compiled)
   found = module.collectives()
   assert found["all-gather"].bytes >= 0.5 * compiled["params_bytes"]
   assert found["reduce-scatter"].count + module.sliced_reductions() > 0
+  # the activations keep their model dimension whole: no all-to-all moving them between
+  # layouts, and about one gather of the parameters and one sum of the gradients a step
+  assert found["all-to-all"].count == 0
+  assert found["all-gather"].bytes <= 2 * compiled["params_bytes"]
+  assert found["all-reduce"].bytes <= 2 * compiled["params_bytes"]
   # each chip keeps a quarter of the parameters and optimizer state (arrays this small are
   # padded to the TPU's (8, 128) tiles: less than 4x smaller)
   assert memory.argument_size_in_bytes < 0.8 * data_memory.argument_size_in_bytes

@@ -82,9 +82,9 @@ def decoder(scorer, cfg: DecodeConfig, mesh=None, every_option: bool | None = No
   """The slots that decode with `cfg`: `slot_count` sentences (times their samples, a
   row each; a multiple of the mesh's data-parallel size), beam search of `cfg.beam_size`
   beams or greedy/sampling rows, the width classes of the model's positions (narrower ones
-  for slots fed in `arrival_order`, a server's: `width_classes.SMALLEST_WIDTH`). Requests whose
-  settings change no shape (`slot_options`) share them when `every_option` (a server's
-  slots); None: the rules and sampling compiled in where `cfg` asks for them."""
+  for slots fed in `arrival_order`, a server's: `width_classes`). Requests whose settings
+  change no shape (`slot_options`) share them when `every_option` (a server's slots); None:
+  the rules and sampling compiled in where `cfg` asks for them."""
   rows = slot_count(cfg) * draws(cfg)
   if mesh is not None:
     rows = mesh_lib.round_up_to_data_parallel(rows, mesh)

@@ -34,6 +34,27 @@ def training_loss_sums(model, params, batch, rngs, label_smoothing: float, mesh=
       compute_dtype(model.config), model.config.loss_tile_tokens, mesh, BATCH_AXES)
 
 
+def _gathered_for_forward(params, param_shardings):
+  """FSDP (`param_shardings`: the parameters' shardings over a mesh whose `fsdp` axis splits
+  them; None: nothing to do): each parameter gathered whole over `fsdp` for the forward
+  pass (`_split_as_parameters`: the gradients back to the parameters' split). Left to
+  propagate on its own, GSPMD split the activations' model dimension as the parameters' and
+  moved them between layouts (all-to-alls, and all-gathers and all-reduces of activations:
+  BENCHMARKS.md, "Compiled for TPUs without one")."""
+  if param_shardings is None:
+    return params
+  return jax.lax.with_sharding_constraint(params, jax.tree_util.tree_map(
+      mesh_lib.gathered_over_fsdp, param_shardings))
+
+
+def _split_as_parameters(grads, param_shardings):
+  """FSDP: the gradients summed over the batch and split as the parameters are (None:
+  nothing to do)."""
+  if param_shardings is None:
+    return grads
+  return jax.lax.with_sharding_constraint(grads, param_shardings)
+
+
 def ema_decay_at(decay: float, step):
   """The moving average's decay at update `step` (1-based): min(decay, (1 + step) / (10 +
   step)), as TensorFlow's ExponentialMovingAverage with num_updates, so that the first
@@ -60,22 +81,15 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   (`nonfinite_steps`, and the step in `first_nonfinite_step`); the loop then stops or goes on
   (config.nonfinite_updates).
   `nonfinite_at_step` injects NaN gradients at that step (preemption.Faults, for tests).
-  `mesh` (the one the step is jitted over) lets the output loss run per device.
-  `tx` and `ema_decay`, when given, stand for the state's own (a population member's,
-  built from its traced values: `training.population`).
-  `param_shardings` (FSDP: the parameters' shardings over a mesh whose `fsdp` axis splits
-  them): the forward pass takes each parameter gathered whole over `fsdp`, and the gradients
-  are constrained back to the parameters' split. Left to propagate on its own, GSPMD split
-  the activations' model dimension as the parameters' and moved them between layouts
-  (all-to-alls, and all-gathers and all-reduces of activations: BENCHMARKS.md, "Compiled for
-  TPUs without one").
+  `mesh` (the one the step is jitted over) lets the output loss run per device;
+  `param_shardings`: FSDP's (`_gathered_for_forward`). `tx` and `ema_decay`, when given,
+  stand for the state's own (a population member's, built from its traced values:
+  `training.population`).
   """
   dropout_rng = jax.random.fold_in(rng, state.step)
 
   def loss_fn(params, batch, rngs):
-    if param_shardings is not None:  # (FSDP: each parameter whole for the forward pass)
-      params = jax.lax.with_sharding_constraint(params, jax.tree_util.tree_map(
-          mesh_lib.gathered_over_fsdp, param_shardings))
+    params = _gathered_for_forward(params, param_shardings)
     loss_sum, nll_sum, num_tokens = training_loss_sums(model, params, batch, rngs,
                                                        label_smoothing, mesh)
     return loss_sum / jnp.maximum(num_tokens, 1.0), (loss_sum, nll_sum, num_tokens)
@@ -86,8 +100,7 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   else:
     grads, (loss_sum, nll_sum, num_tokens) = _accumulated_grads(
         loss_fn, state.params, batch, dropout_rng, num_micro_batches)
-  if param_shardings is not None:  # (summed over the batch, split as the parameters)
-    grads = jax.lax.with_sharding_constraint(grads, param_shardings)
+  grads = _split_as_parameters(grads, param_shardings)
   step = state.step + 1
   if nonfinite_at_step:
     grads = jax.tree_util.tree_map(

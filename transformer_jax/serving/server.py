@@ -54,9 +54,11 @@ def serve(args):
   workers = args.workers or (2 if args.engine == "ctranslate2" or jax.default_backend() == "cpu"
                              else 1)
   at_once = sentences_at_once(args.max_batch_sentences, args.engine)
-  # (batches of at most the server's size; our search aligns on request)
+  # (batches of at most the server's size, our engine's slots as many: the run's own
+  # `decode.slots` and the CPU's cap on a set's slots do not apply; our search aligns on
+  # request)
   service = Service(engines.translator(
-      args.engine, args.workdir, args.checkpoint, [f"batch_size={at_once}"],
+      args.engine, args.workdir, args.checkpoint, [f"batch_size={at_once}", f"slots={at_once}"],
       args.source_tag, args.dtype, args.compute_type, alignments=args.engine == "jax",
       calls_at_once=workers))
   start = time.monotonic()

@@ -63,6 +63,6 @@ def _exported(cfg: TrainConfig, mesh) -> dict[str, export.Exported]:
   scorer = programs.decoding_model(cfg, mesh)
   scorer = scorer.replace(params=_unsharded(scorer.params), prepared=_unsharded(scorer.prepared))
   # (a server's advance: every option lowered, the rules and sampling included)
-  advance, args = SearchEngine(scorer, None, cfg.decode).functions(every_option=True)
+  advance, args = SearchEngine(scorer, None, cfg.decode).functions(server=True)
   out["beam_advance"] = export.export(jax.jit(advance), platforms=[PLATFORM])(*args)
   return out

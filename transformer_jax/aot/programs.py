@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from transformer_jax.aot import flops
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.decoding import ensemble
-from transformer_jax.decoding.batches import asks_options
 from transformer_jax.decoding.engine import SearchEngine
 from transformer_jax.evaluation.evaluator import eval_step
 from transformer_jax.model.embeddings import compute_dtype
@@ -147,7 +146,7 @@ def beam_programs(cfg: TrainConfig, mesh) -> list[Program]:
   # (slots: the batch size on an accelerator, whatever this machine would choose)
   decode = dataclasses.replace(cfg.decode, slots=cfg.decode.slots or cfg.decode.batch_size)
   engine = SearchEngine(decoding_model(cfg, mesh), None, decode, mesh)
-  decoder = engine.decoder(every_option=asks_options(decode))  # (the one `programs` lowers)
+  decoder = engine.set_decoder()  # (the one `programs` lowers)
   g, W, m = decoder.geometry, decode.beam_size, cfg.model
   width_class = g.class_of(min(cfg.data.max_source_length, g.widths[-1]))
   lowered = {name: _for_devices(lower, mesh)

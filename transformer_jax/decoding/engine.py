@@ -150,13 +150,13 @@ class SearchEngine(Engine):
     decode = decode or self.decode
     self.check(decode)
     return translate_nbest(self.scorer, eval_set, self.tokenizer, decode, self.mesh,
-                           on_batch, self.decoder(decode, every_option=asks_options(decode)))
+                           on_batch, self.set_decoder(decode))
 
   def warm_up(self):
     """Translates two made-up sources, one in each of the two narrowest width classes, so
     that the programs a line typed interactively needs are traced, and compiled or loaded
     from the program store, while the answer to the first line is read."""
-    narrowest = self.decoder(every_option=asks_options(self.decode)).geometry.widths[0]
+    narrowest = self.set_decoder().geometry.widths[0]
     for n in (1, narrowest):  # (n tokens, the prefix and EOS: the second one class wider)
       source = np.asarray(list(self.source_prefix) + [UNK_ID + 1] * n + [EOS_ID], np.int32)
       self.translate_set(EvalSet([""], [""], [source], [source]))
@@ -202,7 +202,7 @@ class SearchEngine(Engine):
 
   def in_flight(self, decode: DecodeConfig | None = None) -> stream.Stream:
     """The in-flight slots of `decode`'s shape fed from other threads (made at first use)."""
-    decoder_ = self.decoder(decode, arrival_order=True)
+    decoder_ = self.stream_decoder(decode)
     if id(decoder_) not in self._streams:
       self._streams[id(decoder_)] = stream.Stream(decoder_)
     return self._streams[id(decoder_)]
@@ -218,7 +218,7 @@ class SearchEngine(Engine):
     decoding's slots, each width class and the resizes between them, without decoding: what
     a server does before it opens its port (`narrowest` > 0: that many of the narrowest
     classes only, what short lines need). Returns how many programs."""
-    return self.decoder(arrival_order=True).programs(narrowest)
+    return self.stream_decoder().programs(narrowest)
 
   def decoder(self, decode: DecodeConfig | None = None, every_option: bool = True,
               arrival_order: bool = False) -> scheduler.Decoder:
@@ -238,22 +238,26 @@ class SearchEngine(Engine):
                                     arrival_order)
     return self._decoders[key]
 
-  def programs(self, width_class: int = 0, every_option: bool | None = None) -> dict:
+  def set_decoder(self, decode: DecodeConfig | None = None) -> scheduler.Decoder:
+    """The slots that decode a set with `decode` (default: the engine's) alone: validation,
+    `evaluate`, `translate` (the rules and sampling in only if it asks for them)."""
+    decode = decode or self.decode
+    return self.decoder(decode, every_option=asks_options(decode))
+
+  def stream_decoder(self, decode: DecodeConfig | None = None) -> scheduler.Decoder:
+    """The slots a stream feeds (a server's requests, any options): every option in, the
+    narrower width classes of arrival order."""
+    return self.decoder(decode, arrival_order=True)
+
+  def programs(self, width_class: int = 0, server: bool = False) -> dict:
     """The search's programs at a width class as this engine runs them (`Decoder.lowered`:
     "advance" and its loop-free twin "step"), each a function returning its
-    `jax.stages.Lowered`: what the compile tool compiles for another platform.
-    `every_option` None: the slots that decode a set with the engine's settings (validation,
-    `evaluate`: the rules and sampling in only if those settings ask); True: a server's."""
-    return self._decoder_of_sets(every_option).lowered(width_class)
+    `jax.stages.Lowered`: what the compile tool compiles for another platform; a set's
+    (`set_decoder`), or with `server` a server's (`stream_decoder`)."""
+    return (self.stream_decoder() if server else self.set_decoder()).lowered(width_class)
 
-  def functions(self, width_class: int = 0, every_option: bool | None = None) -> tuple:
+  def functions(self, width_class: int = 0, server: bool = False) -> tuple:
     """(the advance as a plain function, its abstract arguments) at a width class: what the
-    CUDA export exports (`aot.cuda`); `every_option` as for `programs`."""
-    decoder_ = self._decoder_of_sets(every_option)
+    CUDA export exports (`aot.cuda`); `server` as for `programs`."""
+    decoder_ = self.stream_decoder() if server else self.set_decoder()
     return decoder_.advance.function, (self.scorer, *decoder_.abstract(width_class))
-
-  def _decoder_of_sets(self, every_option: bool | None) -> scheduler.Decoder:
-    if every_option:  # (a server's)
-      return self.decoder(arrival_order=True)
-    return self.decoder(every_option=asks_options(self.decode) if every_option is None
-                        else every_option)

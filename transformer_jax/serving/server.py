@@ -29,15 +29,16 @@ log = logging.getLogger(__name__)
 # flight than there are of them; 16 slots served 32 clients faster than 32 slots, and a lone
 # request sooner (BENCHMARKS.md, "Serving: the server under load"). Elsewhere, and
 # CTranslate2's calls: 32.
-CPU_SLOTS = 16
-SENTENCES = 32
+CPU_SERVER_SLOTS = 16
+SERVER_SENTENCES = 32
 
 
 def sentences_at_once(max_batch_sentences: int, engine: str) -> int:
   """The server's sentences decoded at once: the flag's, or (0) its auto."""
   if max_batch_sentences:
     return max_batch_sentences
-  return CPU_SLOTS if engine == "jax" and jax.default_backend() == "cpu" else SENTENCES
+  return (CPU_SERVER_SLOTS if engine == "jax" and jax.default_backend() == "cpu"
+          else SERVER_SENTENCES)
 
 
 def serve(args):

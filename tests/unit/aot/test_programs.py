@@ -41,6 +41,6 @@ def test_the_compile_tool_lowers_what_a_set_runs_not_a_server_s_every_option():
   cfg, model, state = tiny_setup()
   tool = programs.beam_programs(cfg, _mesh())[0]
   engine = SearchEngine(prepare(model, state.params), None, cfg.decode)
-  server = engine.programs(0, every_option=True)["advance"]().as_text()
+  server = engine.programs(0, server=True)["advance"]().as_text()
   assert server.count("stablehlo.case") == 1
   assert tool.lower().as_text().count("stablehlo.case") == 0

@@ -28,6 +28,7 @@ from transformer_jax.data import corpus
 from transformer_jax.data.plan import data_plan
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.parallel import fsdp
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.training.loop import train_and_evaluate
 from transformer_jax.training.preemption import ENV as FAULTS_ENV
@@ -76,6 +77,28 @@ def section(name: str, **overrides):
 def _mesh():
   return mesh_lib.make_mesh(sections.ParallelismConfig((1, 1, 1), ()), jax.devices()[:1])
 
+
+def fsdp_split(params, shardings) -> tuple[list, list]:
+  """(the parameters that `fsdp` splits, those it keeps whole on each device)."""
+  split, whole = [], []
+  for leaf, sharding in zip(jax.tree.leaves(params), jax.tree.leaves(shardings)):
+    (whole if fsdp.split_dimension(sharding) is None else split).append(leaf)
+  return split, whole
+
+
+def whole_gradient_sums(module, split_params) -> list[tuple[int, ...]]:
+  """The all-reduces of an optimised HLO `module` whose result is a whole matrix that `fsdp`
+  splits (`split_params`: arrays or their abstract values, with their shardings), as it is or
+  as its pieces stacked: its gradient summed whole, where FSDP reduce-scatters it. (Vectors
+  are left out: the TPU compiler sums a split vector of a few hundred floats, a norm's scale,
+  by an all-reduce and a slice, its cost model's choice for arrays that small.)"""
+  whole = set()
+  for x in split_params:
+    if len(x.shape) > 1:
+      dim, n = fsdp.split_dimension(x.sharding), x.sharding.mesh.shape["fsdp"]
+      whole |= {tuple(x.shape),
+                (n, *x.shape[:dim], x.shape[dim] // n, *x.shape[dim + 1:])}
+  return [shape for shape in module.result_shapes("all-reduce") if shape in whole]
 
 def tiny_setup(**overrides):
   """(config, model, initial train state) of the tiny config on one device."""

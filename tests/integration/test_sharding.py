@@ -14,7 +14,9 @@ SCRIPT = r"""
 import dataclasses, functools, json, sys
 import jax, numpy as np
 sys.path.insert(0, ".")
-from tests.helpers import ONE_LAYER, fixed_batch, tiny_setup, tiny_train_config
+from tests.helpers import (ONE_LAYER, fixed_batch, fsdp_split, tiny_setup, tiny_train_config,
+                           whole_gradient_sums)
+from transformer_jax.aot import hlo
 from transformer_jax.config.sections import MESH_AXES
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.transformer import Transformer
@@ -36,7 +38,8 @@ for shape, k in [((1, 1, 1), 1)] + [(tuple(s), k) for s, k in json.loads(sys.arg
   state, state_sharding = state_lib.create_state(cfg, model, mesh, init_key)
   step = jax.jit(functools.partial(step_lib.train_step, model=model,
                                    label_smoothing=cfg.label_smoothing, num_micro_batches=k,
-                                   mesh=mesh),
+                                   mesh=mesh, param_shardings=state_sharding.params
+                                   if shape[1] > 1 else None),
                  in_shardings=(state_sharding, sharding.batch_sharding(mesh),
                                sharding.replicated(mesh)),
                  out_shardings=(state_sharding, sharding.replicated(mesh)))
@@ -46,6 +49,13 @@ for shape, k in [((1, 1, 1), 1)] + [(tuple(s), k) for s, k in json.loads(sys.arg
     state, m = step(state, batch, dropout_key)
     losses.append(float(m["loss_sum"] / m["num_tokens"]))
   p = state.params
+  if shape == (2, 4, 1) and k == 1:  # FSDP's collectives, as XLA:CPU compiles them
+    module = hlo.Module.parse(step.lower(state, batch, dropout_key).compile().as_text())
+    split, _ = fsdp_split(p, jax.tree.map(lambda x: x.sharding, p))
+    results["fsdp collectives"] = {
+        "whole gradient sums": whole_gradient_sums(module, split),
+        "reduce-scatter": module.collectives()["reduce-scatter"].count,
+        "split matrices": sum(len(x.shape) > 1 for x in split)}
   shard = lambda x: list(x.sharding.shard_shape(x.shape))
   emb = p["source_embedding"]["embedding"]
   results[str(shape) + (f" k={k}" if k > 1 else "")] = {
@@ -144,6 +154,9 @@ def test_meshes_match_one_device_and_split_parameters_as_configured(group):
     np.testing.assert_allclose(together[:, 1], got["member 1 alone"], rtol=1e-5)
     assert not np.allclose(together[:, 0], together[:, 1], rtol=1e-3)
     assert got["embedding"] == [2, 512 // shape[2], 32 // shape[1]]
+  if "fsdp collectives" in results:  # the gradients of the split matrices reduce-scattered
+    got = results.pop("fsdp collectives")
+    assert got["whole gradient sums"] == [] and got["reduce-scatter"] >= got["split matrices"]
   error = results.pop("error")
   assert "cannot split" in error and "500 is not divisible by mesh axis tensor of size 8" in error
   one = results.pop("(1, 1, 1)")

@@ -15,6 +15,7 @@ import math
 import re
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+REDUCE_SCATTER_FUSION = "all-reduce-scatter"  # (the TPU compiler's name for its computations)
 
 _HEADER = re.compile(r"^(ENTRY\s+)?%(?P<name>[\w.\-]+) .*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?P<root>ROOT\s+)?%(?P<name>[\w.\-]+) = (?P<shape>.*?) "
@@ -28,7 +29,7 @@ _ON_CHIP = re.compile(r"S\([1-9]\d*\)")  # a layout's memory space other than HB
 # Where an op's bytes are counted, by the first pattern its source location (op_name) matches.
 # (the train step's only loop outside the model is the fused loss's over tiles: jvp()/while)
 BLOCKS = (("attention", r"attention"), ("feed-forward", r"feed_forward|ffn_block"),
-          ("output layer and loss", r"shard_map|jvp\(\)/while/body|cross_entropy"),
+          ("output layer and loss", r"output_loss|cross_entropy"),
           ("layer norms", r"norm"), ("other model ops", r"Transformer"),
           ("outside the model (optimizer, search)", r""))
 COMPILER_MOVES = "the compiler's own copies"
@@ -143,16 +144,26 @@ class Module:
     visit(self.entry, 1)
     return counts
 
+  def _collective(self, computation: str, instruction: Instruction) -> tuple[str, str] | None:
+    """(kind, result shape) of a collective, None for any other instruction. An async one is
+    counted at its `-done` (whose shape is the result). The TPU compiler's reduce-scatter is
+    a fusion (`all-reduce-scatter`) of an all-reduce whose result the fusion slices: a
+    reduce-scatter, its result the fusion's."""
+    op = instruction.op.removesuffix("-done")
+    if op not in COLLECTIVES or instruction.op.endswith("-start"):
+      return None
+    if op == "all-reduce" and computation.startswith(REDUCE_SCATTER_FUSION):
+      return "reduce-scatter", next(i.shape for i in self.computations[computation] if i.root)
+    return op, instruction.shape
+
   def collectives(self) -> dict[str, Collective]:
-    """Per collective kind: how many run per step and the bytes of their results. An async
-    collective is counted at its `-done` (whose shape is the result)."""
+    """Per collective kind: how many run per step and the bytes of their results."""
     found = {op: [0, 0] for op in COLLECTIVES}
     for name, times in self.runs().items():
       for instruction in self.computations.get(name, []):
-        op = instruction.op.removesuffix("-done")
-        if op in found and not instruction.op.endswith("-start"):
-          found[op][0] += times
-          found[op][1] += times * shape_bytes(instruction.shape)
+        if kind := self._collective(name, instruction):
+          found[kind[0]][0] += times
+          found[kind[0]][1] += times * shape_bytes(kind[1])
     return {op: Collective(op, count, size) for op, (count, size) in found.items()}
 
   def result_shapes(self, op: str, where: str = "") -> list[tuple[int, ...]]:
@@ -160,30 +171,17 @@ class Module:
     each), in every computation; only those whose source location (op_name) matches the
     regular expression `where`, when given."""
     found = []
-    for body in self.computations.values():
+    for name, body in self.computations.items():
       for instruction in body:
-        if instruction.op.removesuffix("-done") != op or instruction.op.endswith("-start"):
+        kind = self._collective(name, instruction)
+        if not kind or kind[0] != op:
           continue
         source = re.search(r'op_name="([^"]*)"', instruction.rest)
         if where and not (source and re.search(where, source.group(1))):
           continue
         found.extend(tuple(int(d) for d in m.group("dims").split(",") if d)
-                     for m in _ARRAY.finditer(instruction.shape))
+                     for m in _ARRAY.finditer(kind[1]))
     return found
-
-  def sliced_reductions(self) -> int:
-    """Results of all-reduces of which each device then keeps a slice (`dynamic-slice`):
-    the form XLA gives a reduce-scatter it does not emit as one."""
-    reduced = set()
-    for body in self.computations.values():
-      for i in body:
-        if i.op.removesuffix("-done") == "all-reduce" and not i.op.endswith("-start"):
-          reduced.add(i.name)
-        elif i.op == "get-tuple-element" and _first_operand(i) in reduced:
-          reduced.add(i.name)
-    return sum(1 for body in self.computations.values() for i in body
-               if i.op == "dynamic-slice" and _first_operand(i) in reduced)
-
 
   def traffic_by_block(self) -> dict[str, int]:
     """Memory traffic per run of the program by model block (BLOCKS): the bytes of each
@@ -245,7 +243,3 @@ class Module:
 def _operands(instruction: Instruction) -> list[str]:
   return re.findall(r"%([\w.\-]+)", instruction.rest.split("), ")[0])
 
-
-def _first_operand(instruction: Instruction) -> str:
-  found = re.match(r"\s*%([\w.\-]+)", instruction.rest)
-  return found.group(1) if found else ""

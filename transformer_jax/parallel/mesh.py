@@ -127,13 +127,3 @@ def fetch(array: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(array, tiled=True))
   return np.asarray(jax.device_get(array))
 
-
-def gathered_over_fsdp(sharding: NamedSharding) -> NamedSharding:
-  """`sharding` with its dimensions split over `fsdp` whole (what FSDP's forward pass uses:
-  each parameter gathered at its use, still split over `tensor`)."""
-  def keep(axes):
-    if axes is None:
-      return None
-    axes = tuple(a for a in (axes if isinstance(axes, tuple) else (axes,)) if a != "fsdp")
-    return axes[0] if len(axes) == 1 else (axes or None)
-  return NamedSharding(sharding.mesh, P(*(keep(a) for a in sharding.spec)))

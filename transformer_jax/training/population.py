@@ -184,10 +184,10 @@ def population_init(pop: Population, mesh):
 
 
 def population_step(state: PopulationState, batch, rngs, lr_scale=1.0, *, pop: Population,
-                    mesh=None, nonfinite_at_step: int = 0):
+                    mesh=None, nonfinite_at_step: int = 0, param_shardings=None):
   """`train_step` of every member on the same batch, each with its own values and dropout
   key; a member not active is left as it is. Returns the new state and each member's metric
-  sums (K,)."""
+  sums (K,). `param_shardings`: a member's, when `fsdp` splits them (`train_step`'s)."""
   cfg = pop.base
   skip_nonfinite = cfg.nonfinite_updates == "skip"
 
@@ -196,7 +196,7 @@ def population_step(state: PopulationState, batch, rngs, lr_scale=1.0, *, pop: P
     new, metrics = train_step(
         state, batch, rng, lr_scale, model=Transformer(mcfg.model),
         label_smoothing=mcfg.label_smoothing, num_micro_batches=cfg.num_micro_batches,
-        nonfinite_at_step=nonfinite_at_step, mesh=mesh,
+        nonfinite_at_step=nonfinite_at_step, mesh=mesh, param_shardings=param_shardings,
         tx=make_optimizer(mcfg.optimizer, cfg.num_train_steps),
         ema_decay=mcfg.optimizer.ema_decay if cfg.optimizer.ema_decay else None)
     new = jax.tree_util.tree_map(lambda n, o: jnp.where(active, n, o), new, state)
@@ -238,9 +238,12 @@ def compile_population_step(pop: Population, mesh, sharding, nonfinite_at_step: 
   (state, batch, rngs[, lr_scale]) -> (state, metric sums (K,)), the state donated."""
   replicated = mesh_lib.replicated(mesh)
   lr_scale_sharding = (replicated,) if pop.base.optimizer.cooldown_fraction > 0 else ()
+  member_params = jax.tree_util.tree_map(lambda s: NamedSharding(mesh, P(*s.spec[1:])),
+                                         sharding.members.params)
   return jax.jit(
       functools.partial(population_step, pop=pop, mesh=mesh,
-                        nonfinite_at_step=nonfinite_at_step),
+                        nonfinite_at_step=nonfinite_at_step,
+                        param_shardings=member_params if mesh.shape["fsdp"] > 1 else None),
       in_shardings=(sharding, mesh_lib.batch_sharding(mesh), replicated, *lr_scale_sharding),
       out_shardings=(sharding, replicated),
       donate_argnums=(0,))

@@ -13,6 +13,7 @@ from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.transformer import apply_to_batch
 from transformer_jax.ops.interleave import split_interleaved
 from transformer_jax.ops.losses import cross_entropy, device_output_loss
+from transformer_jax.parallel import fsdp
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel.mesh import BATCH_AXES
 from transformer_jax.training.state import TrainState
@@ -34,25 +35,15 @@ def training_loss_sums(model, params, batch, rngs, label_smoothing: float, mesh=
       compute_dtype(model.config), model.config.loss_tile_tokens, mesh, BATCH_AXES)
 
 
-def _gathered_for_forward(params, param_shardings):
-  """FSDP (`param_shardings`: the parameters' shardings over a mesh whose `fsdp` axis splits
-  them; None: nothing to do): each parameter gathered whole over `fsdp` for the forward
-  pass (`_split_as_parameters`: the gradients back to the parameters' split). Left to
-  propagate on its own, GSPMD split the activations' model dimension as the parameters' and
-  moved them between layouts (all-to-alls, and all-gathers and all-reduces of activations:
-  BENCHMARKS.md, "Compiled for TPUs without one")."""
+def _loss_sums(model, params, batch, rngs, label_smoothing, mesh, param_shardings):
+  """`training_loss_sums` over the step's mesh; with FSDP (`param_shardings`) per device, the
+  gradients reduce-scattered (`parallel.fsdp`)."""
   if param_shardings is None:
-    return params
-  return jax.lax.with_sharding_constraint(params, jax.tree_util.tree_map(
-      mesh_lib.gathered_over_fsdp, param_shardings))
-
-
-def _split_as_parameters(grads, param_shardings):
-  """FSDP: the gradients summed over the batch and split as the parameters are (None:
-  nothing to do)."""
-  if param_shardings is None:
-    return grads
-  return jax.lax.with_sharding_constraint(grads, param_shardings)
+    return training_loss_sums(model, params, batch, rngs, label_smoothing, mesh)
+  # (each device its own rows: the output loss needs no mesh of its own)
+  return fsdp.loss_sums_per_device(
+      functools.partial(training_loss_sums, model, label_smoothing=label_smoothing),
+      params, batch, rngs, param_shardings, BATCH_AXES)
 
 
 def ema_decay_at(decay: float, step):
@@ -82,16 +73,16 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   (config.nonfinite_updates).
   `nonfinite_at_step` injects NaN gradients at that step (preemption.Faults, for tests).
   `mesh` (the one the step is jitted over) lets the output loss run per device;
-  `param_shardings`: FSDP's (`_gathered_for_forward`). `tx` and `ema_decay`, when given,
-  stand for the state's own (a population member's, built from its traced values:
+  `param_shardings`: the parameters' shardings when `fsdp` splits them (None otherwise): the
+  loss per device, the gradients reduce-scattered (`parallel.fsdp`). `tx` and `ema_decay`,
+  when given, stand for the state's own (a population member's, built from its traced values:
   `training.population`).
   """
   dropout_rng = jax.random.fold_in(rng, state.step)
 
   def loss_fn(params, batch, rngs):
-    params = _gathered_for_forward(params, param_shardings)
-    loss_sum, nll_sum, num_tokens = training_loss_sums(model, params, batch, rngs,
-                                                       label_smoothing, mesh)
+    loss_sum, nll_sum, num_tokens = _loss_sums(model, params, batch, rngs, label_smoothing,
+                                               mesh, param_shardings)
     return loss_sum / jnp.maximum(num_tokens, 1.0), (loss_sum, nll_sum, num_tokens)
 
   if num_micro_batches == 1:
@@ -100,7 +91,6 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   else:
     grads, (loss_sum, nll_sum, num_tokens) = _accumulated_grads(
         loss_fn, state.params, batch, dropout_rng, num_micro_batches)
-  grads = _split_as_parameters(grads, param_shardings)
   step = state.step + 1
   if nonfinite_at_step:
     grads = jax.tree_util.tree_map(

@@ -1,5 +1,5 @@
 """Reading an optimised HLO module: collectives per step with loop trips applied, loops and
-their trip counts, XLA's form of a reduce-scatter."""
+their trip counts, the shapes a collective produces."""
 
 import pytest
 
@@ -37,6 +37,16 @@ MODULE = """HloModule jit_step, entry_computation_layout={()->f32[]}
   ROOT %and = pred[] and(%lt, %flag)
 }
 
+%all-reduce-scatter (input: f32[16,128]) -> f32[4,128] {
+  %input = f32[16,128]{1,0} parameter(0)
+  %whole = f32[16,128]{1,0} all-reduce(%input), replica_groups={{0,1,2,3}}, to_apply=%add
+  %pid = u32[] partition-id()
+  %four = u32[] constant(4)
+  %at = u32[] multiply(%pid, %four)
+  %zero = u32[] constant(0)
+  ROOT %piece = f32[4,128]{1,0} dynamic-slice(%whole, %at, %zero), dynamic_slice_sizes={4,128}
+}
+
 ENTRY %main (a: f32[16,128], w: bf16[4,64]) -> f32[] {
   %a = f32[16,128]{1,0} parameter(0)
   %w = bf16[4,64]{1,0} parameter(1)
@@ -49,6 +59,7 @@ ENTRY %main (a: f32[16,128], w: bf16[4,64]) -> f32[] {
   %init = (s32[], f32[8,128]{1,0:T(8,128)}) tuple(%z, %ds)
   %loop = (s32[], f32[8,128]{1,0:T(8,128)}) while(%init), condition=%cond, body=%body
   %search = (s32[], f32[8,128]{1,0:T(8,128)}) while(%init), condition=%open_cond, body=%body
+  %rs = f32[4,128]{1,0} fusion(%a), kind=kCustom, calls=%all-reduce-scatter
   ROOT %r = f32[] constant(0)
 }
 """
@@ -70,13 +81,15 @@ def test_collectives_count_each_run_of_a_loop_body_and_async_ones_once():
   assert found["all-reduce"].count == 1 + 6 + 1
   assert found["all-reduce"].bytes == (16 * 128 * 4 + 4) + 7 * 8 * 128 * 4
   assert (found["all-gather"].count, found["all-gather"].bytes) == (1, 8 * 64 * 2)
-  assert found["reduce-scatter"].count == found["all-to-all"].count == 0
+  assert found["all-to-all"].count == 0
+  # the TPU compiler's reduce-scatter: a fusion that all-reduces and keeps its slice
+  assert (found["reduce-scatter"].count, found["reduce-scatter"].bytes) == (1, 4 * 128 * 4)
 
 
-def test_a_reduction_then_sliced_is_found_and_its_shapes_listed():
+def test_the_collectives_result_shapes_are_listed():
   module = hlo.Module.parse(MODULE)
-  assert module.sliced_reductions() == 1
   assert (16, 128) in module.result_shapes("all-reduce")
+  assert module.result_shapes("reduce-scatter") == [(4, 128)]
   assert module.result_shapes("all-gather") == [(8, 64)]
 
 
@@ -118,7 +131,7 @@ ENTRY %main (a: f32[256]) -> f32[256] {
   %loop = (s32[], f32[256]) while(%init), condition=%cond, body=%body
   ROOT %out = f32[256]{0} get-tuple-element(%loop), index=1
 }
-""".replace("LOSS", "jit(train_step)/jvp()/while/body/closed_call/exp").replace(
+""".replace("LOSS", "jit(train_step)/jvp()/output_loss/while/body/closed_call/exp").replace(
     "ATTENTION", "jit(train_step)/Transformer/encoder_0/attention_block/self_attention/mul")
 
 

@@ -38,8 +38,13 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 TEST_EXTRAS = test,wmt,postgres,beam,ctranslate2,hf,tpu
 install-test: $(VENV)/.installed-test
 
+# The CUDA plugin (the `gpu-compile` extra: XLA's GPU compiler, for the compile tool's GPU
+# targets) goes into a folder of its own that only the tests compiling for GPUs put on their
+# PYTHONPATH: beside the packages, every test process that starts JAX would load its 460 MB.
+GPU_COMPILE_DIR = $(VENV)/gpu-compile
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(call pip_install,installing the test extras (pip install -e '.[$(TEST_EXTRAS)]' $(PIN)),-e '.[$(TEST_EXTRAS)]' $(PIN))
+	$(call pip_install,installing the CUDA plugin into $(GPU_COMPILE_DIR),--no-deps --target $(GPU_COMPILE_DIR) $(PIN) jax-cuda12-plugin==$$($(PY) -c 'import jaxlib; print(jaxlib.__version__)') jax-cuda12-pjrt==$$($(PY) -c 'import jaxlib; print(jaxlib.__version__)'))
 	@touch $@
 
 # Train the default config (Multi30k de->en, embedded) and print test2016 BLEU + translations.

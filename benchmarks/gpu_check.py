@@ -7,12 +7,19 @@ Prints one JSON object per line (and writes them to OUT/gpu_check.jsonl), each w
 - "machine": backend, device kind and count, jax version, CPU, XLA_FLAGS;
 - "matmul_peak": bf16-in/f32-accumulate and f32 matmul GFLOP/s (4096² on accelerators);
 - "train_step", once per attention implementation (`config.model.attention_impl`: our einsum
-  products, and jax.nn.dot_product_attention through XLA and, on GPUs, cuDNN), then with the
-  last of them for two more output-loss tilings (`config.model.loss_tile_tokens`: 256 tokens
-  by default, 2048, and 0 = one tile of all the device's tokens) and with bf16 activations
-  between matmuls (`config.model.activation_dtype`): compile time,
-  step time, real tokens/s, analytic model FLOPs per token and MFU against the bf16 peak, peak
-  device memory (host RSS on CPU);
+  products, and jax.nn.dot_product_attention through XLA and, on GPUs, cuDNN) in the config's
+  own numerics (`auto` activations: bf16 on GPUs), then with the last of them in f32
+  activations (`config.model.activation_dtype`), and in one output-loss tile
+  (`config.model.loss_tile_tokens=0`; the tile a step uses is `effective_loss_tile`: on
+  accelerators at least 8192 tokens), and the first variant again last (`repeat`: how far
+  the machine drifted while the others ran); then wmt_big's step (the tiny config at twice
+  the width with --tiny): compile time, step time, real tokens/s, analytic model FLOPs per
+  token and MFU against the bf16 peak, peak device memory (host RSS on CPU), and on a GPU of
+  the compile tool's targets its prediction for the compiled step (`predicted_step_ms`:
+  `transformer-jax-compile`'s GPU roofline of this program);
+- "population": a population of K = 1, 4, 16 seeds of the default config (K = 1, 2 of the
+  tiny one with --tiny) trained as one program: member-steps per second against a single
+  run's steps;
 - "decode": beam-4 sentences/s of the same model (random weights, fixed-length outputs) for
   each `config.decode.beam_impl` at two batch sizes, and whether flat's outputs equal gather's;
 - "determinism": whether two identical steps (same state, batch and key) give bit-identical
@@ -53,27 +60,33 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from measure import matmul_peak, model_flops_per_step, peak_memory_gb  # noqa: E402
 
+from transformer_jax.aot import hlo, report, targets  # noqa: E402
 from transformer_jax.config.parse import from_config_dict  # noqa: E402
-from transformer_jax.configs import tiny, wmt_base  # noqa: E402
+from transformer_jax.configs import default, tiny, wmt_base, wmt_big  # noqa: E402
 from transformer_jax.decoding.ensemble import prepare  # noqa: E402
 from transformer_jax.decoding.search import beam_search  # noqa: E402
 from transformer_jax.model.attention import attention_implementation  # noqa: E402
 from transformer_jax.model.transformer import Transformer  # noqa: E402
+from transformer_jax.ops.losses import tile_for  # noqa: E402
 from transformer_jax.parallel import hardware, numerics  # noqa: E402
 from transformer_jax.parallel import mesh as mesh_lib  # noqa: E402
+from transformer_jax.training import population as pl  # noqa: E402
 from transformer_jax.training.state import create_state  # noqa: E402
-from transformer_jax.training.step import train_step  # noqa: E402
+from transformer_jax.training.step import compile_step, train_step  # noqa: E402
 
 RNG = jax.random.PRNGKey(1)  # the dropout key of every measured step
 
 
-def run_config(tiny_shape: bool):
-  """The config measured: wmt_base (the tiny config with --tiny), one device, auto numerics."""
-  config = tiny.get_config() if tiny_shape else wmt_base.get_config()
+def run_config(tiny_shape: bool, big: bool = False, module=wmt_base):
+  """The config measured: wmt_base, or `big` wmt_big, or `module`'s (the tiny config with
+  --tiny, twice as wide for `big`), one device, auto numerics."""
+  config = tiny.get_config() if tiny_shape else (wmt_big if big else module).get_config()
   if tiny_shape:  # (one layer per stack: the test suite runs it, compiling its programs)
     config.data.batch_size, config.data.max_source_length = 8, 16
     config.data.max_target_length = 16
     config.model.num_encoder_layers = config.model.num_decoder_layers = 1
+    if big:
+      config.model.d_model, config.model.d_ff = 64, 128
   config.model.dtype = "auto"
   config.parallelism.mesh_shape = (1, 1, 1)
   cfg = from_config_dict(config)
@@ -118,9 +131,17 @@ def check_train_step(cfg, steps: int, peak_bf16: float) -> dict:
   tokens = cfg.data.batch_size * (cfg.data.max_source_length + cfg.data.max_target_length)
   flops = model_flops_per_step(cfg, cfg.data.batch_size, cfg.data.max_source_length,
                                cfg.data.max_target_length)
-  return {"attention_impl": cfg.model.attention_impl,
+  chip = targets.gpu_chip(jax.devices()[0].device_kind)
+  predicted = None if chip is None else report.gpu_estimate(
+      hlo.Module.parse(compiled.as_text()), flops, chip, 1).seconds
+  return {"config": f"d_model {cfg.model.d_model}, {cfg.model.num_encoder_layers}+"
+                    f"{cfg.model.num_decoder_layers} layers",
+          "attention_impl": cfg.model.attention_impl,
           "loss_tile_tokens": cfg.model.loss_tile_tokens,
+          "effective_loss_tile": tile_for(jax.default_backend(), cfg.model.loss_tile_tokens,
+                                          cfg.model.vocab_size),
           "activation_dtype": cfg.model.activation_dtype,
+          "predicted_step_ms": None if predicted is None else round(predicted * 1000, 2),
           "resolved_impl": attention_implementation(cfg.model), "dtype": cfg.model.dtype,
           "compile_s": round(compile_s, 2), "step_ms": round(step_s * 1000, 2),
           "tokens_per_s": round(tokens / step_s),
@@ -161,6 +182,47 @@ def check_decode(cfg) -> dict:
     runs[-1]["same_best_as_gather"] = float(np.mean(np.all(g_seqs[:, 0] == f_seqs[:, 0], -1)))
     runs[-1]["max_score_difference"] = float(np.max(np.abs(g_scores - f_scores)))
   return {"beam": 4, "new_tokens": length, "dtype": cfg.model.dtype, "runs": runs}
+
+
+def check_population(cfg, steps: int, sizes: tuple[int, ...]) -> dict:
+  """Member-steps per second of K (`sizes`) seeds trained as one program (the program
+  `config.population.seeds=K` compiles), against a single run's steps, on the same batch."""
+  mesh = mesh_lib.make_mesh(cfg.parallelism, jax.devices()[:1])
+  batch = mesh_lib.global_batch(synthetic_batch(cfg), mesh)
+  model = Transformer(cfg.model)
+  state, sharding = create_state(cfg, model, mesh, jax.random.PRNGKey(0))
+  scale = [np.float32(1.0)] * (cfg.optimizer.cooldown_fraction > 0)
+  runs = [{"members": "single run", **_timed(compile_step(cfg, model, mesh, sharding), state,
+                                              batch, RNG, steps, scale)}]
+  for k in sizes:
+    pop = pl.Population.of(dataclasses.replace(
+        cfg, population=dataclasses.replace(cfg.population, seeds=k)))
+    init, pop_sharding = pl.population_init(pop, mesh)
+    init_keys, dropout_keys = pl.member_rngs(pop)
+    timed = _timed(pl.compile_population_step(pop, mesh, pop_sharding), init(init_keys), batch,
+                   dropout_keys, steps, scale)
+    runs.append({"members": k, "program": pl.member_program(pop.base), **timed,
+                 "member_steps_per_s": round(k / timed["step_ms"] * 1000, 2)})
+  single = runs[0]["step_ms"]
+  for run in runs[1:]:
+    run["vs_single_runs"] = round(run["member_steps_per_s"] * single / 1000, 2)
+  return {"config": f"d_model {cfg.model.d_model}", "runs": runs}
+
+
+def _timed(step, state, batch, rng, steps: int, scale: list) -> dict:
+  """Compile time (with two warm-up steps) and warm step time of `step` (`scale`: its
+  cooldown factor, an argument only with a cooldown)."""
+  t = time.perf_counter()
+  for _ in range(2):
+    state, metrics = step(state, batch, rng, *scale)
+  jax.block_until_ready(metrics)
+  compile_s = time.perf_counter() - t
+  t = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = step(state, batch, rng, *scale)
+  jax.block_until_ready(metrics)
+  return {"compile_s": round(compile_s, 2),
+          "step_ms": round((time.perf_counter() - t) / steps * 1000, 2)}
 
 
 def check_determinism(cfg) -> dict:
@@ -206,11 +268,14 @@ def main(args):
               for impl in impls]
   last = variants[-1].model
   variants += [dataclasses.replace(cfg, model=dataclasses.replace(last, **change)) for change in
-               ({"loss_tile_tokens": 2048}, {"loss_tile_tokens": 0},
-                {"activation_dtype": "bfloat16"})]
-  for variant in variants:
-    emit("train_step", lambda v=variant: check_train_step(v, args.steps,
-                                                          peaks.get("bf16_gflops", 1.0)))
+               ({"activation_dtype": "float32"}, {"loss_tile_tokens": 0})]
+  variants += [variants[0], run_config(args.tiny, big=True)]
+  for i, variant in enumerate(variants):
+    emit("train_step", lambda v=variant, i=i: {
+        **check_train_step(v, args.steps, peaks.get("bf16_gflops", 1.0)),
+        "repeat": i == len(variants) - 2})
+  emit("population", lambda: check_population(run_config(args.tiny, module=default),
+                                              args.steps, (1, 2) if args.tiny else (1, 4, 16)))
   emit("decode", lambda: check_decode(cfg))
   emit("determinism", lambda: check_determinism(variants[0]))  # (the einsum step, compiled)
   if out_file:

@@ -1,5 +1,6 @@
 """A training config checked for a target before anyone rents it: its run's programs compiled
-for the target's devices (described by libtpu, not present), each reported (report.py)."""
+for the target's devices (described by libtpu or the CUDA plugin, not present), each reported
+(report.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import jax
 
-from transformer_jax.aot import programs, report, targets
+from transformer_jax.aot import cuda, programs, report, targets
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.errors import UsageError
 from transformer_jax.model.attention import attention_implementation
@@ -38,9 +39,12 @@ def levers(cfg: TrainConfig, program: str) -> str:
   return "try " + ", or ".join(found) if found else "a bigger slice"
 
 
-def for_target(cfg: TrainConfig) -> TrainConfig:
-  """`cfg` with its "auto" choices (dtype, attention) made as on a TPU (this process's own
-  backend would choose for itself: the CPU)."""
+def for_target(cfg: TrainConfig, target: targets.Target | None = None) -> TrainConfig:
+  """`cfg` with its "auto" choices (dtype, attention) made as on the target's devices (a TPU
+  when not given; this process's own backend would choose for itself: the CPU); on a GPU as
+  compiling without one allows (`cuda.for_gpu`)."""
+  if target is not None and target.chip.gpu is not None:
+    return cuda.for_gpu(cfg, ".".join(map(str, target.chip.gpu.compute_capability)))
   model = cfg.model
   if model.dtype == "auto":
     model = dataclasses.replace(model, dtype=numerics.accelerator_choice("tpu", "").dtype)
@@ -60,7 +64,7 @@ def check(cfg: TrainConfig, target: targets.Target, which: tuple[str, ...] = PRO
           on_report=None, hlo_dir: Path | None = None) -> list[report.Report]:
   """The reports of the programs `which` of a run of `cfg` on `target` (`on_report(r)`: as
   each is done, e.g. to print it; `hlo_dir`: where their optimised HLO is written)."""
-  cfg = for_target(cfg)
+  cfg = for_target(cfg, target)
   devices = targets.devices(target)
   mesh = make_mesh(cfg, devices)
   chosen = []

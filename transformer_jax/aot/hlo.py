@@ -116,8 +116,16 @@ class Module:
     values = [constants[o].rest.split(")")[0] for o in operands if o in constants]
     return int(values[0]) if len(values) == 1 and values[0].isdigit() else None
 
+  def loop_trips(self, loop: Instruction) -> int | None:
+    """A `while`'s trip count: the one the compiler recorded (the GPU compiler's
+    `known_trip_count`), else read from its condition (`trips`)."""
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', loop.rest)
+    if known:
+      return int(known.group(1))
+    return self.trips(re.search(r"condition=%([\w.\-]+)", loop.rest).group(1))
+
   def loops(self) -> list[Loop]:
-    return [Loop(i.name, self.trips(re.search(r"condition=%([\w.\-]+)", i.rest).group(1)))
+    return [Loop(i.name, self.loop_trips(i))
             for body in self.computations.values() for i in body if i.op == "while"]
 
   def runs(self) -> dict[str, int]:
@@ -132,8 +140,7 @@ class Module:
           continue
         factor = 1
         if instruction.op == "while":
-          cond = re.search(r"condition=%([\w.\-]+)", instruction.rest).group(1)
-          factor = self.trips(cond) or 1
+          factor = self.loop_trips(instruction) or 1
         for m in _CALLEES.finditer(instruction.rest):
           if m.group(1) != "to_apply":  # (a reduction's combiner: not a program of its own)
             visit(m.group("name"), times * (factor if m.group(1) == "body" else 1))

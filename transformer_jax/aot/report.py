@@ -12,7 +12,14 @@ How the step time is predicted, named on every report line (`method`):
   "+ loop traffic"  the HBM bytes its loops move beyond the twin's (a tiled loss's
                accumulator, read and written per tile; hlo.traffic_by_block) at HBM bandwidth.
 A program with loops and no twin is estimated as it is, its loops counted once (a lower bound,
-said on the line). MFU is the model's FLOPs (flops.py) over predicted time times peak."""
+said on the line).
+  "GPU roofline"  on GPUs, whose compiler counts nothing (`cost_analysis()` is None): max of
+               the model's FLOPs per GPU (flops.py) over the peak, the HBM traffic of the
+               optimised HLO (hlo.traffic_by_block, loop trips applied) over HBM bandwidth,
+               and the collectives' bytes over NVLink (a ring's 2(n-1)/n of an all-reduce,
+               (n-1)/n of a gather), divided by GPU_ROOFLINE_SHARE: the share of the roofline
+               a measured step reaches (calibrated on the H200, BENCHMARKS.md).
+MFU is the model's FLOPs (flops.py) over predicted time times peak."""
 
 from __future__ import annotations
 
@@ -75,9 +82,12 @@ def _memory(compiled) -> Memory:
 
 
 def compiler_cost(compiled) -> tuple[float, float, float]:
-  """(flops, bytes accessed, optimal seconds) per device, as the compiler estimates them."""
+  """(flops, bytes accessed, optimal seconds) per device, as the compiler estimates them
+  (zeros and -1 where it gives none: the CUDA compiler)."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
+  if not cost:
+    return 0.0, 0.0, -1.0
   return (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
           float(cost.get("optimal_seconds", -1.0)))
 
@@ -119,7 +129,8 @@ def compile_program(program: Program, target: Target, num_devices: int,
   _keep_hlo(compiled, hlo_dir, program.name)
   memory = _memory(compiled)
   module = hlo.Module.parse(compiled.as_text())
-  estimate = _estimate(program, compiled, module, chip, hlo_dir)
+  estimate = (_gpu_estimate(program, module, chip, num_devices) if chip.gpu is not None
+              else _estimate(program, compiled, module, chip, hlo_dir))
   seconds = estimate.seconds
   mfu = program.model_flops / (seconds * num_devices * chip.peak_bf16_flops)
   return Report(program.name, target.name, num_devices, program.per,
@@ -167,6 +178,39 @@ def _estimate(program: Program, compiled, module: hlo.Module, chip, hlo_dir) -> 
     seconds += extra / chip.hbm_bytes_per_second
     method += " + loop traffic"
   return Estimate(seconds, method, flops, bytes_, roofline, extra)
+
+
+# The share of the GPU roofline a measured step reached: wmt_base's train step on the H200
+# lent to gpu_check.py with the attention compiled here (XLA's), against this roofline of
+# its program compiled for h200-1 (BENCHMARKS.md, "GPU targets: the H200 calibration").
+GPU_ROOFLINE_SHARE = 0.62
+
+
+def _gpu_estimate(program: Program, module: hlo.Module, chip, num_devices: int) -> Estimate:
+  return gpu_estimate(module, program.model_flops, chip, num_devices)
+
+
+def gpu_estimate(module: hlo.Module, model_flops: float, chip, num_devices: int) -> Estimate:
+  """The step time on GPUs (see the module docstring) of a program whose optimised HLO is
+  `module` and whose model FLOPs, all devices together, are `model_flops`."""
+  flops = model_flops / num_devices
+  traffic = module.traffic_by_block()
+  bytes_ = sum(size for block, size in traffic.items() if block != "collectives")
+  roofline = max(flops / chip.peak_bf16_flops, bytes_ / chip.hbm_bytes_per_second,
+                 link_seconds(module.collectives(), num_devices, chip.gpu.link_bytes_per_second))
+  return Estimate(roofline / GPU_ROOFLINE_SHARE, "GPU roofline", flops, bytes_, roofline, 0.0)
+
+
+def link_seconds(collectives: dict[str, hlo.Collective], n: int, link_bytes_per_second: float):
+  """The time the collectives take on links of that bandwidth, as rings: an all-reduce sends
+  2(n-1)/n of its array, an all-gather (n-1)/n of its result, a reduce-scatter n-1 times its
+  result, an all-to-all (n-1)/n."""
+  if n == 1:
+    return 0.0
+  share = (n - 1) / n
+  sent = {"all-reduce": 2 * share, "all-gather": share, "reduce-scatter": n - 1,
+          "all-to-all": share, "collective-permute": 1.0}
+  return sum(sent[c.op] * c.bytes for c in collectives.values()) / link_bytes_per_second
 
 
 def _twin(program: Program, hlo_dir):
@@ -224,10 +268,15 @@ def lines(report: Report) -> list[str]:
           else f", {report.tokens_per_second:,.0f} hypothesis tokens/s"
           if report.tokens_per_second else "")
   model_share = report.model_flops / report.num_devices / max(report.device_flops, 1)
+  counts = (f"compiler FLOPs {report.device_flops:.3g} per chip (the model's: "
+            f"{model_share:.2f}x), bytes {report.device_bytes:.3g}, roofline "
+            f"{report.roofline_seconds * 1e3:.2f} ms")
+  if report.method == "GPU roofline":  # (the CUDA compiler counts nothing)
+    counts = (f"the model's FLOPs {report.device_flops:.3g} per GPU, the HLO's HBM traffic "
+              f"{report.device_bytes:.3g} bytes, roofline {report.roofline_seconds * 1e3:.2f} "
+              f"ms at {GPU_ROOFLINE_SHARE:.0%} of it")
   out.append(f"  per {report.per}: {report.seconds * 1e3:.2f} ms [{report.method}]{rate}, "
-             f"MFU {report.mfu:.1%}; compiler FLOPs {report.device_flops:.3g} per chip (the "
-             f"model's: {model_share:.2f}x), bytes {report.device_bytes:.3g}, roofline "
-             f"{report.roofline_seconds * 1e3:.2f} ms")
+             f"MFU {report.mfu:.1%}; {counts}")
   total = sum(report.traffic.values()) or 1
   blocks = sorted(report.traffic.items(), key=lambda kv: -kv[1])
   out.append("  HBM traffic per " + report.per + ": " + ", ".join(

@@ -1,14 +1,18 @@
-"""The accelerators a program can be compiled for without them: Cloud TPU slices, whose
-devices `jax.experimental.topologies` describes with libtpu on any machine, and what each
-chip offers (peak bf16 matmul rate, HBM and its bandwidth; the vendor's figures).
+"""The accelerators a program can be compiled for without them, and what each chip offers
+(peak bf16 matmul rate, HBM and its bandwidth; the vendor's figures): Cloud TPU slices, whose
+devices `jax.experimental.topologies` describes with libtpu on any machine, and NVIDIA GPU
+servers, described to XLA's CUDA compiler (the CUDA plugin; no GPU, driver or toolkit needed)
+by a device description made here from the GPU's published figures.
 
-A target is named as Google Cloud names the slice: `v5e-8` (8 chips), `v5p-8` and `v4-8`
+A TPU target is named as Google Cloud names the slice: `v5e-8` (8 chips), `v5p-8` and `v4-8`
 (8 TensorCores: 4 chips, each two cores working as one device, "megacore"), `v6e-8`;
-`tpu-` in front is accepted."""
+`tpu-` in front is accepted. A GPU target is the GPU and how many of them one host holds:
+`h100-8`, `a100-1`."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 
@@ -26,6 +30,20 @@ class Chip:
   hbm_bytes: int
   hbm_bytes_per_second: float
   source: str                # where the figures are published
+  gpu: GpuFacts | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuFacts:
+  """What XLA's CUDA compiler is told of a GPU it cannot query (its GpuDeviceInfo), and the
+  links between the GPUs of one host."""
+  compute_capability: tuple[int, int]
+  cores: int                 # streaming multiprocessors
+  clock_ghz: float           # boost
+  l2_bytes: int
+  shared_memory_per_core: int
+  shared_memory_per_block_optin: int
+  link_bytes_per_second: float  # NVLink, each direction, per GPU
 
 
 GiB = 2**30
@@ -39,20 +57,37 @@ CHIPS = {
     "v6e": Chip("TPU v6e", "TPU v6 lite", 918e12, 32 * GiB, 1640e9,
                 "https://cloud.google.com/tpu/docs/v6e"),
 }
+MiB = 2**20
+GPUS = {
+    "a100": Chip("NVIDIA A100 80GB SXM", "NVIDIA A100-SXM4-80GB", 312e12, 81920 * MiB, 2039e9,
+                 "https://www.nvidia.com/en-us/data-center/a100/",
+                 GpuFacts((8, 0), 108, 1.41, 40 * MiB, 167936, 166912, 300e9)),
+    "h100": Chip("NVIDIA H100 80GB SXM", "NVIDIA H100 80GB HBM3", 989e12, 81559 * MiB, 3350e9,
+                 "https://www.nvidia.com/en-us/data-center/h100/",
+                 GpuFacts((9, 0), 132, 1.98, 50 * MiB, 233472, 232448, 450e9)),
+    # (memory: what the H200 lent to gpu_check.py reported, 143,771 MiB)
+    "h200": Chip("NVIDIA H200 141GB SXM", "NVIDIA H200", 989e12, 143771 * MiB, 4800e9,
+                 "https://www.nvidia.com/en-us/data-center/h200/",
+                 GpuFacts((9, 0), 132, 1.98, 50 * MiB, 233472, 232448, 450e9)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-  name: str                  # e.g. "v5e-8"
+  name: str                  # e.g. "v5e-8", "h100-8"
   chip: Chip
-  topology: str              # libtpu's topology name, e.g. "v5e:2x4"
+  topology: str              # libtpu's topology name, e.g. "v5e:2x4"; a GPU host's "1x1x8"
   chip_config: str           # "megacore" (v4, v5p) or "default"
   chips_per_host: tuple[int, int, int]
   num_slices: int = 1
 
   @property
+  def platform(self) -> str:
+    return "gpu" if self.chip.gpu is not None else "tpu"
+
+  @property
   def num_chips(self) -> int:
-    shape = [int(x) for x in self.topology.split(":")[1].split("x")]
+    shape = [int(x) for x in self.topology.split(":")[-1].split("x")]
     return math.prod(shape) * self.num_slices
 
 
@@ -68,7 +103,8 @@ _SLICES = {
     "v6e-1": ("v6e:1x1", (1, 1, 1)), "v6e-4": ("v6e:2x2", (2, 2, 1)),
     "v6e-8": ("v6e:2x4", (2, 4, 1)), "v6e-16": ("v6e:4x4", (2, 2, 1)),
 }
-NAMES = tuple(_SLICES)
+GPUS_PER_HOST = (1, 8)
+NAMES = tuple(_SLICES) + tuple(f"{gpu}-{n}" for gpu in GPUS for n in GPUS_PER_HOST)
 DESCRIBED_ELSEWHERE = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
                        "TPU_HOST_BOUNDS": "1,1,1",
                        # several compiles at once (no chips to share): libtpu's lock file
@@ -80,10 +116,15 @@ def target(name: str, num_slices: int = 1) -> Target:
   """The target called `name` ("v5e-8" or "tpu-v5e-8"), `num_slices` slices of it joined by
   the data-center network; a UsageError naming the known ones otherwise."""
   key = name.lower().removeprefix("tpu-")
-  if key not in _SLICES:
+  if key not in NAMES:
     raise UsageError(f"unknown --target {name!r}; known: {', '.join(NAMES)}")
   if num_slices < 1:
     raise UsageError(f"--slices={num_slices} must be at least 1")
+  if key not in _SLICES:
+    if num_slices != 1:
+      raise UsageError(f"--slices={num_slices}: a GPU target is one host ({key})")
+    gpu, count = key.split("-")
+    return Target(key, GPUS[gpu], f"1x1x{count}", "default", (1, 1, int(count)))
   topology, per_host = _SLICES[key]
   family = key.split("-")[0]
   return Target(key, CHIPS[family], topology, "megacore" if family in ("v4", "v5p")
@@ -97,9 +138,41 @@ def describe(t: Target) -> str:
           f"{chip.hbm_bytes_per_second / 1e9:.0f} GB/s; {chip.source})")
 
 
+def gpu_description(chip: Chip) -> str:
+  """The GPU described as XLA's CUDA compiler would find it on the device (a
+  GpuTargetConfigProto, as text)."""
+  g = chip.gpu
+  return f"""gpu_device_info {{
+  threads_per_block_limit: 1024 threads_per_warp: 32 threads_per_core_limit: 2048
+  shared_memory_per_block: 49152 shared_memory_per_core: {g.shared_memory_per_core}
+  shared_memory_per_block_optin: {g.shared_memory_per_block_optin}
+  core_count: {g.cores} fpus_per_core: 128 clock_rate_ghz: {g.clock_ghz}
+  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
+  memory_bandwidth: {int(chip.hbm_bytes_per_second)} l2_cache_size: {g.l2_bytes}
+  device_memory_size: {chip.hbm_bytes}
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+  cuda_compute_capability {{ major: {g.compute_capability[0]} minor: {g.compute_capability[1]} }}
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 1 }}
+device_description_str: "{chip.device_kind}"
+"""
+
+
+def gpu_chip(device_kind: str) -> Chip | None:
+  """The GPU whose devices JAX names `device_kind` (a GPU of one of the targets), or None."""
+  return next((c for c in GPUS.values() if c.device_kind == device_kind), None)
+
+
+def cuda_plugin_installed() -> bool:
+  return importlib.util.find_spec("jax_cuda12_plugin") is not None
+
+
 def devices(t: Target) -> list:
-  """The target's devices, described by libtpu (no TPU needed); an Error saying how to
-  install it when it is missing."""
+  """The target's devices, described by libtpu or the CUDA plugin (no TPU or GPU needed); an
+  Error saying how to install the one missing."""
+  if t.platform == "gpu":
+    return _gpu_devices(t)
   if not libtpu_installed():
     raise Error(f"--target {t.name} needs libtpu, the TPU compiler: pip install "
                 "'transformer_jax[tpu]'")
@@ -121,3 +194,16 @@ def devices(t: Target) -> list:
   finally:
     for name in quieted:
       os.environ.pop(name, None)
+
+
+def _gpu_devices(t: Target) -> list:
+  if not cuda_plugin_installed():
+    raise Error(f"--target {t.name} needs the CUDA plugin, XLA's GPU compiler: pip install "
+                "'transformer_jax[gpu-compile]'")
+  try:
+    return list(topologies.get_topology_desc(
+        platform="cuda", topology_name="", target_config=gpu_description(t.chip),
+        topology=t.topology).devices)
+  except Exception as e:  # noqa: BLE001 (the plugin's errors: one line, not a traceback)
+    raise Error(f"the CUDA plugin could not describe {t.name}: "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from e

@@ -4,7 +4,8 @@ compiler predicts: memory per chip against its HBM, FLOPs and time per step, MFU
   transformer-jax-compile --config=configs/wmt_base.py --target=v5p-8 [--config.KEY=VALUE ...]
 
 Targets: Cloud TPU slices (v4-8, v5e-8, v5p-8, v6e-8, ...; --slices=N joins N of them), whose
-devices libtpu describes on any machine: pip install 'transformer_jax[tpu]'. The programs are
+devices libtpu describes on any machine: pip install 'transformer_jax[tpu]'; one host of NVIDIA
+GPUs (a100-8, h100-8, h200-1, ...), for XLA's CUDA compiler: '[gpu-compile]'. The programs are
 those a run executes (the train step, the validation loss step, beam search's start and loop),
 partitioned over the config's mesh. A program that does not fit its chip: exit status 1 and a
 line naming the shortfall and the levers. --json=PATH writes every figure.

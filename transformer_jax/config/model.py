@@ -96,8 +96,9 @@ class ModelConfig:
   attention_impl: str = option(FREE, choices=("auto", "einsum", "xla", "cudnn"),
                                before="einsum")
   # "float32" or "bfloat16": projection and LayerNorm outputs between matmuls (with bf16
-  # matmuls only; residual stream, LayerNorm statistics, softmax and loss stay f32)
-  activation_dtype: str = option(FREE, choices=DTYPES, before="float32")
+  # matmuls only; residual stream, LayerNorm statistics, softmax and loss stay f32); "auto":
+  # bfloat16 in programs traced for GPUs, float32 elsewhere (model.embeddings.activation_dtype)
+  activation_dtype: str = option(FREE, choices=("auto", *DTYPES), before="float32")
   # tokens per tile of the fused output layer + loss, per device (0: one tile); on
   # accelerators >= 8192 (ops.losses.tile_for)
   loss_tile_tokens: int = option(FREE, before=256)

@@ -65,7 +65,8 @@ def get_config():
                                         # hardware multiplies bf16 faster, else "float32" (exact)
   config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs,
                                         # xla on TPUs, einsum on CPUs
-  config.model.activation_dtype = "float32"  # "bfloat16": between matmuls (accelerators)
+  config.model.activation_dtype = "auto"  # between matmuls, with bf16 matmuls: "bfloat16" or
+                                        # "float32"; auto: bf16 on GPUs, f32 elsewhere
   config.model.loss_tile_tokens = 256   # output layer + loss in tiles of tokens (accelerators:
                                         # >= 8192); 0 = one tile
   config.model.remat = "none"           # "full" / "dots": recompute activations (less memory)

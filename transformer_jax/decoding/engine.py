@@ -17,6 +17,7 @@ import sys
 from typing import ClassVar
 
 import jax
+import jaxlib
 import numpy as np
 from tqdm import tqdm
 
@@ -127,6 +128,25 @@ class Engine(abc.ABC):
     return results
 
 
+LOOP_WRITE_REGRESSION_SINCE = (0, 11, 1)  # jaxlib versions (jax #40101)
+_noted: list[str] = []
+
+
+def note_loop_write_regression(backend: str | None = None, version: str | None = None):
+  """Says once per process, on a CPU, that the installed jaxlib is of the versions whose
+  XLA:CPU may copy a whole buffer at each small in-loop write (jax #40101, open since 0.11.1):
+  decoding writes a token column a step."""
+  backend = backend or jax.default_backend()
+  version = version or jaxlib.__version__
+  release = tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
+  if backend != "cpu" or release < LOOP_WRITE_REGRESSION_SINCE or version in _noted:
+    return
+  _noted.append(version)
+  log.warning("jaxlib %s on a CPU: since 0.11.1 XLA:CPU may copy a whole buffer at each small "
+              "in-loop write (jax #40101), which decoding does every step; "
+              "`python benchmarks/dus_regression.py` tells whether this one does", version)
+
+
 class SearchEngine(Engine):
   """Our search (`decoding.search`) over a model made ready to decode (`ensemble.prepare`:
   one model or an ensemble), on `mesh` (None: one device)."""
@@ -141,6 +161,7 @@ class SearchEngine(Engine):
         isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(scorer)):
       scorer, mesh = jax.device_put(scorer, mesh.devices.flat[0]), None
     self.scorer, self.tokenizer, self.decode, self.mesh = scorer, tokenizer, decode, mesh
+    note_loop_write_regression()
     self.max_len = scorer.max_len
     self.source_prefix = tuple(source_prefix)
     self._decoders: dict = {}

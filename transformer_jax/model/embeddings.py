@@ -28,8 +28,14 @@ def activation_dtype(cfg: ModelConfig) -> Any:
   """The dtype of what flows between matmuls inside a block (the projections' outputs and the
   sublayers' LayerNorm outputs): bf16 with config.model.activation_dtype="bfloat16" and bf16
   matmuls, else None (f32, as the matmuls accumulate). The residual stream, LayerNorm
-  statistics, softmax and the loss stay f32 either way."""
-  if cfg.activation_dtype == "bfloat16" and compute_dtype(cfg) == jnp.bfloat16:
+  statistics, softmax and the loss stay f32 either way. "auto" is bf16 in a program traced
+  for GPUs (an H200 measured the step faster with it, and the compile tool counts less HBM
+  traffic: BENCHMARKS.md, "GPU targets: the H200 calibration"), f32 elsewhere (TPUs and
+  CPUs as before: measured on neither)."""
+  wanted = cfg.activation_dtype
+  if wanted == "auto":
+    wanted = "bfloat16" if traced_for() == "gpu" else "float32"
+  if wanted == "bfloat16" and compute_dtype(cfg) == jnp.bfloat16:
     return jnp.bfloat16
   return None
 

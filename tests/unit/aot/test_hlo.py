@@ -73,6 +73,12 @@ def test_shape_bytes_adds_a_tuples_arrays():
 def test_a_loop_counted_up_to_a_constant_has_that_many_trips_and_an_open_one_none():
   loops = {loop.name: loop.trips for loop in hlo.Module.parse(MODULE).loops()}
   assert loops == {"loop": 6, "search": None}
+  # the GPU compiler records the count it found (its condition then reads otherwise)
+  recorded = MODULE.replace("condition=%open_cond, body=%body",
+                            'condition=%open_cond, body=%body, '
+                            'backend_config={"known_trip_count":{"n":"4"}}')
+  assert {lp.name: lp.trips for lp in hlo.Module.parse(recorded).loops()}["search"] == 4
+  assert hlo.Module.parse(recorded).collectives()["all-reduce"].count == 1 + 6 + 4
 
 
 def test_collectives_count_each_run_of_a_loop_body_and_async_ones_once():

@@ -1,4 +1,5 @@
-"""Position encodings: the paper's sinusoids, rotary positions, T5's relative buckets."""
+"""Position encodings: the paper's sinusoids, rotary positions, T5's relative buckets; the
+dtypes a program computes in."""
 
 import math
 
@@ -7,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import helpers
 from transformer_jax.model.embeddings import (
   ROTARY_BASE,
+  activation_dtype,
   relative_position_bucket,
   rotary,
   sinusoidal_positions,
@@ -105,3 +108,16 @@ def test_relative_position_buckets_equal_t5s_formula():
   assert list(np.asarray(both)) == [0, 1, 17, 15, 31]
   causal = relative_position_bucket(jnp.asarray([3, -3, -500]), False, 32, 128)
   assert list(np.asarray(causal)) == [0, 3, 31]
+
+
+def test_auto_activations_are_bf16_only_in_programs_traced_for_gpus():
+  bf16 = helpers.section("model", dtype="bfloat16", activation_dtype="auto")
+  assert activation_dtype(bf16) is None  # (this process's backend: the CPU, as before)
+  for platform, expected in (("gpu", jnp.bfloat16), ("tpu", None), ("cpu", None)):
+    with tracing_for(platform):
+      assert activation_dtype(bf16) == expected, platform
+  with tracing_for("gpu"):  # (bf16 between matmuls only with bf16 matmuls)
+    assert activation_dtype(helpers.section("model", dtype="float32",
+                                            activation_dtype="auto")) is None
+    assert activation_dtype(helpers.section("model", dtype="bfloat16",
+                                            activation_dtype="float32")) is None

@@ -42,6 +42,21 @@ def test_tpu_chips_are_google_pci_devices_with_a_tpus_device_id(tmp_path):
   assert not platforms.tpu_chips_present(tmp_path / "missing")
 
 
+def test_a_cuda_plugin_decides_the_backends_only_where_an_nvidia_gpu_is(tmp_path):
+  assert not platforms.other_accelerator_plugins({"xla_cuda12"}, nvidia=False)  # gpu-compile
+  assert platforms.other_accelerator_plugins({"xla_cuda12"}, nvidia=True)
+  assert platforms.other_accelerator_plugins({"xla_cuda12", "xla_rocm"}, nvidia=False)
+  assert not platforms.other_accelerator_plugins(set(), nvidia=True)
+  (tmp_path / "0000:00:04.0").mkdir()
+  (tmp_path / "0000:00:04.0" / "vendor").write_text("0x10de\n")
+  (tmp_path / "0000:00:04.0" / "class").write_text("0x068000\n")  # an NVIDIA bridge
+  assert not platforms.nvidia_gpus_present(tmp_path)
+  (tmp_path / "0000:00:05.0").mkdir()
+  (tmp_path / "0000:00:05.0" / "vendor").write_text("0x10de\n")
+  (tmp_path / "0000:00:05.0" / "class").write_text("0x030200\n")  # a 3D controller: a GPU
+  assert platforms.nvidia_gpus_present(tmp_path)
+
+
 def _imported(path: Path) -> set[str]:
   """The modules a script imports at its top level, with those of the benchmarks' own helper
   modules it imports (e.g. measure.py)."""

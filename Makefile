@@ -44,6 +44,7 @@ install-test: $(VENV)/.installed-test
 GPU_COMPILE_DIR = $(VENV)/gpu-compile
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(call pip_install,installing the test extras (pip install -e '.[$(TEST_EXTRAS)]' $(PIN)),-e '.[$(TEST_EXTRAS)]' $(PIN))
+	@rm -rf $(GPU_COMPILE_DIR)  # (pip --target keeps what is there: a plugin of another jaxlib)
 	$(call pip_install,installing the CUDA plugin into $(GPU_COMPILE_DIR),--no-deps --target $(GPU_COMPILE_DIR) $(PIN) jax-cuda12-plugin==$$($(PY) -c 'import jaxlib; print(jaxlib.__version__)') jax-cuda12-pjrt==$$($(PY) -c 'import jaxlib; print(jaxlib.__version__)'))
 	@touch $@
 

@@ -4,7 +4,8 @@ loop body costs O(buffer) per iteration), and what it would cost our decoding.
 
   python benchmarks/dus_regression.py
 
-The pins (pyproject.toml) stop below 0.11.1; run this on a jaxlib you mean to admit. Three
+The pins (pyproject.toml) admit 0.11 and 0.12, and a decoding engine on a CPU with jaxlib
+>= 0.11.1 says once to run this (decoding.engine.note_loop_write_regression). Three
 timings, each a compiled loop of `--steps` iterations (second call, compile excluded):
   reproducer   the issue's idiom: a 200,000-float buffer, `.at[t + 1].set()` each step
   scalar       the same loop carrying a scalar only (the loop's own cost)

@@ -10,13 +10,13 @@ Prints one JSON object per line (and writes them to OUT/gpu_check.jsonl), each w
   products, and jax.nn.dot_product_attention through XLA and, on GPUs, cuDNN) in the config's
   own numerics (`auto` activations: bf16 on GPUs), then with the last of them in f32
   activations (`config.model.activation_dtype`), and in one output-loss tile
-  (`config.model.loss_tile_tokens=0`; the tile a step uses is `effective_loss_tile`: on
-  accelerators at least 8192 tokens), and the first variant again last (`repeat`: how far
-  the machine drifted while the others ran); then wmt_big's step (the tiny config at twice
-  the width with --tiny): compile time, step time, real tokens/s, analytic model FLOPs per
-  token and MFU against the bf16 peak, peak device memory (host RSS on CPU), and on a GPU of
-  the compile tool's targets its prediction for the compiled step (`predicted_step_ms`:
-  `transformer-jax-compile`'s GPU roofline of this program);
+  (`config.model.loss_tile_tokens=0`; `effective_loss_tile`: the tile the config resolves
+  to, on accelerators at least 8192 tokens), and the first variant again after the others
+  (`repeat`: how far the machine drifted while they ran); then wmt_big's step (the tiny
+  config at twice the width with --tiny): compile time, step time, real tokens/s, analytic
+  model FLOPs per token and MFU against the bf16 peak, peak device memory (host RSS on
+  CPU), and on a GPU of the compile tool's targets its prediction for the compiled step
+  (`predicted_step_ms`: `transformer-jax-compile`'s GPU roofline of this program);
 - "population": a population of K = 1, 4, 16 seeds of the default config (K = 1, 2 of the
   tiny one with --tiny) trained as one program: member-steps per second against a single
   run's steps;

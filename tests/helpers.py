@@ -90,7 +90,7 @@ def whole_gradient_sums(module, split_params) -> list[tuple[int, ...]]:
   """The all-reduces of an optimised HLO `module` whose result is a whole matrix that `fsdp`
   splits (`split_params`: arrays or their abstract values, with their shardings), as it is or
   as its pieces stacked: its gradient summed whole, where FSDP reduce-scatters it. (Vectors
-  are left out: the TPU compiler sums a split vector of a few hundred floats, a norm's scale,
+  are left out: the TPU compiler sums a split vector of a few hundred floats, a projection's bias,
   by an all-reduce and a slice, its cost model's choice for arrays that small.)"""
   whole = set()
   for x in split_params:

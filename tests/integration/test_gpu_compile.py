@@ -22,7 +22,10 @@ def test_the_tiny_config_compiles_for_8_h100s_and_a_run_too_big_for_one_a100_is_
   env = {**xla_env(1), "PYTHONPATH": os.pathsep.join([str(GPU_COMPILE_DIR), str(ROOT)])}
   compile_tool = [sys.executable, "-m", "transformer_jax.cli.compile", "--config=configs/tiny.py",
                   "--programs=train", *ONE_LAYER_FLAGS]
-  fits = subprocess.run([*compile_tool, "--target=h100-8", f"--json={tmp_path}/h100.json"],
+  # (128 rows: 512 target tokens a GPU, one loss tile in a program traced for a GPU, two of
+  # the configured 256 in one traced for this CPU)
+  fits = subprocess.run([*compile_tool, "--target=h100-8", f"--json={tmp_path}/h100.json",
+                         "--config.data.batch_size=128"],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert fits.returncode == 0, fits.stderr[-2000:]
   (step,) = json.loads((tmp_path / "h100.json").read_text())["reports"]
@@ -30,7 +33,8 @@ def test_the_tiny_config_compiles_for_8_h100s_and_a_run_too_big_for_one_a100_is_
   assert 0 < step["memory"]["arguments"] < 2**20  # (the tiny model, f32 with Adam's moments)
   assert step["collectives"]["all-reduce"]["count"] > 0  # the gradients, data parallel
   assert step["seconds"] > 0 and step["device_flops"] == step["model_flops"] / 8
-  # (~4 billion parameters with Adam's moments: 63 GB of arguments alone)
+  assert step["loops"] == []  # (traced for the GPU: its loss tile, not the CPU's)
+  # (5.6 billion parameters, f32 with Adam's two moments: 63 GiB of arguments alone)
   too_big = subprocess.run([*compile_tool, "--target=a100-1", "--config.model.d_model=8192",
                             "--config.model.d_ff=16384", "--config.model.vocab_size=524288",
                             "--config.model.num_heads=64"],

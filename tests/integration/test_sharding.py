@@ -51,11 +51,16 @@ for shape, k in [((1, 1, 1), 1)] + [(tuple(s), k) for s, k in json.loads(sys.arg
   p = state.params
   if shape == (2, 4, 1) and k == 1:  # FSDP's collectives, as XLA:CPU compiles them
     module = hlo.Module.parse(step.lower(state, batch, dropout_key).compile().as_text())
-    split, _ = fsdp_split(p, jax.tree.map(lambda x: x.sharding, p))
+    split, whole = fsdp_split(p, jax.tree.map(lambda x: x.sharding, p))
+    size = lambda xs: sum(x.size * x.dtype.itemsize for x in xs)
+    found = module.collectives()
     results["fsdp collectives"] = {
         "whole gradient sums": whole_gradient_sums(module, split),
-        "reduce-scatter": module.collectives()["reduce-scatter"].count,
-        "split matrices": sum(len(x.shape) > 1 for x in split)}
+        "reduce-scatter": [found["reduce-scatter"].count, found["reduce-scatter"].bytes],
+        "all-reduce bytes": found["all-reduce"].bytes,
+        "split matrices": [sum(len(x.shape) > 1 for x in split),
+                           size(x for x in split if len(x.shape) > 1)],
+        "split bytes": size(split), "whole bytes": size(whole)}
   shard = lambda x: list(x.sharding.shard_shape(x.shape))
   emb = p["source_embedding"]["embedding"]
   results[str(shape) + (f" k={k}" if k > 1 else "")] = {
@@ -156,7 +161,12 @@ def test_meshes_match_one_device_and_split_parameters_as_configured(group):
     assert got["embedding"] == [2, 512 // shape[2], 32 // shape[1]]
   if "fsdp collectives" in results:  # the gradients of the split matrices reduce-scattered
     got = results.pop("fsdp collectives")
-    assert got["whole gradient sums"] == [] and got["reduce-scatter"] >= got["split matrices"]
+    assert got["whole gradient sums"] == []
+    # each of the 4 fsdp devices receives a quarter of every split matrix's summed gradient;
+    # what is all-reduced: those quarters over `data`, and the parameters kept whole
+    assert got["reduce-scatter"][0] >= got["split matrices"][0]
+    assert got["reduce-scatter"][1] >= got["split matrices"][1] / 4
+    assert got["all-reduce bytes"] <= got["split bytes"] / 4 + got["whole bytes"] + 1024
   error = results.pop("error")
   assert "cannot split" in error and "500 is not divisible by mesh axis tensor of size 8" in error
   one = results.pop("(1, 1, 1)")

@@ -27,7 +27,7 @@ _ARRAY = re.compile(r"\b(pred|[suf]\d+|bf16|f8\w*|c64|c128)\[(?P<dims>[\d,]*)\]"
 _ON_CHIP = re.compile(r"S\([1-9]\d*\)")  # a layout's memory space other than HBM
 
 # Where an op's bytes are counted, by the first pattern its source location (op_name) matches.
-# (the train step's only loop outside the model is the fused loss's over tiles: jvp()/while)
+# (the fused loss's operations, its loop over tiles too, carry its name scope: ops.losses)
 BLOCKS = (("attention", r"attention"), ("feed-forward", r"feed_forward|ffn_block"),
           ("output layer and loss", r"output_loss|cross_entropy"),
           ("layer norms", r"norm"), ("other model ops", r"Transformer"),
@@ -142,7 +142,9 @@ class Module:
         if instruction.op == "while":
           factor = self.loop_trips(instruction) or 1
         for m in _CALLEES.finditer(instruction.rest):
-          if m.group(1) != "to_apply":  # (a reduction's combiner: not a program of its own)
+          # (a reduction's combiner is not a program of its own; a `call`'s is: XLA:GPU
+          # outlines kernel sequences into command buffers so)
+          if m.group(1) != "to_apply" or instruction.op == "call":
             visit(m.group("name"), times * (factor if m.group(1) == "body" else 1))
         for m in _BRANCHES.finditer(instruction.rest):
           for branch in re.findall(r"%([\w.\-]+)", m.group("names")):
@@ -154,14 +156,31 @@ class Module:
   def _collective(self, computation: str, instruction: Instruction) -> tuple[str, str] | None:
     """(kind, result shape) of a collective, None for any other instruction. An async one is
     counted at its `-done` (whose shape is the result). The TPU compiler's reduce-scatter is
-    a fusion (`all-reduce-scatter`) of an all-reduce whose result the fusion slices: a
-    reduce-scatter, its result the fusion's."""
+    a fusion (`all-reduce-scatter`) of an all-reduce whose result the fusion's root slices: a
+    reduce-scatter, its result the root's."""
     op = instruction.op.removesuffix("-done")
     if op not in COLLECTIVES or instruction.op.endswith("-start"):
       return None
     if op == "all-reduce" and computation.startswith(REDUCE_SCATTER_FUSION):
-      return "reduce-scatter", next(i.shape for i in self.computations[computation] if i.root)
+      root = next(i for i in self.computations[computation] if i.root)
+      if instruction.name in _operands(root):
+        return "reduce-scatter", root.shape
     return op, instruction.shape
+
+  def _reduce_scatter_fusion(self, instruction: Instruction) -> bool:
+    """Whether `instruction` calls the TPU compiler's reduce-scatter fusion."""
+    callee = _CALLEES.search(instruction.rest) if instruction.op == "fusion" else None
+    return bool(callee and callee.group("name").startswith(REDUCE_SCATTER_FUSION))
+
+  def group_sizes(self) -> dict[str, list[tuple[int, int]]]:
+    """Per collective kind: (devices in each of its groups, result bytes) of each that runs,
+    times its runs (loop trips applied); the group size None where the text does not say."""
+    found: dict[str, list] = {op: [] for op in COLLECTIVES}
+    for name, times in self.runs().items():
+      for instruction in self.computations.get(name, []):
+        if kind := self._collective(name, instruction):
+          found[kind[0]] += [(_group_size(instruction), shape_bytes(kind[1]))] * times
+    return found
 
   def collectives(self) -> dict[str, Collective]:
     """Per collective kind: how many run per step and the bytes of their results."""
@@ -210,7 +229,7 @@ class Module:
             i.op == "custom-call" and any(f'"{c}"' in i.rest for c in _STAGING_CALLS)):
           continue
         size = times * self._moved(i, shapes)
-        if i.op.removesuffix("-done") in COLLECTIVES:
+        if i.op.removesuffix("-done") in COLLECTIVES or self._reduce_scatter_fusion(i):
           found["collectives"] += size
           continue
         where = re.search(r'op_name="([^"]*)"', i.rest)
@@ -250,3 +269,12 @@ class Module:
 def _operands(instruction: Instruction) -> list[str]:
   return re.findall(r"%([\w.\-]+)", instruction.rest.split("), ")[0])
 
+
+def _group_size(instruction: Instruction) -> int | None:
+  """The devices in each group of a collective: from `replica_groups={{0,1},{2,3}}` or its
+  iota form `replica_groups=[2,4]<=[8]` (2 groups of 4); None where neither is there."""
+  listed = re.search(r"replica_groups=\{\{([\d,]*)\}", instruction.rest)
+  if listed:
+    return len(listed.group(1).split(","))
+  iota = re.search(r"replica_groups=\[(\d+),(\d+)\]", instruction.rest)
+  return int(iota.group(2)) if iota else None

@@ -197,20 +197,21 @@ def gpu_estimate(module: hlo.Module, model_flops: float, chip, num_devices: int)
   traffic = module.traffic_by_block()
   bytes_ = sum(size for block, size in traffic.items() if block != "collectives")
   roofline = max(flops / chip.peak_bf16_flops, bytes_ / chip.hbm_bytes_per_second,
-                 link_seconds(module.collectives(), num_devices, chip.gpu.link_bytes_per_second))
+                 link_seconds(module.group_sizes(), num_devices, chip.gpu.link_bytes_per_second))
   return Estimate(roofline / GPU_ROOFLINE_SHARE, "GPU roofline", flops, bytes_, roofline, 0.0)
 
 
-def link_seconds(collectives: dict[str, hlo.Collective], n: int, link_bytes_per_second: float):
-  """The time the collectives take on links of that bandwidth, as rings: an all-reduce sends
-  2(n-1)/n of its array, an all-gather (n-1)/n of its result, a reduce-scatter n-1 times its
-  result, an all-to-all (n-1)/n."""
-  if n == 1:
-    return 0.0
-  share = (n - 1) / n
-  sent = {"all-reduce": 2 * share, "all-gather": share, "reduce-scatter": n - 1,
-          "all-to-all": share, "collective-permute": 1.0}
-  return sum(sent[c.op] * c.bytes for c in collectives.values()) / link_bytes_per_second
+def link_seconds(groups: dict[str, list[tuple[int | None, int]]], num_devices: int,
+                 link_bytes_per_second: float) -> float:
+  """The time the collectives (`hlo.Module.group_sizes`: each one's group size, None for the
+  whole mesh, and result bytes) take on links of that bandwidth, as rings of n devices: an
+  all-reduce sends 2(n-1)/n of its array, an all-gather (n-1)/n of its result, a
+  reduce-scatter n-1 times its result, an all-to-all (n-1)/n."""
+  sent = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
+          "reduce-scatter": lambda n: n - 1, "all-to-all": lambda n: (n - 1) / n,
+          "collective-permute": lambda n: 1.0 if n > 1 else 0.0}
+  return sum(sent[op](n or num_devices) * size for op, found in groups.items()
+             for n, size in found) / link_bytes_per_second
 
 
 def _twin(program: Program, hlo_dir):
@@ -274,7 +275,7 @@ def lines(report: Report) -> list[str]:
   if report.method == "GPU roofline":  # (the CUDA compiler counts nothing)
     counts = (f"the model's FLOPs {report.device_flops:.3g} per GPU, the HLO's HBM traffic "
               f"{report.device_bytes:.3g} bytes, roofline {report.roofline_seconds * 1e3:.2f} "
-              f"ms at {GPU_ROOFLINE_SHARE:.0%} of it")
+              f"ms (a measured step reached {GPU_ROOFLINE_SHARE:.0%} of its roofline)")
   out.append(f"  per {report.per}: {report.seconds * 1e3:.2f} ms [{report.method}]{rate}, "
              f"MFU {report.mfu:.1%}; {counts}")
   total = sum(report.traffic.values()) or 1

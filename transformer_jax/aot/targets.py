@@ -115,7 +115,8 @@ DESCRIBED_ELSEWHERE = {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "local
 def target(name: str, num_slices: int = 1) -> Target:
   """The target called `name` ("v5e-8" or "tpu-v5e-8"), `num_slices` slices of it joined by
   the data-center network; a UsageError naming the known ones otherwise."""
-  key = name.lower().removeprefix("tpu-")
+  key = name.lower()
+  key = key.removeprefix("tpu-") if key.removeprefix("tpu-") in _SLICES else key
   if key not in NAMES:
     raise UsageError(f"unknown --target {name!r}; known: {', '.join(NAMES)}")
   if num_slices < 1:

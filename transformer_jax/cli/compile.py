@@ -1,5 +1,5 @@
-r"""Compiles a run's programs for an accelerator this machine does not have, and says what the
-compiler predicts: memory per chip against its HBM, FLOPs and time per step, MFU, collectives.
+r"""Compiles a run's programs for an accelerator this machine does not have, and says what it
+takes: memory per chip against its HBM, FLOPs and predicted time per step, MFU, collectives.
 
   transformer-jax-compile --config=configs/wmt_base.py --target=v5p-8 [--config.KEY=VALUE ...]
 
@@ -24,7 +24,7 @@ from transformer_jax.config.parse import from_config_dict
 def define_flags(fv: flags.FlagValues):
   flags.DEFINE_string("target", None, f"The accelerator: {', '.join(targets.NAMES)}.",
                       flag_values=fv, required=True)
-  flags.DEFINE_integer("slices", 1, "Slices of the target joined by the data-center network.",
+  flags.DEFINE_integer("slices", 1, "TPU slices joined by the data-center network.",
                        flag_values=fv)
   flags.DEFINE_string("programs", ",".join(check.PROGRAMS), "Which programs to compile: "
                       f"{', '.join(check.PROGRAMS)} (comma-separated).", flag_values=fv)

@@ -29,9 +29,9 @@ def activation_dtype(cfg: ModelConfig) -> Any:
   sublayers' LayerNorm outputs): bf16 with config.model.activation_dtype="bfloat16" and bf16
   matmuls, else None (f32, as the matmuls accumulate). The residual stream, LayerNorm
   statistics, softmax and the loss stay f32 either way. "auto" is bf16 in a program traced
-  for GPUs (an H200 measured the step faster with it, and the compile tool counts less HBM
-  traffic: BENCHMARKS.md, "GPU targets: the H200 calibration"), f32 elsewhere (TPUs and
-  CPUs as before: measured on neither)."""
+  for GPUs (the compile tool counts 3% less HBM traffic for wmt_base's step; the H200's
+  faster step with it ran last of its variants: BENCHMARKS.md, "GPU targets: the H200
+  calibration"), f32 elsewhere (TPUs and CPUs as before: measured on neither)."""
   wanted = cfg.activation_dtype
   if wanted == "auto":
     wanted = "bfloat16" if traced_for() == "gpu" else "float32"

@@ -1,13 +1,15 @@
 """Fully sharded data parallelism (FSDP) made explicit: each device computes a loss over its
 own rows with the parameters gathered whole from their pieces, and the gradients come back
 summed and scattered, each device receiving the sum of its own piece only (a reduce-scatter:
-half the bytes of an all-reduce of the whole gradient, and no whole gradient held anywhere).
+half the bytes of an all-reduce of the whole gradient, and no whole summed gradient held
+anywhere).
 
 Left to GSPMD (the parameters constrained whole for the forward pass, the gradients back to
-their split), each gradient was summed whole and then sliced: XLA:CPU kept it so, and the
-TPU compiler made most of the pairs into its reduce-scatter (a fusion) but not all (wmt_base's
-tied embedding table, the default config's output projections). Here the sum is the transpose
-of the gather inside a `shard_map` over the batch axes: a reduce-scatter on every backend."""
+their split), each gradient was summed whole and then sliced: XLA:CPU kept it so; the TPU
+compiler made most of the pairs into its reduce-scatter (a fusion), but not the tied
+embedding table's, which the fused loss's own `shard_map` summed whole, nor on v5e the
+default config's output projections. Here the sum is the transpose of the gather inside a
+`shard_map` over the batch axes: a reduce-scatter on every backend for every split matrix."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ def _axes(entry) -> tuple[str, ...]:
 
 def split_dimension(sharding: NamedSharding) -> int | None:
   """The dimension of a parameter that `fsdp` splits (None: it is kept whole on each device,
-  and its gradient is summed whole: small vectors such as LayerNorm scales and biases)."""
+  and its gradient is summed whole: the norms' scales, biases not on the model dimension)."""
   for dim, entry in enumerate(sharding.spec):
     if FSDP_AXIS in _axes(entry):
       return dim

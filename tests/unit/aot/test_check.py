@@ -22,8 +22,8 @@ pytestmark = pytest.mark.skipif(
 
 TARGET = "v5e-4"
 # The tiny config's batch and row length, and a width at which each FSDP piece of a matrix
-# (D_MODEL / 4 rows) is one of the TPU's (8, 128) tiles or more: pieces of 8 rows of the
-# tiny width of 32 the compiler sums by all-reduce, as its cost model prefers at that size.
+# has 16 rows (D_MODEL / 4): pieces of 8 rows, of the tiny width of 32, the TPU compiler
+# sums by all-reduce and slice, as its cost model prefers at that size.
 ROWS, LENGTH, D_MODEL = 16, 32, 64
 MESHES = {"data": (-1, 1, 1), "fsdp": (1, -1, 1), "tensor": (1, 1, -1)}
 

@@ -2,11 +2,12 @@
 FLOPs and the HLO's traffic, a machine without the CUDA plugin told how to install it.
 (Compiled by XLA's CUDA compiler: integration/test_gpu_compile.py.)"""
 
+import dataclasses
+
 import pytest
 
 from tests.helpers import one_line_error, run_tool
 from transformer_jax.aot import hlo, report, targets
-from transformer_jax.aot.programs import Program
 from transformer_jax.cli import compile as compile_cli
 from transformer_jax.errors import UsageError
 
@@ -26,13 +27,12 @@ def test_a_gpu_target_is_one_host_of_that_gpu():
   assert 'device_description_str: "NVIDIA H200"' in text and "major: 9 minor: 0" in text
 
 
-def test_collectives_take_a_rings_time_on_the_links():
-  found = {"all-reduce": hlo.Collective("all-reduce", 2, 800),
-           "all-gather": hlo.Collective("all-gather", 1, 400),
-           "reduce-scatter": hlo.Collective("reduce-scatter", 1, 100)}
-  # 2 x 7/8 of 800 bytes, 7/8 of 400, 7 x 100, at 100 bytes/s
-  assert report.link_seconds(found, 8, 100.0) == pytest.approx((1400 + 350 + 700) / 100)
-  assert report.link_seconds(found, 1, 100.0) == 0.0
+def test_collectives_take_a_rings_time_on_the_links_of_their_group():
+  groups = {"all-reduce": [(None, 800)] * 2, "all-gather": [(8, 400)],
+            "reduce-scatter": [(4, 100)]}  # (None: the whole mesh of 8)
+  # 2 x (2 x 7/8 of 800 bytes), 7/8 of 400, 3 x 100 (a group of 4), at 100 bytes/s
+  assert report.link_seconds(groups, 8, 100.0) == pytest.approx((2800 + 350 + 300) / 100)
+  assert report.link_seconds({"all-reduce": [(1, 800)]}, 1, 100.0) == 0.0
 
 
 STEP = """HloModule step
@@ -45,17 +45,23 @@ ENTRY %main (a: f32[1024,1024]) -> f32[1024,1024] {
 """
 
 
-def test_the_gpu_step_time_is_its_roofline_over_the_share_a_gpu_reached():
+@pytest.mark.parametrize("model_flops, link_bytes_per_second, bound", [
+    (2e12, None, "compute"), (2e6, 1e15, "memory"), (2e6, 1e6, "links")])
+def test_the_gpu_step_time_is_its_roofline_over_the_share_a_gpu_reached(
+    model_flops, link_bytes_per_second, bound):
   module = hlo.Module.parse(STEP)
   chip = targets.GPUS["h100"]
-  step = Program("train_step", None, None, 1, model_flops=int(2e12), tokens=1000, per="step")
-  got = report._gpu_estimate(step, module, chip, num_devices=2)
-  traffic = 2 * 4 * 2**20                      # the exponential reads and writes 4 MiB
-  compute = 1e12 / chip.peak_bf16_flops        # each GPU's half of the model's FLOPs
-  links = 4 * 2**20 / chip.gpu.link_bytes_per_second  # an all-reduce of 4 MiB by 2: 2 x 1/2
-  assert got.roofline == pytest.approx(max(compute, traffic / chip.hbm_bytes_per_second, links))
+  if link_bytes_per_second:  # (links as fast or as slow as the case needs)
+    chip = dataclasses.replace(chip, gpu=dataclasses.replace(
+        chip.gpu, link_bytes_per_second=link_bytes_per_second))
+  got = report.gpu_estimate(module, model_flops, chip, num_devices=2)
+  times = {"compute": model_flops / 2 / chip.peak_bf16_flops,    # each GPU's half
+           "memory": 2 * 4 * 2**20 / chip.hbm_bytes_per_second,  # exp reads, writes 4 MiB
+           "links": 4 * 2**20 / chip.gpu.link_bytes_per_second}   # 2 x 1/2 of 4 MiB
+  assert max(times, key=times.get) == bound
+  assert got.roofline == pytest.approx(times[bound])
   assert got.seconds == pytest.approx(got.roofline / report.GPU_ROOFLINE_SHARE)
-  assert (got.flops, got.bytes, got.method) == (1e12, traffic, "GPU roofline")
+  assert (got.flops, got.bytes, got.method) == (model_flops / 2, 2 * 4 * 2**20, "GPU roofline")
 
 
 def test_a_machine_without_the_cuda_plugin_is_told_how_to_install_it(monkeypatch):

@@ -20,6 +20,10 @@ Prints one JSON object per line (and writes them to OUT/gpu_check.jsonl), each w
 - "population": a population of K = 1, 4, 16 seeds of the default config (K = 1, 2 of the
   tiny one with --tiny) trained as one program: member-steps per second against a single
   run's steps;
+- "engine": the decoding engine every tool decodes through (`decoding.engine.SearchEngine`),
+  on the default config's test set (test2016; 16 validation sentences with --tiny) with random
+  weights and a tokenizer trained on the corpus there and then: the first decode (its
+  programs compiled) and a warm one, in sentences/s;
 - "decode": beam-4 sentences/s of the same model (random weights, fixed-length outputs) for
   each `config.decode.beam_impl` at two batch sizes, and whether flat's outputs equal gather's;
 - "determinism": whether two identical steps (same state, batch and key) give bit-identical
@@ -34,6 +38,7 @@ import functools
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -63,6 +68,10 @@ from measure import matmul_peak, model_flops_per_step, peak_memory_gb  # noqa: E
 from transformer_jax.aot import hlo, report, targets  # noqa: E402
 from transformer_jax.config.parse import from_config_dict  # noqa: E402
 from transformer_jax.configs import default, tiny, wmt_base, wmt_big  # noqa: E402
+from transformer_jax.data import corpus, plan  # noqa: E402
+from transformer_jax.data.eval_sets import read_split  # noqa: E402
+from transformer_jax.data.tokenizer import train_tokenizer  # noqa: E402
+from transformer_jax.decoding.engine import SearchEngine  # noqa: E402
 from transformer_jax.decoding.ensemble import prepare  # noqa: E402
 from transformer_jax.decoding.search import beam_search  # noqa: E402
 from transformer_jax.model.attention import attention_implementation  # noqa: E402
@@ -225,6 +234,31 @@ def _timed(step, state, batch, rng, steps: int, scale: list) -> dict:
           "step_ms": round((time.perf_counter() - t) / steps * 1000, 2)}
 
 
+def check_engine(cfg, max_sentences: int) -> dict:
+  """The decoding engine's first (compiling) and warm decode of the config's test set, random
+  weights: outputs run to the length cap, a worst case for the search's steps."""
+  data = cfg.data
+  train = plan.own_split("train", data, data.train_split)
+  with tempfile.TemporaryDirectory() as folder:
+    tokenizer = train_tokenizer((s for pair in corpus.iterate_pairs(train.spec, train.split)
+                                 for s in pair), cfg.model.vocab_size,
+                                Path(folder) / "spm.model", max_sentences=20_000)
+  split = data.test_split or data.eval_split  # (the tiny config tests on none)
+  eval_set = read_split(plan.own_split(split, data, split), tokenizer, max_sentences)
+  model = Transformer(cfg.model)
+  tokens = np.ones((1, 4), np.int32)
+  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), tokens, tokens)["params"])
+  engine = SearchEngine(prepare(model, params), tokenizer, cfg.decode)
+  runs = []
+  for _ in range(2):
+    t = time.perf_counter()
+    engine.translate_set(eval_set)
+    runs.append(time.perf_counter() - t)
+  n = len(eval_set.sources)
+  return {"split": split, "sentences": n, "beam": cfg.decode.beam_size,
+          "first_decode_s": round(runs[0], 2), "warm_sentences_per_s": round(n / runs[1], 1)}
+
+
 def check_determinism(cfg) -> dict:
   state, compiled, batch, _ = compiled_step(cfg)
   a, _ = compiled(state, batch, RNG)
@@ -276,6 +310,8 @@ def main(args):
         "repeat": i == len(variants) - 2})
   emit("population", lambda: check_population(run_config(args.tiny, module=default),
                                               args.steps, (1, 2) if args.tiny else (1, 4, 16)))
+  emit("engine", lambda: check_engine(run_config(args.tiny, module=default),
+                                      16 if args.tiny else 0))
   emit("decode", lambda: check_decode(cfg))
   emit("determinism", lambda: check_determinism(variants[0]))  # (the einsum step, compiled)
   if out_file:

@@ -17,7 +17,7 @@ def test_gpu_check_runs_on_cpu_with_the_tiny_shape(tmp_path):
   written = [json.loads(line) for line in (tmp_path / "gpu_check.jsonl").read_text().splitlines()]
   assert printed == written
   assert [x["check"] for x in written] == ["machine", "matmul_peak"] + ["train_step"] * 6 + [
-      "population", "decode", "determinism"]
+      "population", "engine", "decode", "determinism"]
   assert not [x for x in written if "error" in x]
   by_check = {x["check"]: x for x in written}
   assert by_check["machine"]["backend"] == "cpu" and "cores" in by_check["machine"]["cpu"]
@@ -38,6 +38,9 @@ def test_gpu_check_runs_on_cpu_with_the_tiny_shape(tmp_path):
   runs = by_check["population"]["runs"]
   assert [r["members"] for r in runs] == ["single run", 1, 2]
   assert all(r["step_ms"] > 0 for r in runs) and runs[1]["vs_single_runs"] > 0
+  engine = by_check["engine"]
+  assert engine["sentences"] == 16 and engine["first_decode_s"] > 0
+  assert engine["warm_sentences_per_s"] > 0
   assert by_check["decode"]["dtype"] == "float32"  # (exact agreement holds in f32)
   decodes = by_check["decode"]["runs"]
   assert [(r["beam_impl"], r["sentences"]) for r in decodes] == [

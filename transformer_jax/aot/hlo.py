@@ -184,13 +184,8 @@ class Module:
 
   def collectives(self) -> dict[str, Collective]:
     """Per collective kind: how many run per step and the bytes of their results."""
-    found = {op: [0, 0] for op in COLLECTIVES}
-    for name, times in self.runs().items():
-      for instruction in self.computations.get(name, []):
-        if kind := self._collective(name, instruction):
-          found[kind[0]][0] += times
-          found[kind[0]][1] += times * shape_bytes(kind[1])
-    return {op: Collective(op, count, size) for op, (count, size) in found.items()}
+    return {op: Collective(op, len(runs), sum(size for _, size in runs))
+            for op, runs in self.group_sizes().items()}
 
   def result_shapes(self, op: str, where: str = "") -> list[tuple[int, ...]]:
     """The dimensions of every array that the collectives `op` produce (a tuple's elements

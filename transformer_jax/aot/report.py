@@ -129,8 +129,8 @@ def compile_program(program: Program, target: Target, num_devices: int,
   _keep_hlo(compiled, hlo_dir, program.name)
   memory = _memory(compiled)
   module = hlo.Module.parse(compiled.as_text())
-  estimate = (_gpu_estimate(program, module, chip, num_devices) if chip.gpu is not None
-              else _estimate(program, compiled, module, chip, hlo_dir))
+  estimate = (gpu_estimate(module, program.model_flops, chip, num_devices)
+              if chip.gpu is not None else _estimate(program, compiled, module, chip, hlo_dir))
   seconds = estimate.seconds
   mfu = program.model_flops / (seconds * num_devices * chip.peak_bf16_flops)
   return Report(program.name, target.name, num_devices, program.per,
@@ -184,10 +184,6 @@ def _estimate(program: Program, compiled, module: hlo.Module, chip, hlo_dir) -> 
 # lent to gpu_check.py with the attention compiled here (XLA's), against this roofline of
 # its program compiled for h200-1 (BENCHMARKS.md, "GPU targets: the H200 calibration").
 GPU_ROOFLINE_SHARE = 0.62
-
-
-def _gpu_estimate(program: Program, module: hlo.Module, chip, num_devices: int) -> Estimate:
-  return gpu_estimate(module, program.model_flops, chip, num_devices)
 
 
 def gpu_estimate(module: hlo.Module, model_flops: float, chip, num_devices: int) -> Estimate:

@@ -116,7 +116,8 @@ def target(name: str, num_slices: int = 1) -> Target:
   """The target called `name` ("v5e-8" or "tpu-v5e-8"), `num_slices` slices of it joined by
   the data-center network; a UsageError naming the known ones otherwise."""
   key = name.lower()
-  key = key.removeprefix("tpu-") if key.removeprefix("tpu-") in _SLICES else key
+  slice_name = key.removeprefix("tpu-")
+  key = slice_name if slice_name in _SLICES else key
   if key not in NAMES:
     raise UsageError(f"unknown --target {name!r}; known: {', '.join(NAMES)}")
   if num_slices < 1:

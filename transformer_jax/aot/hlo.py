@@ -211,6 +211,28 @@ class Module:
     collectives apart, and apart the copies the compiler added itself (operations without a
     source location, e.g. relayouts). A reading aid for where a memory-bound step spends its
     time, not the compiler's own byte count."""
+    def moved(i: Instruction, shapes: dict[str, str]) -> int:
+      if i.op in _NOT_TRAFFIC or i.op.endswith("-start") or (
+          i.op == "custom-call" and any(f'"{c}"' in i.rest for c in _STAGING_CALLS)):
+        return 0
+      return self._moved(i, shapes)
+    return self._by_block(moved)
+
+  def cycles_by_block(self) -> dict[str, int]:
+    """The compiler's own estimate of its time per run, in cycles, by model block (as
+    `traffic_by_block`): the `estimated_cycles` the TPU compiler records for each top-level
+    operation, loop trips applied; what its step estimate adds up from, so where a block's
+    time goes whether its bound is memory, the matrix units or the vector units (elementwise
+    work). Empty where the compiler records none (XLA:CPU, XLA:GPU)."""
+    def cycles(i: Instruction, shapes: dict[str, str]) -> int:
+      found = re.search(r'"estimated_cycles":"(\d+)"', i.rest)
+      return int(found.group(1)) if found else 0
+    found = self._by_block(cycles)
+    return found if any(found.values()) else {}
+
+  def _by_block(self, measure) -> dict[str, int]:
+    """measure(instruction, shapes of its computation) summed by block over the top-level
+    operations, loop trips applied (collectives and the compiler's own copies apart)."""
     fused = {m.group("name") for body in self.computations.values() for i in body
              if i.op == "fusion" for m in _CALLEES.finditer(i.rest)}
     found = dict.fromkeys([name for name, _ in BLOCKS] + ["collectives", COMPILER_MOVES], 0)
@@ -220,10 +242,9 @@ class Module:
       body = self.computations.get(name, [])
       shapes = {i.name: i.shape for i in body}
       for i in body:
-        if i.op in _NOT_TRAFFIC or i.op.endswith("-start") or (
-            i.op == "custom-call" and any(f'"{c}"' in i.rest for c in _STAGING_CALLS)):
+        size = times * measure(i, shapes)
+        if not size:
           continue
-        size = times * self._moved(i, shapes)
         if i.op.removesuffix("-done") in COLLECTIVES or self._reduce_scatter_fusion(i):
           found["collectives"] += size
           continue

@@ -68,6 +68,7 @@ class Report:
   collectives: dict[str, hlo.Collective]
   loops: list[hlo.Loop]
   traffic: dict[str, int]     # HBM bytes per run by model block (hlo.traffic_by_block)
+  cycles: dict[str, int]      # the compiler's estimated cycles by block (hlo.cycles_by_block)
   loop_traffic: float         # bytes the loops move beyond the twin's (in `seconds`)
   compile_seconds: float
 
@@ -125,7 +126,7 @@ def compile_program(program: Program, target: Target, num_devices: int,
       raise
     return Report(program.name, target.name, num_devices, program.per, False, None,
                   chip.hbm_bytes, shortfall, 0.0, "", 0.0, 0.0, 0.0, program.model_flops, 0.0,
-                  0.0, {}, [], {}, 0.0, time.perf_counter() - start)
+                  0.0, {}, [], {}, {}, 0.0, time.perf_counter() - start)
   _keep_hlo(compiled, hlo_dir, program.name)
   memory = _memory(compiled)
   module = hlo.Module.parse(compiled.as_text())
@@ -137,7 +138,8 @@ def compile_program(program: Program, target: Target, num_devices: int,
                 memory.total <= chip.hbm_bytes, memory, chip.hbm_bytes, "", seconds,
                 estimate.method, estimate.flops, estimate.bytes, estimate.roofline,
                 program.model_flops, mfu, program.tokens / seconds, module.collectives(),
-                module.loops(), module.traffic_by_block(), estimate.loop_traffic,
+                module.loops(), module.traffic_by_block(), module.cycles_by_block(),
+                estimate.loop_traffic,
                 time.perf_counter() - start)
 
 
@@ -280,6 +282,12 @@ def lines(report: Report) -> list[str]:
       f"{name} {size / total:.0%}" for name, size in blocks if size / total >= 0.005)
       + f" of {_size(total)}" + (f" (loops beyond the twin: {_size(report.loop_traffic)})"
                                  if report.loop_traffic else ""))
+  cycles = sum(report.cycles.values())
+  if cycles:  # (where each block's time goes, by the compiler's own estimate)
+    out.append("  the compiler's time per " + report.per + ": " + ", ".join(
+        f"{name} {n / cycles:.0%}" for name, n in sorted(report.cycles.items(),
+                                                         key=lambda kv: -kv[1])
+        if n / cycles >= 0.005) + f" of {cycles:.3g} cycles")
   used = [f"{c.op} {c.count} ({_size(c.bytes)})" for c in report.collectives.values()
           if c.count]
   loops = ", ".join(f"{lp.trips if lp.trips is not None else '?'} trips" for lp in report.loops)

@@ -90,15 +90,24 @@ class ModelConfig:
   # matmul inputs: "float32" (exact), "bfloat16" (f32 accumulation) or "auto" (what the
   # hardware runs fastest; parallel.numerics)
   dtype: str = option(FREE, choices=("auto", *DTYPES))
-  # "einsum" (our products, tuned for XLA:CPU), "xla" or "cudnn" (jax.nn.dot_product_attention);
-  # "auto": cudnn on GPUs (bf16, head_dim % 8 == 0 and <= 128), xla on TPUs, else einsum.
-  # Attention maps, attention dropout and decoding use einsum
-  attention_impl: str = option(FREE, choices=("auto", "einsum", "xla", "cudnn"),
+  # "einsum" (our products, tuned for XLA:CPU), "xla" or "cudnn" (jax.nn.dot_product_attention),
+  # "softmax_once" (probabilities written once, read by the backward pass: ops.attention);
+  # "auto": cudnn on GPUs (bf16, head_dim % 8 == 0 and <= 128), softmax_once on TPUs, else
+  # einsum. Attention maps, attention dropout and decoding use einsum
+  attention_impl: str = option(FREE, choices=("auto", "einsum", "xla", "cudnn", "softmax_once"),
                                before="einsum")
   # "float32" or "bfloat16": projection and LayerNorm outputs between matmuls (with bf16
   # matmuls only; residual stream, LayerNorm statistics, softmax and loss stay f32); "auto":
   # bfloat16 in programs traced for GPUs, float32 elsewhere (model.embeddings.activation_dtype)
   activation_dtype: str = option(FREE, choices=("auto", *DTYPES), before="float32")
+  # "float32" or "bfloat16": the residual stream between blocks (with bf16 matmuls; LayerNorm
+  # statistics stay f32); "auto": bfloat16 in programs traced for TPUs, float32 elsewhere
+  # (model.embeddings.residual_dtype)
+  residual_dtype: str = option(FREE, choices=("auto", *DTYPES), before="float32")
+  # what the fused output layer + loss writes its (tokens, vocab) logits in (with bf16 matmuls;
+  # statistics, loss and gradient in f32 either way); "auto": bfloat16 in programs traced for
+  # TPUs, float32 elsewhere (ops.losses.logits_dtype_for)
+  logits_dtype: str = option(FREE, choices=("auto", *DTYPES), before="float32")
   # tokens per tile of the fused output layer + loss, per device (0: one tile); on
   # accelerators >= 8192 (ops.losses.tile_for)
   loss_tile_tokens: int = option(FREE, before=256)

@@ -63,10 +63,14 @@ def get_config():
   config.model.qk_norm = False          # RMSNorm of each head's self-attention queries and keys
   config.model.dtype = "auto"           # matmul inputs: "bfloat16" (f32 accumulation) where the
                                         # hardware multiplies bf16 faster, else "float32" (exact)
-  config.model.attention_impl = "auto"  # "einsum", "xla" or "cudnn"; auto: cudnn on GPUs,
-                                        # xla on TPUs, einsum on CPUs
+  config.model.attention_impl = "auto"  # "einsum", "xla", "cudnn" or "softmax_once"; auto:
+                                        # cudnn on GPUs, softmax_once on TPUs, einsum on CPUs
   config.model.activation_dtype = "auto"  # between matmuls, with bf16 matmuls: "bfloat16" or
                                         # "float32"; auto: bf16 on GPUs, f32 elsewhere
+  config.model.residual_dtype = "auto"  # the residual stream, with bf16 matmuls: "bfloat16" or
+                                        # "float32"; auto: bf16 on TPUs, f32 elsewhere
+  config.model.logits_dtype = "auto"    # the fused loss's logits, with bf16 matmuls: "bfloat16"
+                                        # or "float32"; auto: bf16 on TPUs, f32 elsewhere
   config.model.loss_tile_tokens = 256   # output layer + loss in tiles of tokens (accelerators:
                                         # >= 8192); 0 = one tile
   config.model.remat = "none"           # "full" / "dots": recompute activations (less memory)

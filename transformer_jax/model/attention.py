@@ -20,6 +20,7 @@ from transformer_jax.model.embeddings import (
   relative_position_bucket,
   rotary,
 )
+from transformer_jax.ops.attention import softmax_once_attention
 from transformer_jax.ops.dropout import Dropout
 from transformer_jax.ops.masking import NEG_INF
 from transformer_jax.ops.matmul import attention_matmul
@@ -44,17 +45,18 @@ def causal_mask(length: int):
 def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> str:
   """config.model.attention_impl with "auto" resolved for `platform` (default: the one the
   program is traced for, ops.platform): cuDNN's fused attention on GPUs where its
-  constraints hold (bf16 inputs, head_dim a multiple of 8 up to 128); on TPUs
-  jax.nn.dot_product_attention's XLA implementation (the TPU compiler predicts wmt_base's
-  step faster with it than with the einsum products: BENCHMARKS.md, "What the compiler
-  showed"); our einsum products elsewhere (tuned for XLA:CPU)."""
+  constraints hold (bf16 inputs, head_dim a multiple of 8 up to 128); on TPUs the softmax
+  evaluated once (ops.attention: the TPU compiler predicts wmt_base's and wmt_big's steps
+  faster with it than with jax.nn.dot_product_attention's XLA implementation, and that
+  faster than the einsum products: BENCHMARKS.md, "The TPU memory wall"); our einsum
+  products elsewhere (tuned for XLA:CPU)."""
   if cfg.attention_impl != "auto":
     return cfg.attention_impl
   platform = platform or traced_for()
   if (platform == "gpu" and compute_dtype(cfg) == jnp.bfloat16
       and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128):
     return "cudnn"
-  return "xla" if platform == "tpu" else "einsum"
+  return "softmax_once" if platform == "tpu" else "einsum"
 
 
 def fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation: str,
@@ -219,6 +221,9 @@ class MultiHeadAttention(nn.Module):
                                                             dtype, dropout, kv_layout,
                                                             bias_BHTS)
       self.sow("intermediates", "attention_weights", weights_BHTS)
+    elif implementation == "softmax_once":
+      k_BSHK, v_BSHK = (repeat_kv_heads(x, H // G, kv_layout) for x in (k_BSHK, v_BSHK))
+      out_BTHK = softmax_once_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, dtype)
     else:  # (decoding and attention dropout take the einsum path above, as attention maps do;
       # the fused kernels take G key/value heads as they are)
       out_BTHK = fused_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, dtype, implementation,

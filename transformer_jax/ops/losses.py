@@ -80,18 +80,50 @@ def cross_entropy(logits_BTV, targets_BT, weights_BT, label_smoothing: float):
   loss_BT = smooth_BT - entropy
   w = weights_BT.astype(jnp.float32)
   return jnp.sum(loss_BT * w), jnp.sum(nll_BT * w), jnp.sum(w)
-def _chunk_forward_backward(h_CD, table_VD, targets_C, weights_C, smoothing, dtype):
+def logits_dtype_for(setting: str, dtype, platform: str) -> jnp.dtype:
+  """The dtype the fused loss writes its (tokens, vocab) logits in: `setting`
+  (config.model.logits_dtype), "auto" resolved for `platform`: bf16 on TPUs with bf16
+  matmuls (the logits are most of the loss's memory traffic there, and the step is
+  memory-bound: BENCHMARKS.md, "The TPU memory wall"), f32 elsewhere. Statistics, the loss
+  and its gradient are computed in f32 either way; bf16 logits need bf16 matmuls."""
+  if setting == "auto":
+    setting = "bfloat16" if platform == "tpu" else "float32"
+  return jnp.bfloat16 if setting == "bfloat16" and dtype == jnp.bfloat16 else jnp.float32
+
+
+def _target_logits(logits_CV, h_CD, table_VD, targets_C, dtype):
+  """Each token's logit of its target, in f32. From f32 logits, picked out of them; from
+  16-bit ones, each computed from its own row of the table and rounded as the logits were:
+  the same number without one more pass over the (tokens, vocab) array."""
+  if logits_CV.dtype == jnp.float32:
+    return jnp.take_along_axis(logits_CV, targets_C[:, None], axis=-1)[:, 0]
+  def rounded(x, to):  # x rounded to the precision of `to`, kept in f32
+    info = jnp.finfo(to)
+    return jax.lax.reduce_precision(x.astype(jnp.float32), info.nexp, info.nmant)
+
+  # (inputs rounded as the matmul's, products exact, the sum in f32; not as a dot of `dtype`
+  # inputs, nor by converts there and back: XLA:CPU (jaxlib 0.10) rounds each product of
+  # that dot to bf16, and drops a pair of converts when it fuses them)
+  exact_C = jnp.sum(rounded(h_CD, dtype) * rounded(jnp.take(table_VD, targets_C, axis=0),
+                                                   dtype), axis=-1)
+  return rounded(exact_C, logits_CV.dtype)
+
+
+def _chunk_forward_backward(h_CD, table_VD, targets_C, weights_C, smoothing, dtype,
+                            logits_dtype=jnp.float32):
   """Per-token (smoothed loss, NLL) of a chunk, and d(sum of weighted smoothed loss)/d logits
-  pushed through the output layer: (dh_CD, dtable_VD). `smoothing`: smoothing_constants'."""
+  pushed through the output layer: (dh_CD, dtable_VD). `smoothing`: smoothing_constants';
+  `logits_dtype`: what the logits are written in (`logits_dtype_for`)."""
   V = table_VD.shape[0]
   confidence, low, entropy = smoothing
-  logits_CV = jnp.einsum("cd,vd->cv", h_CD.astype(dtype), table_VD.astype(dtype),
-                         preferred_element_type=jnp.float32)
+  stored_CV = jnp.einsum("cd,vd->cv", h_CD.astype(dtype), table_VD.astype(dtype),
+                         preferred_element_type=logits_dtype)
+  logits_CV = stored_CV.astype(jnp.float32)  # (converted where read: fused into each pass)
   m_C = jnp.max(logits_CV, axis=-1)
   exp_CV = jnp.exp(logits_CV - m_C[:, None])
   sum_exp_C = jnp.sum(exp_CV, axis=-1)
   lse_C = jnp.log(sum_exp_C) + m_C
-  target_logit_C = jnp.take_along_axis(logits_CV, targets_C[:, None], axis=-1)[:, 0]
+  target_logit_C = _target_logits(stored_CV, h_CD, table_VD, targets_C, dtype)
   nll_C = lse_C - target_logit_C
   sum_log_probs_C = jnp.sum(logits_CV, axis=-1) - V * lse_C
   loss_C = confidence * nll_C - low * (sum_log_probs_C + nll_C) - entropy
@@ -127,12 +159,14 @@ def _num_chunks(n: int, tile: int) -> int:
   return n // chunk if chunk >= 64 else 1
 
 
-def _forward_backward(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile):
+def _forward_backward(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile,
+                      logits_dtype):
   k = _num_chunks(h_ND.shape[0], tile)
 
   def body(dtable, xs):
     h, t, w = xs
-    loss, nll, dh, dtab = _chunk_forward_backward(h, table_VD, t, w, smoothing, dtype)
+    loss, nll, dh, dtab = _chunk_forward_backward(h, table_VD, t, w, smoothing, dtype,
+                                                  logits_dtype)
     return dtable + dtab, (jnp.sum(loss * w), jnp.sum(nll * w), dh)
 
   dtable, (loss_sums, nll_sums, dh) = jax.lax.scan(
@@ -144,33 +178,36 @@ def _forward_backward(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, ti
 
 
 def output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype,
-                tile: int = CHUNK_TOKENS):
+                tile: int = CHUNK_TOKENS, logits_dtype=jnp.float32):
   """(sum of weighted label-smoothed losses, sum of weighted NLLs, sum of weights) of the
   softmax layer `softmax(h @ table.T)` against `targets`, in tiles of `tile` tokens. Only the
   first output is differentiable (through `h` and `table`); NLL and the count are reported as
   they are. `label_smoothing` may be traced (a population member's)."""
   return _output_loss(h_ND, table_VD, targets_N, weights_N,
-                      smoothing_constants(table_VD.shape[0], label_smoothing), dtype, tile)
+                      smoothing_constants(table_VD.shape[0], label_smoothing), dtype, tile,
+                      logits_dtype)
 
 
 # (the smoothing constants an argument, not a static one: a population's are traced)
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _output_loss(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile):
-  sums, _ = _forward_backward(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _output_loss(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile, logits_dtype):
+  sums, _ = _forward_backward(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile,
+                              logits_dtype)
   return sums
 
 
-def _output_loss_fwd(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile):
+def _output_loss_fwd(h_ND, table_VD, targets_N, weights_N, smoothing, dtype, tile,
+                     logits_dtype):
   # (named: the compile tool's traffic by block finds the loss's operations by it)
   with jax.named_scope(LOSS_SCOPE):
     sums, grads = _forward_backward(h_ND, table_VD, targets_N, weights_N, smoothing, dtype,
-                                    tile)
+                                    tile, logits_dtype)
   # (zero-size arrays carry the input dtypes: residuals must be arrays)
   return sums, (grads, targets_N, weights_N, smoothing, jnp.zeros((0,), h_ND.dtype),
                 jnp.zeros((0,), table_VD.dtype))
 
 
-def _output_loss_bwd(dtype, tile, residuals, cotangents):
+def _output_loss_bwd(dtype, tile, logits_dtype, residuals, cotangents):
   (dh_ND, dtable_VD), targets_N, weights_N, smoothing, h_like, table_like = residuals
   g = cotangents[0]  # the loss sum's; the NLL sum and the count are not differentiated
   zeros_like_int = np.zeros(targets_N.shape, jax.dtypes.float0)
@@ -184,20 +221,26 @@ _output_loss.defvjp(_output_loss_fwd, _output_loss_bwd)
 
 
 def device_output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing: float, dtype,
-                       tile: int, mesh: Mesh | None, batch_axes: tuple[str, ...]):
+                       tile: int, mesh: Mesh | None, batch_axes: tuple[str, ...],
+                       logits: str = "float32"):
   """`output_loss` computed on each device for its own tokens (the leading axis split over
   `batch_axes` of `mesh`, the table replicated), the sums added over devices after. Without a
-  mesh, with one device per batch, or with other mesh axes in use, it is `output_loss`."""
+  mesh, with one device per batch, or with other mesh axes in use, it is `output_loss`.
+  `tile` and `logits` (config.model.loss_tile_tokens and logits_dtype) are resolved for the
+  platform the program is traced for."""
   tile = tile_for(traced_for(), tile, table_VD.shape[0])
+  logits_dtype = logits_dtype_for(logits, dtype, traced_for())
   axes = tuple(a for a in batch_axes if mesh is not None and mesh.shape[a] > 1)
   if not axes or any(mesh.shape[a] > 1 for a in mesh.axis_names if a not in batch_axes):
-    return output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile)
+    return output_loss(h_ND, table_VD, targets_N, weights_N, label_smoothing, dtype, tile,
+                       logits_dtype)
 
   smoothing = jnp.stack([jnp.asarray(c, jnp.float32) for c in smoothing_constants(
       table_VD.shape[0], label_smoothing)])  # (an argument: a population's are traced)
 
   def local(h, table, targets, weights, smoothing):
-    sums = _output_loss(h, table, targets, weights, tuple(smoothing), dtype, tile)
+    sums = _output_loss(h, table, targets, weights, tuple(smoothing), dtype, tile,
+                        logits_dtype)
     return tuple(jax.lax.psum(x, axes) for x in sums)
 
   # (check_vma=False: the scan's carry is the device's own table gradient; shard_map's

@@ -32,7 +32,8 @@ def training_loss_sums(model, params, batch, rngs, label_smoothing: float, mesh=
   return device_output_loss(
       hidden_BTD.reshape(-1, hidden_BTD.shape[-1]), table_VD, targets_BT.reshape(-1),
       (targets_BT > 0).reshape(-1).astype(jnp.float32), label_smoothing,
-      compute_dtype(model.config), model.config.loss_tile_tokens, mesh, BATCH_AXES)
+      compute_dtype(model.config), model.config.loss_tile_tokens, mesh, BATCH_AXES,
+      model.config.logits_dtype)
 
 
 def _loss_sums(model, params, batch, rngs, label_smoothing, mesh, param_shardings):

@@ -137,7 +137,7 @@ def test_the_targets_devices_are_the_slices_chips():
 def test_auto_choices_are_made_as_on_a_tpu():
   cfg = check.for_target(tiny_train_config(**{"model.dtype": "auto",
                                               "model.attention_impl": "auto"}))
-  assert (cfg.model.dtype, cfg.model.attention_impl) == ("bfloat16", "xla")
+  assert (cfg.model.dtype, cfg.model.attention_impl) == ("bfloat16", "softmax_once")
   kept = check.for_target(tiny_train_config(**{"model.attention_impl": "einsum"}))
   assert (kept.model.dtype, kept.model.attention_impl) == ("float32", "einsum")
   assert jax.default_backend() == "cpu"  # (describing TPU devices started no TPU backend)

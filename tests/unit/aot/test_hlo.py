@@ -149,3 +149,17 @@ def test_traffic_is_counted_by_block_with_loop_trips_and_without_the_compilers_s
   condition = 1 + 4 + 4                                         # (the loop's i < 4, unnamed)
   assert found[hlo.COMPILER_MOVES] == 2 * array + condition     # the relayout copy
   assert sum(found.values()) == 12 * array + condition          # (no prefetch counted)
+
+
+def test_the_compilers_estimated_cycles_are_summed_by_block_with_loop_trips():
+  def estimate(cycles):
+    return ', backend_config={"window_config":{"estimated_cycles":"%d"}}' % cycles
+  text = (TRAFFIC.replace('calls=%fused, metadata={op_name="jit(train_step)/jvp()',
+                          'calls=%fused' + estimate(300) + ', metadata={op_name="jit(train_step)/jvp()')
+          .replace("%q = f32[256]{0} fusion(%cd), kind=kLoop, calls=%fused",
+                   "%q = f32[256]{0} fusion(%cd), kind=kLoop, calls=%fused" + estimate(1000))
+          .replace("copy(%q)", "copy(%q)" + estimate(7)))
+  found = hlo.Module.parse(text).cycles_by_block()
+  assert (found["attention"], found["output layer and loss"]) == (1000, 4 * 300)
+  assert found[hlo.COMPILER_MOVES] == 7
+  assert hlo.Module.parse(TRAFFIC).cycles_by_block() == {}  # (none recorded: XLA:CPU's)

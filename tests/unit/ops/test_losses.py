@@ -73,6 +73,49 @@ def test_bfloat16_fused_loss_is_close_to_float32():
     assert err < 0.02, err
 
 
+def test_bf16_logits_match_the_plain_path_within_their_rounding():
+  """With bf16 logits (TPUs' auto) the fused loss, each token's NLL (its target's logit now
+  computed from its own table row) and the gradients are the plain path's within the
+  rounding of logits to bf16. (XLA:CPU may keep the logits' f32 bits where it fuses their
+  conversions, so the TPU's exact rounding cannot be asserted here.)"""
+  rng = np.random.default_rng(2)
+  n, D, V = 384, 32, 300
+  h = jnp.asarray(rng.normal(size=(n, D)), jnp.float32)
+  table = jnp.asarray(rng.normal(size=(V, D)) * 0.3, jnp.float32)
+  targets = jnp.asarray(rng.integers(1, V, n), jnp.int32)
+  weights = jnp.asarray(rng.random(n) > 0.2, jnp.float32)
+
+  def plain(h, table, weights=weights):
+    logits = jnp.einsum("cd,vd->cv", h.astype(jnp.bfloat16), table.astype(jnp.bfloat16),
+                        preferred_element_type=jnp.float32)
+    return losses.cross_entropy(logits, targets, weights, 0.1)
+
+  def fused(h, table, weights=weights):
+    return losses.output_loss(h, table, targets, weights, 0.1, jnp.bfloat16, 128,
+                              jnp.bfloat16)
+
+  np.testing.assert_allclose(fused(h, table), plain(h, table), rtol=1e-3)
+  # token by token (a weight of 1 on one token): logits of |x| < 4 are within 2^-7 in bf16
+  one_token = jnp.eye(n, dtype=jnp.float32)[:32]
+  per_token = [jax.vmap(lambda w, path=path: path(h, table, w)[1])(one_token)
+               for path in (fused, plain)]
+  np.testing.assert_allclose(per_token[0], per_token[1], atol=2 * 2.0**-7)
+  got = jax.grad(lambda h, t: fused(h, t)[0], argnums=(0, 1))(h, table)
+  want = jax.grad(lambda h, t: plain(h, t)[0], argnums=(0, 1))(h, table)
+  for g, w in zip(got, want):
+    err = float(jnp.linalg.norm(g - w) / jnp.linalg.norm(w))
+    assert err < 0.01, err
+
+
+def test_bf16_logits_are_auto_on_tpus_only_and_need_bf16_matmuls():
+  bf16, f32 = jnp.bfloat16, jnp.float32
+  assert [losses.logits_dtype_for("auto", bf16, p) for p in ("tpu", "gpu", "cpu")] == [
+      bf16, f32, f32]
+  assert losses.logits_dtype_for("bfloat16", bf16, "cpu") == bf16
+  assert losses.logits_dtype_for("bfloat16", f32, "tpu") == f32
+  assert losses.logits_dtype_for("float32", bf16, "tpu") == f32
+
+
 def test_the_loss_tile_is_the_configured_one_on_cpu_and_at_least_8192_tokens_elsewhere():
   V = 32000
   assert [losses.tile_for("cpu", t, V) for t in (256, 0, 20000)] == [256, 0, 20000]

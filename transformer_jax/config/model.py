@@ -100,10 +100,6 @@ class ModelConfig:
   # matmuls only; residual stream, LayerNorm statistics, softmax and loss stay f32); "auto":
   # bfloat16 in programs traced for GPUs, float32 elsewhere (model.embeddings.activation_dtype)
   activation_dtype: str = option(FREE, choices=("auto", *DTYPES), before="float32")
-  # "float32" or "bfloat16": the residual stream between blocks (with bf16 matmuls; LayerNorm
-  # statistics stay f32); "auto": bfloat16 in programs traced for TPUs, float32 elsewhere
-  # (model.embeddings.residual_dtype)
-  residual_dtype: str = option(FREE, choices=("auto", *DTYPES), before="float32")
   # what the fused output layer + loss writes its (tokens, vocab) logits in (with bf16 matmuls;
   # statistics, loss and gradient in f32 either way); "auto": bfloat16 in programs traced for
   # TPUs, float32 elsewhere (ops.losses.logits_dtype_for)

@@ -67,8 +67,6 @@ def get_config():
                                         # cudnn on GPUs, softmax_once on TPUs, einsum on CPUs
   config.model.activation_dtype = "auto"  # between matmuls, with bf16 matmuls: "bfloat16" or
                                         # "float32"; auto: bf16 on GPUs, f32 elsewhere
-  config.model.residual_dtype = "auto"  # the residual stream, with bf16 matmuls: "bfloat16" or
-                                        # "float32"; auto: bf16 on TPUs, f32 elsewhere
   config.model.logits_dtype = "auto"    # the fused loss's logits, with bf16 matmuls: "bfloat16"
                                         # or "float32"; auto: bf16 on TPUs, f32 elsewhere
   config.model.loss_tile_tokens = 256   # output layer + loss in tiles of tokens (accelerators:

@@ -40,20 +40,6 @@ def activation_dtype(cfg: ModelConfig) -> Any:
   return None
 
 
-def residual_dtype(cfg: ModelConfig) -> Any:
-  """The dtype of the residual stream between blocks (post-LN: the LayerNorms' outputs; pre-LN:
-  each block's sum): bf16 with config.model.residual_dtype="bfloat16" and bf16 matmuls, else
-  None (f32). LayerNorm statistics stay f32. "auto" is bf16 in a program traced for TPUs
-  (as T5X and MaxText keep theirs; the TPU compiler predicts wmt_base's and wmt_big's steps
-  faster with it: BENCHMARKS.md, "The TPU memory wall"), f32 elsewhere."""
-  wanted = cfg.residual_dtype
-  if wanted == "auto":
-    wanted = "bfloat16" if traced_for() == "tpu" else "float32"
-  if wanted == "bfloat16" and compute_dtype(cfg) == jnp.bfloat16:
-    return jnp.bfloat16
-  return None
-
-
 def _param(module, name, init, shape, axes):
   return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
 

@@ -23,7 +23,6 @@ from transformer_jax.model.embeddings import (
   Projection,
   activation_dtype,
   compute_dtype,
-  residual_dtype,
 )
 from transformer_jax.ops.dropout import Dropout
 
@@ -81,14 +80,12 @@ class ResidualBlock(nn.Module):
   def __call__(self, x_BTD, sublayer, deterministic: bool):
     cfg = self.config
     # Pre-LN: the norm feeds the sublayer's matmuls (in the activation dtype; its statistics
-    # in f32). Post-LN: it is the residual stream (f32, or config.model.residual_dtype).
-    stream = residual_dtype(cfg)
-    norm = make_norm(cfg, "layer_norm",
-                     activation_dtype(cfg) if cfg.pre_layer_norm else stream)
+    # in f32). Post-LN: it is the residual stream, which stays f32 (the TPU compiler predicts
+    # a bf16 stream slower: BENCHMARKS.md, "The TPU memory wall").
+    norm = make_norm(cfg, "layer_norm", activation_dtype(cfg) if cfg.pre_layer_norm else None)
     dropout = Dropout(cfg.dropout_rate)
     if cfg.pre_layer_norm:
-      out_BTD = x_BTD + dropout(sublayer(norm(x_BTD)), deterministic=deterministic)
-      return out_BTD if stream is None else out_BTD.astype(stream)
+      return x_BTD + dropout(sublayer(norm(x_BTD)), deterministic=deterministic)
     return norm(x_BTD + dropout(sublayer(x_BTD), deterministic=deterministic))
 
 

@@ -13,7 +13,6 @@ from transformer_jax.model.embeddings import (
   ROTARY_BASE,
   activation_dtype,
   relative_position_bucket,
-  residual_dtype,
   rotary,
   sinusoidal_positions,
 )
@@ -109,17 +108,6 @@ def test_relative_position_buckets_equal_t5s_formula():
   assert list(np.asarray(both)) == [0, 1, 17, 15, 31]
   causal = relative_position_bucket(jnp.asarray([3, -3, -500]), False, 32, 128)
   assert list(np.asarray(causal)) == [0, 3, 31]
-
-
-def test_auto_residual_stream_is_bf16_only_in_programs_traced_for_tpus():
-  bf16 = helpers.section("model", dtype="bfloat16", residual_dtype="auto")
-  assert residual_dtype(bf16) is None  # (this process's backend: the CPU, as before)
-  for platform, expected in (("tpu", jnp.bfloat16), ("gpu", None), ("cpu", None)):
-    with tracing_for(platform):
-      assert residual_dtype(bf16) == expected, platform
-  with tracing_for("tpu"):  # (a bf16 stream only with bf16 matmuls)
-    assert residual_dtype(helpers.section("model", dtype="float32",
-                                          residual_dtype="auto")) is None
 
 
 def test_auto_activations_are_bf16_only_in_programs_traced_for_gpus():

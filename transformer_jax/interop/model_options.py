@@ -87,6 +87,7 @@ ROWS = {
     "dtype": Row("", Marian(about="float32: what imports are checked in")),
     "attention_impl": Row("", NOT_MARIAN),
     "activation_dtype": Row("", NOT_MARIAN),
+    "logits_dtype": Row("", NOT_MARIAN),
     "loss_tile_tokens": Row("", NOT_MARIAN),
     "remat": Row("", NOT_MARIAN),
     "scan_layers": Row("per-layer weights (a scanned run's are unstacked)", NOT_MARIAN),

@@ -75,7 +75,7 @@ def section(name: str, **overrides):
 # ------------------------------------------------------------------------------ models
 @functools.lru_cache(maxsize=None)
 def _mesh():
-  return mesh_lib.make_mesh(sections.ParallelismConfig((1, 1, 1), (), "off"), jax.devices()[:1])
+  return mesh_lib.make_mesh(sections.ParallelismConfig((1, 1, 1), ()), jax.devices()[:1])
 
 
 def fsdp_split(params, shardings) -> tuple[list, list]:

@@ -154,10 +154,6 @@ class ParallelismConfig:
   # (logical parameter axis, mesh axis or None = replicated): which mesh axis splits each
   # parameter axis; with the shipped rules the mesh shape picks it (docs/guides/accelerators.md)
   axis_rules: tuple[tuple[str, str | None], ...]
-  # the optimizer's update split over the `data` axis (weight-update sharding): gradients
-  # reduce-scattered, each device updating its part of every parameter, the parameters
-  # all-gathered; "auto": on in programs traced for TPUs (parallel.mesh.update_sharded)
-  shard_update: str = declared(before="off", choices=("auto", "on", "off"))
 
   def __post_init__(self):
     object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
@@ -167,7 +163,6 @@ class ParallelismConfig:
                         f"{len(MESH_AXES)} entries {MESH_AXES}")
     if list(self.mesh_shape).count(-1) > 1:
       raise ConfigError(f"config.parallelism.mesh_shape={self.mesh_shape}: at most one -1")
-    check_choice("config.parallelism.shard_update", self.shard_update, ("auto", "on", "off"))
     for name, axis in self.axis_rules:
       if axis is not None and axis not in MESH_AXES:
         raise ConfigError(f"config.parallelism.axis_rules maps {name!r} to unknown mesh axis "

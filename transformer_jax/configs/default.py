@@ -160,9 +160,6 @@ def get_config():
   config.parallelism.axis_rules = (
       ("embed", "fsdp"), ("vocab", "tensor"), ("heads", "tensor"), ("mlp", "tensor"),
       ("kv", None), ("layers", None))
-  # The optimizer's update split over the data axis ("on", "off"; auto: on TPUs): gradients
-  # reduce-scattered, each device updating its part, the parameters all-gathered.
-  config.parallelism.shard_update = "auto"
   # A population: K members trained as one program on the same batches, each with its own
   # values of these keys (a tuple of K each; () = the run's value) or seeds=N (seed + i).
   # Each member is written as a workdir of its own, <workdir>/members/<i>/ (docs/guides/sweeps.md).

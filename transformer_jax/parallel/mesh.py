@@ -83,45 +83,6 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def update_sharded(cfg: ParallelismConfig, mesh: Mesh, platform: str) -> bool:
-  """Whether the optimizer's update is split over the mesh's `data` axis
-  (config.parallelism.shard_update; "auto": in programs traced for TPUs, where each of the
-  data-parallel chips updating every parameter is a large part of a step's time: BENCHMARKS.md,
-  "The TPU memory wall")."""
-  wanted = cfg.shard_update == "on" or (cfg.shard_update == "auto" and platform == "tpu")
-  return wanted and mesh.shape["data"] > 1
-
-
-def with_update_axis(sharding: NamedSharding, shape: tuple[int, ...]) -> NamedSharding:
-  """`sharding` with the `data` axis added on the largest dimension of `shape` that it
-  divides and no other mesh axis of more than one device splits: where each device keeps and
-  updates its part of an optimizer-state array (unchanged where no dimension qualifies, e.g.
-  a scalar)."""
-  mesh, size = sharding.mesh, sharding.mesh.shape["data"]
-  spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
-  axes = [() if s is None else (s,) if isinstance(s, str) else tuple(s) for s in spec]
-  free = [d for d in range(len(shape)) if math.prod(mesh.shape[a] for a in axes[d]) == 1
-          and shape[d] % size == 0]
-  if size == 1 or not free or any("data" in a for a in axes):
-    return sharding
-  dim = max(free, key=lambda d: shape[d])
-  return NamedSharding(mesh, P(*spec[:dim], (*axes[dim], "data"), *spec[dim + 1:]))
-
-
-def constrained_for_update(tree, shardings, gradients: bool = False):
-  """`tree` (gradients, or updated parameters) laid out as `with_update_axis` splits the
-  arrays of `shardings` (the parameters'), each device updating its part. Gradients first in
-  the parameters' own layout: constrained to the split alone, the layout would propagate
-  back into the model's products (the TPU compiler then split their weights and looped over
-  collective permutes); of the sum over the data axis the TPU compiler can take each
-  device's part as a reduce-scatter."""
-  def constrained(x, sharding):
-    if gradients:
-      x = jax.lax.with_sharding_constraint(x, sharding)
-    return jax.lax.with_sharding_constraint(x, with_update_axis(sharding, x.shape))
-  return jax.tree_util.tree_map(constrained, tree, shardings)
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

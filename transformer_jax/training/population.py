@@ -173,8 +173,7 @@ def stacked_sharding(member_sharding, mesh):
 def population_init(pop: Population, mesh):
   """(init(keys (K, 2)) -> PopulationState, its shardings); a ConfigError for a mesh that
   cannot split a member's parameters."""
-  init, member_sharding = state_init(pop.base, Transformer(pop.base.model), mesh,
-                                     shard_update=False)
+  init, member_sharding = state_init(pop.base, Transformer(pop.base.model), mesh)
   sharding = PopulationState(stacked_sharding(member_sharding, mesh),
                              mesh_lib.replicated(mesh))
 

@@ -16,7 +16,6 @@ from flax.training import train_state
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.ops.platform import traced_for
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.training.optimizer import make_optimizer
 
@@ -45,16 +44,14 @@ class EmaTrainState(TrainState):
     return self.ema_params
 
 
-def state_init(cfg: TrainConfig, model: Transformer, mesh, shard_update: bool = True):
+def state_init(cfg: TrainConfig, model: Transformer, mesh):
   """(init(rng) -> boxed TrainState, the state's shardings on `mesh`); a ConfigError when the
-  mesh cannot split the parameters evenly (checked before anything is compiled). With
-  `shard_update` (a single run's state, not a population member's) and
-  `parallel.mesh.update_sharded`, the optimizer state is also split over the data axis."""
-  init, state_sharding, _ = _described(cfg, model, mesh, shard_update)
+  mesh cannot split the parameters evenly (checked before anything is compiled)."""
+  init, state_sharding, _ = _described(cfg, model, mesh)
   return init, state_sharding
 
 
-def _described(cfg: TrainConfig, model: Transformer, mesh, shard_update: bool = True):
+def _described(cfg: TrainConfig, model: Transformer, mesh):
   """`state_init`'s two, and the boxed state's shapes (one trace of the model's init)."""
   tx = make_optimizer(cfg.optimizer, cfg.num_train_steps)
   dummy = np.ones((1, 8), np.int32)  # (numpy, and a key's shape below: no op to compile)
@@ -74,10 +71,6 @@ def _described(cfg: TrainConfig, model: Transformer, mesh, shard_update: bool = 
     raise ConfigError(f"config.parallelism: mesh {dict(mesh.shape)} and its axis rules cannot "
                       "split the model's parameters evenly: " + "; ".join(problems)
                       + ". Change config.parallelism.mesh_shape, the axis rules or the sizes.")
-  if shard_update and mesh_lib.update_sharded(cfg.parallelism, mesh, traced_for()):
-    state_sharding = state_sharding.replace(opt_state=jax.tree_util.tree_map(
-        lambda sharding, x: mesh_lib.with_update_axis(sharding, x.shape),
-        state_sharding.opt_state, nn.meta.unbox(boxed).opt_state))
   return init, state_sharding, boxed
 
 

@@ -13,7 +13,6 @@ from transformer_jax.model.embeddings import compute_dtype
 from transformer_jax.model.transformer import apply_to_batch
 from transformer_jax.ops.interleave import split_interleaved
 from transformer_jax.ops.losses import cross_entropy, device_output_loss
-from transformer_jax.ops.platform import traced_for
 from transformer_jax.parallel import fsdp
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.parallel.mesh import BATCH_AXES
@@ -59,7 +58,7 @@ def ema_decay_at(decay: float, step):
 
 def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoothing: float,
                num_micro_batches: int = 1, nonfinite_at_step: int = 0, mesh=None, tx=None,
-               ema_decay=None, param_shardings=None, update_shardings=None):
+               ema_decay=None, param_shardings=None):
   """One optimizer step; returns the new state and metric sums with their denominators.
 
   `lr_scale` multiplies the update (for AdamW: the learning rate, weight decay included): the
@@ -76,9 +75,7 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   `nonfinite_at_step` injects NaN gradients at that step (preemption.Faults, for tests).
   `mesh` (the one the step is jitted over) lets the output loss run per device;
   `param_shardings`: the parameters' shardings when `fsdp` splits them (None otherwise): the
-  loss per device, the gradients reduce-scattered (`parallel.fsdp`). `update_shardings`: the
-  parameters' shardings when the update is split over the data axis (None otherwise): the
-  gradients and the updated parameters laid out as `parallel.mesh.with_update_axis` splits them. `tx` and `ema_decay`,
+  loss per device, the gradients reduce-scattered (`parallel.fsdp`). `tx` and `ema_decay`,
   when given, stand for the state's own (a population member's, built from its traced values:
   `training.population`).
   """
@@ -99,8 +96,6 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
   if nonfinite_at_step:
     grads = jax.tree_util.tree_map(
         lambda g: jnp.where(step == nonfinite_at_step, jnp.nan, g), grads)
-  if update_shardings is not None:  # (each device updates its part; parameters gathered after)
-    grads = mesh_lib.constrained_for_update(grads, update_shardings, gradients=True)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss_sum) & jnp.isfinite(grad_norm)
   updates, opt_state = (tx or state.tx).update(grads, state.opt_state, state.params)
@@ -111,9 +106,6 @@ def train_step(state: TrainState, batch, rng, lr_scale=1.0, *, model, label_smoo
     d = ema_decay_at(state.ema_decay if ema_decay is None else ema_decay, step)
     updated = updated.replace(ema_params=jax.tree_util.tree_map(
         lambda e, p: d * e + (1.0 - d) * p, state.ema_params, updated.params))
-  if update_shardings is not None:
-    updated = updated.replace(params=mesh_lib.constrained_for_update(updated.params,
-                                                                     update_shardings))
   new_state = jax.tree_util.tree_map(lambda new, old: jnp.where(finite, new, old),
                                      updated, state.replace(step=step))
   return new_state, {"loss_sum": jnp.where(finite, loss_sum, 0.0),
@@ -157,10 +149,7 @@ def compile_step(cfg, model, mesh, state_sharding, nonfinite_at_step: int = 0):
                         num_micro_batches=cfg.num_micro_batches,
                         nonfinite_at_step=nonfinite_at_step, mesh=mesh,
                         param_shardings=state_sharding.params
-                        if mesh.shape["fsdp"] > 1 else None,
-                        update_shardings=state_sharding.params
-                        if mesh_lib.update_sharded(cfg.parallelism, mesh, traced_for())
-                        else None),
+                        if mesh.shape["fsdp"] > 1 else None),
       in_shardings=(state_sharding, mesh_lib.batch_sharding(mesh), replicated,
                     *lr_scale_sharding),
       out_shardings=(state_sharding, replicated),

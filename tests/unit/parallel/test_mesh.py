@@ -2,8 +2,6 @@
 
 import jax
 import pytest
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.parallel import mesh as sharding
@@ -27,23 +25,3 @@ def test_cpu_devices_keep_their_order():
   devices = jax.devices()
   grid = sharding.device_grid((len(devices), 1, 1), devices)
   assert grid.shape == (len(devices), 1, 1) and list(grid.ravel()) == devices
-
-
-
-def test_the_update_axis_goes_on_the_largest_dimension_no_other_axis_splits():
-  """Weight-update sharding: each optimizer-state array gets the data axis on its largest
-  dimension that the data axis divides and that no mesh axis of more than one device already
-  splits; arrays with no such dimension, or already split over data, keep their layout."""
-  mesh = jax.sharding.AbstractMesh((4, 1, 2), ("data", "fsdp", "tensor"))
-
-  def with_axis(spec, shape):
-    return sharding.with_update_axis(NamedSharding(mesh, spec), shape).spec
-  assert with_axis(P("fsdp", "tensor", None), (512, 8, 64)) == P(("fsdp", "data"), "tensor",
-                                                                  None)
-  assert with_axis(P("fsdp", "tensor", None), (6, 8, 64)) == P("fsdp", "tensor", ("data",))
-  assert with_axis(P("tensor"), (8,)) == P("tensor")  # (tensor splits it: not free)
-  assert with_axis(P(), ()) == P()
-  assert with_axis(P(None), (6,)) == P(None)
-  assert with_axis(P("data", None), (8, 8)) == P("data", None)
-  one = jax.sharding.AbstractMesh((1, 4, 1), ("data", "fsdp", "tensor"))
-  assert sharding.with_update_axis(NamedSharding(one, P("fsdp")), (8,)).spec == P("fsdp")

@@ -154,8 +154,8 @@ def test_traffic_is_counted_by_block_with_loop_trips_and_without_the_compilers_s
 def test_the_compilers_estimated_cycles_are_summed_by_block_with_loop_trips():
   def estimate(cycles):
     return ', backend_config={"window_config":{"estimated_cycles":"%d"}}' % cycles
-  text = (TRAFFIC.replace('calls=%fused, metadata={op_name="jit(train_step)/jvp()',
-                          'calls=%fused' + estimate(300) + ', metadata={op_name="jit(train_step)/jvp()')
+  loss = ', metadata={op_name="jit(train_step)/jvp()'
+  text = (TRAFFIC.replace("calls=%fused" + loss, "calls=%fused" + estimate(300) + loss)
           .replace("%q = f32[256]{0} fusion(%cd), kind=kLoop, calls=%fused",
                    "%q = f32[256]{0} fusion(%cd), kind=kLoop, calls=%fused" + estimate(1000))
           .replace("copy(%q)", "copy(%q)" + estimate(7)))

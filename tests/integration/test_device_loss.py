@@ -45,6 +45,15 @@ for tile in (256, 0):
   out[f"tile {tile}"] = {
       "sums": [abs(a - b) / abs(a) for a, b in zip(plain[0], dev[0])],
       "grads": [float(np.abs(a - b).max() / np.abs(a).max()) for a, b in zip(plain[1], dev[1])]}
+# bf16 logits (TPUs' auto) per device, against the same loss on one device
+one = value_and_grads(lambda h, t, y, w: losses.output_loss(h, t, y, w, 0.1, jnp.bfloat16, 0,
+                                                            jnp.bfloat16))
+dev = value_and_grads(lambda h, t, y, w: losses.device_output_loss(
+    h, t, y, w, 0.1, jnp.bfloat16, 0, mesh, mesh_lib.BATCH_AXES, "bfloat16"))
+out["bf16 logits"] = {
+    "sums": [abs(a - b) / abs(a) for a, b in zip(one[0], dev[0])],
+    "grads": [float(np.abs(a - b).max() / np.abs(a).max()) for a, b in zip(one[1], dev[1])],
+    "against f32": abs(one[0][0] - plain[0][0]) / abs(plain[0][0])}
 
 # The train step of the tiny model on a (8, 1, 1) mesh: where the table-gradient all-reduce is.
 cfg, model, _ = tiny_setup(**{"model.vocab_size": 512, **ONE_LAYER})
@@ -86,6 +95,9 @@ def test_per_device_loss_equals_the_plain_loss_and_reduces_once_after_the_loop()
   for tile in ("tile 256", "tile 0"):  # (16 tiles of 256 per device, and one of 512)
     assert max(out[tile]["sums"]) < 1e-5, out
     assert max(out[tile]["grads"]) < 1e-5, out
+  bf16 = out["bf16 logits"]  # (the per-device sums of bf16 products: bf16-level agreement)
+  assert max(bf16["sums"]) < 1e-4 and max(bf16["grads"]) < 2e-2, bf16
+  assert 0 < bf16["against f32"] < 1e-2, bf16
   # The global loss's scan over tiles all-reduces the table gradient in its loop (the
   # behaviour this replaces); per device, the one all-reduce is outside every loop.
   assert out["global"]["in_loops"] >= 1, out

@@ -219,12 +219,15 @@ class Module:
     return self._by_block(moved)
 
   def cycles_by_block(self) -> dict[str, int]:
-    """The compiler's own estimate of its time per run, in cycles, by model block (as
-    `traffic_by_block`): the `estimated_cycles` the TPU compiler records for each top-level
-    operation, loop trips applied; what its step estimate adds up from, so where a block's
-    time goes whether its bound is memory, the matrix units or the vector units (elementwise
-    work). Empty where the compiler records none (XLA:CPU, XLA:GPU)."""
+    """The compiler's own estimate of each operation's time, in cycles, summed by model block
+    (as `traffic_by_block`): the `estimated_cycles` the TPU compiler records for each
+    top-level operation, loop trips applied. The sum is not its step estimate (which also
+    weighs overlap and collectives), so read as shares: where a block's time goes whether
+    its bound is memory, the matrix units or the vector units (elementwise work). Empty
+    where the compiler records none (XLA:CPU, XLA:GPU)."""
     def cycles(i: Instruction, shapes: dict[str, str]) -> int:
+      if i.op in _NOT_TRAFFIC:  # (loops' own cycles would count their bodies twice)
+        return 0
       found = re.search(r'"estimated_cycles":"(\d+)"', i.rest)
       return int(found.group(1)) if found else 0
     found = self._by_block(cycles)
@@ -245,7 +248,8 @@ class Module:
         size = times * measure(i, shapes)
         if not size:
           continue
-        if i.op.removesuffix("-done") in COLLECTIVES or self._reduce_scatter_fusion(i):
+        if (i.op.removesuffix("-start").removesuffix("-done") in COLLECTIVES
+            or self._reduce_scatter_fusion(i)):
           found["collectives"] += size
           continue
         where = re.search(r'op_name="([^"]*)"', i.rest)

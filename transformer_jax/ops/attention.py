@@ -54,11 +54,15 @@ def softmax_once_attention(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, dtype):
 
 def _attention_fwd(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, dtype):
   out_BTHK, probs_BHTS = _forward(q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, dtype)
-  return out_BTHK, (q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, probs_BHTS, out_BTHK)
+  # (the mask and the bias are not read by the backward pass: zero-size stand-ins carry the
+  # mask's shape and the bias's dtype, as large as nothing)
+  mask_like = jnp.zeros(mask_BHTS.shape + (0,), bool)
+  bias_like = None if bias_BHTS is None else jnp.zeros((0,), bias_BHTS.dtype)
+  return out_BTHK, (q_BTHK, k_BSHK, v_BSHK, mask_like, bias_like, probs_BHTS, out_BTHK)
 
 
 def _attention_bwd(dtype, residuals, d_out_BTHK):
-  q_BTHK, k_BSHK, v_BSHK, mask_BHTS, bias_BHTS, probs_BHTS, out_BTHK = residuals
+  q_BTHK, k_BSHK, v_BSHK, mask_like, bias_like, probs_BHTS, out_BTHK = residuals
   scale = 1.0 / math.sqrt(q_BTHK.shape[-1])
   d_out = d_out_BTHK.astype(dtype)
   d_v_BSHK = jnp.einsum("bhts,bthk->bshk", probs_BHTS, d_out,
@@ -73,8 +77,8 @@ def _attention_bwd(dtype, residuals, d_out_BTHK):
                                 preferred_element_type=jnp.float32)
   d_k_BSHK = jnp.einsum("bhts,bthk->bshk", d_scores, (q_BTHK * scale).astype(dtype),
                         preferred_element_type=jnp.float32)
-  d_bias = None if bias_BHTS is None else d_scores_BHTS.astype(bias_BHTS.dtype)
-  d_mask = np.zeros(mask_BHTS.shape, jax.dtypes.float0)
+  d_bias = None if bias_like is None else d_scores_BHTS.astype(bias_like.dtype)
+  d_mask = np.zeros(mask_like.shape[:-1], jax.dtypes.float0)
   return (d_q_BTHK.astype(q_BTHK.dtype), d_k_BSHK.astype(k_BSHK.dtype),
           d_v_BSHK.astype(v_BSHK.dtype), d_mask, d_bias)
 

@@ -6,8 +6,9 @@ log-probabilities, their gradient — which at vocabulary 8000 is most of a trai
 memory traffic. The fused path walks over chunks of tokens and, for each, computes the logits,
 the loss, *and* its gradient with respect to the hidden states and the output matrix while the
 chunk is still in cache; the backward pass only scales them. The numbers are the same as the
-plain path's (tested); only the order of the work changes. Evaluation and decoding use the
-model's logits and `cross_entropy`.
+plain path's (tested); only the order of the work changes. With bf16 logits
+(`logits_dtype_for`, TPUs) they are the plain path's within the logits' bf16 rounding.
+Evaluation and decoding use the model's logits and `cross_entropy`.
 
 `device_output_loss` runs it per device over a mesh's data axes (`shard_map`): each device walks
 over its own tokens' tiles and accumulates its own output-matrix gradient, and the one
@@ -35,7 +36,7 @@ LOSS_SCOPE = "output_loss"  # the fused loss's operations' name scope
 # The smallest tile on accelerators, up to LOGITS_BUDGET bytes of a tile's f32 logits. Each
 # tile reads and writes the output matrix's f32 gradient accumulator: on a TPU v5p, wmt_base's
 # 8192 tokens per chip in 256-token tiles moved several GB more memory traffic per step than
-# in one tile (BENCHMARKS.md, "Compiled for TPUs without one"), while 8192 tokens' logits at
+# in one tile (BENCHMARKS.md, "Compiled for TPUs without one"), while 8192 tokens' f32 logits at
 # vocabulary 32000 take 1 GiB. On CPU the configured tile stays: a cache-sized one ran faster there.
 ACCELERATOR_TILE_TOKENS = 8192
 LOGITS_BUDGET = 2**30
@@ -83,9 +84,10 @@ def cross_entropy(logits_BTV, targets_BT, weights_BT, label_smoothing: float):
 def logits_dtype_for(setting: str, dtype, platform: str) -> jnp.dtype:
   """The dtype the fused loss writes its (tokens, vocab) logits in: `setting`
   (config.model.logits_dtype), "auto" resolved for `platform`: bf16 on TPUs with bf16
-  matmuls (the logits are most of the loss's memory traffic there, and the step is
-  memory-bound: BENCHMARKS.md, "The TPU memory wall"), f32 elsewhere. Statistics, the loss
-  and its gradient are computed in f32 either way; bf16 logits need bf16 matmuls."""
+  matmuls (the logits are most of the loss's memory traffic, and the TPU compiler predicts
+  the step faster with them: BENCHMARKS.md, "The TPU memory wall"), f32 elsewhere.
+  Statistics, the loss and its gradient are computed in f32 either way; bf16 logits need
+  bf16 matmuls."""
   if setting == "auto":
     setting = "bfloat16" if platform == "tpu" else "float32"
   return jnp.bfloat16 if setting == "bfloat16" and dtype == jnp.bfloat16 else jnp.float32
@@ -94,7 +96,8 @@ def logits_dtype_for(setting: str, dtype, platform: str) -> jnp.dtype:
 def _target_logits(logits_CV, h_CD, table_VD, targets_C, dtype):
   """Each token's logit of its target, in f32. From f32 logits, picked out of them; from
   16-bit ones, each computed from its own row of the table and rounded as the logits were:
-  the same number without one more pass over the (tokens, vocab) array."""
+  the same number up to summation order, without one more pass over the (tokens, vocab)
+  array."""
   if logits_CV.dtype == jnp.float32:
     return jnp.take_along_axis(logits_CV, targets_C[:, None], axis=-1)[:, 0]
   def rounded(x, to):  # x rounded to the precision of `to`, kept in f32

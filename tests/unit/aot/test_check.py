@@ -57,6 +57,9 @@ def test_data_parallel_all_reduces_the_gradients_and_gathers_no_parameter(compil
   found = module.collectives()
   assert found["all-gather"].count == 0
   assert found["all-reduce"].bytes >= compiled["params_bytes"]  # every gradient, summed whole
+  # the TPU compiler's estimated cycles, by block (the report's "compiler's time")
+  cycles = module.cycles_by_block()
+  assert min(cycles["attention"], cycles["feed-forward"], cycles["output layer and loss"]) > 0
 
 
 def test_fsdp_gathers_the_parameters_and_reduce_scatters_the_gradients(compiled):

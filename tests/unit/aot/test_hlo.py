@@ -158,8 +158,11 @@ def test_the_compilers_estimated_cycles_are_summed_by_block_with_loop_trips():
   text = (TRAFFIC.replace("calls=%fused" + loss, "calls=%fused" + estimate(300) + loss)
           .replace("%q = f32[256]{0} fusion(%cd), kind=kLoop, calls=%fused",
                    "%q = f32[256]{0} fusion(%cd), kind=kLoop, calls=%fused" + estimate(1000))
-          .replace("copy(%q)", "copy(%q)" + estimate(7)))
+          .replace("copy(%q)", "copy(%q)" + estimate(7))
+          .replace("  %r = ", "  %s = f32[256]{0} all-reduce-start(%q)" + estimate(50)
+                   + ', metadata={op_name="jit(train_step)/Transformer/attention/add"}\n  %r = '))
   found = hlo.Module.parse(text).cycles_by_block()
   assert (found["attention"], found["output layer and loss"]) == (1000, 4 * 300)
   assert found[hlo.COMPILER_MOVES] == 7
+  assert found["collectives"] == 50  # (an async collective's start: not its op_name's block)
   assert hlo.Module.parse(TRAFFIC).cycles_by_block() == {}  # (none recorded: XLA:CPU's)

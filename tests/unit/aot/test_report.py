@@ -1,5 +1,7 @@
-"""The compile report's words: the compiler's out-of-memory account in one line, and the
-levers a refusal offers."""
+"""The compile report's words: the compiler's out-of-memory account in one line, the levers
+a refusal offers, and where the traffic and the compiler's time go by block."""
+
+import dataclasses
 
 from tests.helpers import tiny_train_config
 from transformer_jax.aot import check, report
@@ -28,3 +30,16 @@ def test_a_refusal_offers_only_the_levers_not_yet_pulled_and_that_divide():
   assert pulled == "try --config.num_micro_batches=12 (the batch in 12 pieces)"
   decoding = check.levers(tiny_train_config(), "beam_advance")
   assert "--config.decode.batch_size" in decoding and "num_micro_batches" not in decoding
+
+
+def test_the_report_shows_the_compilers_time_by_block_where_it_gives_one():
+  made = report.Report(
+      "train_step", "v5e-4", 4, "step", True, report.Memory(2**30, 0, 2**30, 2**20), 16 * 2**30,
+      "", 0.01, "compiler", 1e12, 1e10, 0.01, 4e12, 0.1, 1e6, {}, [],
+      {"attention": 3 * 2**30, "feed-forward": 2**30}, {"attention": 300, "feed-forward": 100},
+      0.0, 1.0)
+  shown = "\n".join(report.lines(made))
+  assert "HBM traffic per step: attention 75%, feed-forward 25% of 4.00 GiB" in shown
+  assert "the compiler's time per step: attention 75%, feed-forward 25% of 400 cycles" in shown
+  gpu = "\n".join(report.lines(dataclasses.replace(made, cycles={})))
+  assert "the compiler's time" not in gpu  # (none recorded: the CUDA compiler's)

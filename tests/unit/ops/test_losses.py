@@ -95,6 +95,12 @@ def test_bf16_logits_match_the_plain_path_within_their_rounding():
                               jnp.bfloat16)
 
   np.testing.assert_allclose(fused(h, table), plain(h, table), rtol=1e-3)
+  # the logits matmul writes bf16 (and only with bf16 logits asked for)
+  for logits, written in ((jnp.bfloat16, "bfloat16"), (jnp.float32, "float32")):
+    jaxpr = str(jax.make_jaxpr(lambda h, t, logits=logits: losses.output_loss(
+        h, t, targets, weights, 0.1, jnp.bfloat16, 128, logits))(h, table))
+    assert f"preferred_element_type={written}" in jaxpr
+    assert (logits == jnp.float32) == ("preferred_element_type=bfloat16" not in jaxpr)
   # token by token (a weight of 1 on one token): logits of |x| < 4 are within 2^-7 in bf16
   one_token = jnp.eye(n, dtype=jnp.float32)[:32]
   per_token = [jax.vmap(lambda w, path=path: path(h, table, w)[1])(one_token)

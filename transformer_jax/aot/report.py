@@ -253,6 +253,13 @@ def _size(n: float) -> str:
   return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
 
 
+def _shares(by_block: dict[str, float]) -> str:
+  """Each block's share of the total, largest first, those under half a percent left out."""
+  total = sum(by_block.values()) or 1
+  return ", ".join(f"{name} {n / total:.0%}" for name, n in
+                   sorted(by_block.items(), key=lambda kv: -kv[1]) if n / total >= 0.005)
+
+
 def lines(report: Report) -> list[str]:
   """The report as a person reads it."""
   head = f"{report.program} on {report.target}"
@@ -276,18 +283,14 @@ def lines(report: Report) -> list[str]:
               f"ms (a measured step reached {GPU_ROOFLINE_SHARE:.0%} of its roofline)")
   out.append(f"  per {report.per}: {report.seconds * 1e3:.2f} ms [{report.method}]{rate}, "
              f"MFU {report.mfu:.1%}; {counts}")
-  total = sum(report.traffic.values()) or 1
-  blocks = sorted(report.traffic.items(), key=lambda kv: -kv[1])
-  out.append("  HBM traffic per " + report.per + ": " + ", ".join(
-      f"{name} {size / total:.0%}" for name, size in blocks if size / total >= 0.005)
-      + f" of {_size(total)}" + (f" (loops beyond the twin: {_size(report.loop_traffic)})"
-                                 if report.loop_traffic else ""))
+  out.append(f"  HBM traffic per {report.per}: {_shares(report.traffic)} of "
+             f"{_size(sum(report.traffic.values()) or 1)}"
+             + (f" (loops beyond the twin: {_size(report.loop_traffic)})"
+                if report.loop_traffic else ""))
   cycles = sum(report.cycles.values())
   if cycles:  # (where each block's time goes, by the compiler's own estimate)
-    out.append("  the compiler's time per " + report.per + ": " + ", ".join(
-        f"{name} {n / cycles:.0%}" for name, n in sorted(report.cycles.items(),
-                                                         key=lambda kv: -kv[1])
-        if n / cycles >= 0.005) + f" of {cycles:.3g} cycles")
+    out.append(f"  the compiler's time per {report.per}: {_shares(report.cycles)} of "
+               f"{cycles:.3g} cycles")
   used = [f"{c.op} {c.count} ({_size(c.bytes)})" for c in report.collectives.values()
           if c.count]
   loops = ", ".join(f"{lp.trips if lp.trips is not None else '?'} trips" for lp in report.loops)

@@ -113,7 +113,7 @@ def _target_logits(logits_CV, h_CD, table_VD, targets_C, dtype):
 
 
 def _chunk_forward_backward(h_CD, table_VD, targets_C, weights_C, smoothing, dtype,
-                            logits_dtype=jnp.float32):
+                            logits_dtype):
   """Per-token (smoothed loss, NLL) of a chunk, and d(sum of weighted smoothed loss)/d logits
   pushed through the output layer: (dh_CD, dtable_VD). `smoothing`: smoothing_constants';
   `logits_dtype`: what the logits are written in (`logits_dtype_for`)."""

@@ -186,6 +186,33 @@ class InitFromConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PlanConfig:
+  """A run planned to end within a stated time (`config.plan`), when config.num_train_steps is
+  0: the steps from this machine's measured step time, the validations and the test decode
+  kept within the time (training.planning)."""
+  # the whole run's wall clock, from the command's start to the test's result; 0 = no plan
+  minutes: float = declared(before=0.0)
+  # the same where the matmuls run in f32 (config.model.dtype "auto" found no fast bf16: a slower
+  # machine, given longer); 0 = `minutes`
+  f32_minutes: float = declared(before=0.0)
+  # timed steps on a batch of the training's shape before step 1 (after one that compiles)
+  probe_steps: int = declared(before=3)
+  # the share of the training time that validations before the last one may take
+  validation_share: float = declared(before=0.0)
+  # a plan of fewer steps trains without subword sampling (config.data.subword_sampling), which
+  # costs BLEU in short runs and gains in long ones; 0 = as configured at any length
+  sampling_from_steps: int = declared(before=0)
+
+  def __post_init__(self):
+    for name in ("minutes", "f32_minutes", "probe_steps", "sampling_from_steps"):
+      if getattr(self, name) < 0:
+        raise ConfigError(f"config.plan.{name}={getattr(self, name)} must be >= 0")
+    if not 0.0 <= self.validation_share < 1.0:
+      raise ConfigError(f"config.plan.validation_share={self.validation_share} must be in "
+                        "[0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """A whole run: the sections above and the run-level keys (`config.<key>`)."""
   model: ModelConfig
@@ -198,7 +225,7 @@ class TrainConfig:
   # the training batches' order and the tokenizer's sample; -1 = seed (a population's members share
   # the run's)
   data_seed: int = declared(before=-1)
-  num_train_steps: int          # optimizer updates of the whole run
+  num_train_steps: int          # optimizer updates of the whole run; 0 = planned (config.plan)
   log_every_steps: int          # train metrics and the progress line
   eval_every_steps: int         # validation loss + BLEU (and at the last step)
   checkpoint_every_steps: int   # checkpoints (and one at the last step)
@@ -217,6 +244,7 @@ class TrainConfig:
   # which training ends as at its last step (saved, validated, tested); 0 = no limit
   time_budget_minutes: float = declared(before=0.0)
   population: PopulationConfig  # K members trained as one program (config.population)
+  plan: PlanConfig              # the steps that fit a stated time (num_train_steps 0)
 
   @property
   def batch_seed(self) -> int:
@@ -224,7 +252,8 @@ class TrainConfig:
     return self.seed if self.data_seed < 0 else self.data_seed
 
   def __post_init__(self):
-    for name in ("num_train_steps", "log_every_steps", "eval_every_steps",
+    self._check_plan()
+    for name in ("log_every_steps", "eval_every_steps",
                  "checkpoint_every_steps", "max_checkpoints_to_keep", "num_micro_batches"):
       if getattr(self, name) < 1:
         raise ConfigError(f"config.{name}={getattr(self, name)} must be >= 1")
@@ -252,6 +281,22 @@ class TrainConfig:
                         f"config.model.max_len={self.model.max_len}")
 
 
+  def _check_plan(self):
+    """num_train_steps 0 (planned) needs config.plan.minutes and a schedule that the number of
+    steps does not shape (the plan is made after the optimizer is built)."""
+    if self.num_train_steps < 0 or (self.num_train_steps == 0 and not self.plan.minutes):
+      raise ConfigError(f"config.num_train_steps={self.num_train_steps} must be >= 1, or 0 "
+                        "with config.plan.minutes > 0 (steps planned to fit the time)")
+    if self.num_train_steps:
+      return
+    if self.optimizer.schedule not in ("inverse_sqrt", "constant"):
+      raise ConfigError(f"config.num_train_steps=0 (planned) needs config.optimizer.schedule "
+                        f"'inverse_sqrt' or 'constant', not {self.optimizer.schedule!r} (its "
+                        "decay is set by the number of steps): set config.num_train_steps")
+    if self.population.size:
+      raise ConfigError("config.num_train_steps=0 (planned) is not for a population "
+                        "(config.population): set config.num_train_steps")
+
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optimizer": OptimizerConfig,
             "decode": DecodeConfig, "parallelism": ParallelismConfig,
-            "init_from": InitFromConfig, "population": PopulationConfig}
+            "init_from": InitFromConfig, "population": PopulationConfig, "plan": PlanConfig}

@@ -29,7 +29,7 @@ from transformer_jax.reporting.metrics import (
   truncate_metrics,
 )
 from transformer_jax.reporting.progress import Progress
-from transformer_jax.training import decisions, init_from, settled_config, validation
+from transformer_jax.training import decisions, init_from, planning, settled_config, validation
 from transformer_jax.training.decisions import Actions, Decisions, Outcome
 from transformer_jax.training.optimizer import learning_rate_schedule
 from transformer_jax.training.preemption import Faults, Preemption
@@ -97,6 +97,7 @@ class Run:
   stopper: decisions.EarlyStopping
   nonfinite: NonFiniteGuard
   tally: Tally
+  plan_made: planning.Plan | None  # the plan made at this start (None: steps set, or resumed)
 
   def begin(self) -> bool:
     """Before the first step: a validation that SIGTERM cut short is done first; a spent time
@@ -235,6 +236,11 @@ class Run:
       self.tally.final["preempted_at_step"] = step
     else:  # (the test sets: config.data.test_split and each corpus's; none when none is named)
       self.test()
+    if self.plan_made is not None:
+      minutes = planning.seconds_since_start() / 60
+      self.tally.final["run_minutes"] = minutes
+      log.info("The run took %.1f minutes from the command's start; planned: %g (%s)",
+               minutes, self.plan_made.minutes, self.plan_made.minutes_key)
     plots.plot_metrics(self.workdir)
     self.writer.close()
     return self.tally.final
@@ -247,7 +253,13 @@ def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None, run_type
   ends."""
   cfg, config_dict = settled_config.resolve_dtype(cfg, config_dict, workdir)
   cfg, config_dict = settled_config.keep_as_trained(cfg, config_dict, workdir)
-  parts = _model_and_data(cfg, workdir, run_type)
+  parts = _model(cfg, run_type)
+  tokenizer = _tokenizer(cfg, workdir)
+  parts["plan_made"] = None
+  if not cfg.num_train_steps:  # (planned: before the batches, whose recipe the plan picks)
+    cfg, config_dict, parts["plan_made"] = planning.planned(cfg, config_dict, workdir, parts,
+                                                            tokenizer)
+  parts.update(_data(cfg, workdir, parts["mesh"], tokenizer))
   try:
     run = _resumed(parts, config_dict, run_type)
     run.resume_members()
@@ -257,18 +269,31 @@ def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None, run_type
     parts["best_ckpt"].close()
 
 
-def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> dict:
-  """The model, its mesh and initial state, the tokenizer, the training batches on their way
-  to the devices, and the checkpointers: a run's first parts."""
+def _model(cfg: TrainConfig, run_type) -> dict:
+  """The model, its mesh, initial state and step: a run's first parts."""
   mesh = settled_config.make_mesh(cfg)
   model = Transformer(cfg.model)
   state, state_sharding, dropout_rng = run_type.initial_state(cfg, model, mesh)
-  # (fine-tuning's first start: the tokenizer of the run it starts from; once the run has a
-  # checkpoint it resumes from its own, with its own copy, and the source may be gone)
-  starting_from_source = cfg.init_from.workdir and not layout.has_checkpoints(workdir)
+  faults = Faults.from_env()
+  step_fn = run_type.compile_step(cfg, model, mesh, state_sharding, faults)
+  return dict(model=model, mesh=mesh, state=state, state_sharding=state_sharding,
+              dropout_rng=dropout_rng, faults=faults, step_fn=step_fn)
+
+
+def _tokenizer(cfg: TrainConfig, workdir: Path):
+  """The run's tokenizer, trained on first use. (Fine-tuning's first start: the tokenizer of
+  the run it starts from; once the run has a checkpoint it resumes from its own, with its own
+  copy, and the source may be gone.)"""
   data = data_plan(cfg.data)
-  tokenizer = (init_from.load_tokenizer(cfg, workdir, data) if starting_from_source
-               else load_tokenizer(cfg, workdir, data))
+  if cfg.init_from.workdir and not layout.has_checkpoints(workdir):
+    return init_from.load_tokenizer(cfg, workdir, data)
+  return load_tokenizer(cfg, workdir, data)
+
+
+def _data(cfg: TrainConfig, workdir: Path, mesh, tokenizer) -> dict:
+  """The training batches on their way to the devices, the checkpointers and the loop's
+  decisions: the parts that follow the model and the tokenizer."""
+  data = data_plan(cfg.data)
   pipeline = train_pipeline(data, tokenizer, cfg.batch_seed, jax.process_index(),
                             jax.process_count())
 
@@ -281,9 +306,8 @@ def _model_and_data(cfg: TrainConfig, workdir: Path, run_type) -> dict:
   if cfg.optimizer.ema_decay:
     log.info("Moving average of the parameters (decay %g): validation, the best checkpoint "
              "and the test use it", cfg.optimizer.ema_decay)
-  return dict(cfg=cfg, workdir=workdir, decisions=Decisions.of(cfg), model=model, mesh=mesh,
-              data=data, tokenizer=tokenizer, pipeline=pipeline, train_iter=train_iter, state=state,
-              state_sharding=state_sharding, dropout_rng=dropout_rng,
+  return dict(cfg=cfg, workdir=workdir, decisions=Decisions.of(cfg), data=data,
+              tokenizer=tokenizer, pipeline=pipeline, train_iter=train_iter,
               ckpt=Checkpointer(workdir / layout.CHECKPOINTS, cfg.max_checkpoints_to_keep),
               best_ckpt=Checkpointer(workdir / layout.BEST_CHECKPOINTS, 1, best_metric="bleu"))
 
@@ -302,14 +326,12 @@ def _resumed(parts: dict, config_dict: dict | None, run_type) -> Run:
                                              parts["state"])
   if config_dict is not None:  # (only now: a config its checkpoints reject is not recorded)
     layout.save_config(config_dict, workdir)
-  faults, preemption, tally = Faults.from_env(), Preemption(parts["ckpt"].manager), Tally()
+  faults, preemption, tally = parts["faults"], Preemption(parts["ckpt"].manager), Tally()
 
   def cancel_validation() -> bool:  # (between its batches: whether SIGTERM has arrived)
     faults.before_validation_batch(tally.validating)
     return preemption.signalled_here()
 
-  step_fn = run_type.compile_step(cfg, parts["model"], parts["mesh"], parts["state_sharding"],
-                                  faults)
   evaluators = validation.evaluators(cfg, parts["data"], parts["model"], parts["tokenizer"],
                                      parts["mesh"], cancel_validation)
   # (before the writer appends: the records of steps this run redoes go)
@@ -324,7 +346,7 @@ def _resumed(parts: dict, config_dict: dict | None, run_type) -> Run:
   # best checkpoint it never wrote)
   tally.best_bleu, tally.t_last = parts["best_ckpt"].best_value(), time.time()
   return run_type(
-      **parts, start_step=start_step, faults=faults, preemption=preemption, step_fn=step_fn,
+      **parts, start_step=start_step, preemption=preemption,
       lr_fn=learning_rate_schedule(cfg.optimizer, cfg.num_train_steps), evaluators=evaluators,
       history=history, writer=writer,
       clock=WallClockIntervals(cfg.eval_every_minutes, cfg.checkpoint_every_minutes),

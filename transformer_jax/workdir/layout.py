@@ -46,6 +46,7 @@ MEMBERS = "members"  # a population's: members/<i>/, each member's workdir
 VALIDATION = "validation"  # the main validation set's translations: last.*, best.*, references
 STOP_REQUEST = "stop_request"  # in a member's workdir: the member is to stop (a sweep pruned it)
 AVERAGED = "averaged.json"
+PLAN = "plan.json"  # a planned run's measured speed and chosen steps (training.planning)
 
 
 def check_writable(folder: str | Path):

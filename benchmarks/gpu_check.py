@@ -97,6 +97,7 @@ def run_config(tiny_shape: bool, big: bool = False, module=wmt_base):
     if big:
       config.model.d_model, config.model.d_ff = 64, 128
   config.model.dtype = "auto"
+  config.num_train_steps = max(config.num_train_steps, 1)  # (steps timed, not a planned run)
   config.parallelism.mesh_shape = (1, 1, 1)
   cfg = from_config_dict(config)
   dtype = numerics.resolve("auto").dtype

@@ -44,7 +44,9 @@ flags.DEFINE_integer("stopped", 0, "Members of each population stopped before ti
 
 def _with_seeds(cfg, k: int):
   dtype = numerics.resolve(cfg.model.dtype).dtype  # ("auto": what training picks)
+  # (steps are timed here, not planned: a population's length is set)
   return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype),
+                             num_train_steps=max(cfg.num_train_steps, 1),
                              population=dataclasses.replace(cfg.population, seeds=k))
 
 

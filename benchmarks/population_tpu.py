@@ -34,7 +34,8 @@ def main(_):
   print("|---|---|---|---|---|---|")
   single = None
   for k in [0, *map(int, FLAGS.sizes)]:
-    cfg = dataclasses.replace(base, population=dataclasses.replace(base.population, seeds=k))
+    cfg = dataclasses.replace(base, num_train_steps=max(base.num_train_steps, 1),  # (not planned)
+                              population=dataclasses.replace(base.population, seeds=k))
     (r,) = check.check(cfg, target, ("train",))
     rate = max(k, 1) / r.seconds
     single = single or rate

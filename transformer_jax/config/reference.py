@@ -21,6 +21,7 @@ from transformer_jax.config.sections import (
   InitFromConfig,
   OptimizerConfig,
   ParallelismConfig,
+  PlanConfig,
   TrainConfig,
 )
 
@@ -30,7 +31,8 @@ SECTIONS = [("config", TrainConfig), ("config.model", ModelConfig),
             ("config.data.subword_sampling", SubwordSamplingConfig),
             ("config.data.corpora.NAME", CorpusConfig), ("config.optimizer", OptimizerConfig),
             ("config.decode", DecodeConfig), ("config.parallelism", ParallelismConfig),
-            ("config.init_from", InitFromConfig), ("config.population", PopulationConfig)]
+            ("config.init_from", InitFromConfig), ("config.population", PopulationConfig),
+            ("config.plan", PlanConfig)]
 _FIELD = re.compile(r"^  (\w+): [^#]*?(?:#\s?(.*))?$")
 _COMMENT = re.compile(r"#\s?(.*)$")
 

@@ -224,6 +224,11 @@ def load_spec(spec: ml_collections.ConfigDict, base: ml_collections.ConfigDict) 
   if overlap:
     raise SweepError(f"sweep.fixed and sweep.search_space both set {', '.join(overlap)}")
 
+  if "num_train_steps" not in search and not with_overrides(base, fixed).num_train_steps:
+    raise SweepError("config.num_train_steps=0 (a length planned from the machine's speed): "
+                     "each trial would plan its own from the load it met, so trials would not "
+                     "compare; set sweep.fixed.num_train_steps (with a time budget if trials "
+                     "should end on the clock)")
   starts = _start_points(starts, search, base, fixed)
   result = SweepSpec(search_space=search, fixed=fixed, start_points=starts, **values)
   _check_settings(result, base)

@@ -196,17 +196,23 @@ class PlanConfig:
   # machine, given longer); 0 = `minutes`
   f32_minutes: float = declared(before=0.0)
   # timed steps on a batch of the training's shape before step 1 (after one that compiles)
-  probe_steps: int = declared(before=3)
+  probe_steps: int = declared(before=1)
   # the share of the training time that validations before the last one may take
   validation_share: float = declared(before=0.0)
-  # a plan of fewer steps trains without subword sampling (config.data.subword_sampling), which
-  # costs BLEU in short runs and gains in long ones; 0 = as configured at any length
+  # a plan of at least this many steps trains the long recipe: subword sampling (which costs BLEU
+  # in short runs and gains in long ones) at `sampling_alpha`; shorter plans as
+  # config.data.subword_sampling says
   sampling_from_steps: int = declared(before=0)
+  # the long recipe's config.data.subword_sampling.alpha; 0 = the configured one
+  sampling_alpha: float = declared(before=0.0)
 
   def __post_init__(self):
-    for name in ("minutes", "f32_minutes", "probe_steps", "sampling_from_steps"):
+    for name in ("minutes", "f32_minutes", "sampling_from_steps", "sampling_alpha"):
       if getattr(self, name) < 0:
         raise ConfigError(f"config.plan.{name}={getattr(self, name)} must be >= 0")
+    if self.probe_steps < 1:
+      raise ConfigError(f"config.plan.probe_steps={self.probe_steps} must be >= 1 (the "
+                        "compiling call is not timed)")
     if not 0.0 <= self.validation_share < 1.0:
       raise ConfigError(f"config.plan.validation_share={self.validation_share} must be in "
                         "[0, 1)")
@@ -279,7 +285,6 @@ class TrainConfig:
     if self.decode.max_length > self.model.max_len:
       raise ConfigError(f"config.decode.max_length={self.decode.max_length} exceeds "
                         f"config.model.max_len={self.model.max_len}")
-
 
   def _check_plan(self):
     """num_train_steps 0 (planned) needs config.plan.minutes and a schedule that the number of

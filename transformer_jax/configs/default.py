@@ -21,7 +21,8 @@ def get_config():
   config.data_seed = -1                 # the batches' order and tokenizer sample; -1 = seed
   config.num_train_steps = 0            # optimizer steps; 0 = as many as fit config.plan.minutes
   config.log_every_steps = 50           # train metrics and the progress line
-  config.eval_every_steps = 400         # validation loss + BLEU (and at the last step)
+  config.eval_every_steps = 400         # validation loss + BLEU (and at the last step); a
+                                        # planned run's are at least this far apart
   config.checkpoint_every_steps = 100   # Orbax checkpoint (and at the last step)
   config.eval_every_minutes = 0.0       # also validate after this much wall clock; 0 = off
   config.checkpoint_every_minutes = 0.0  # also checkpoint after this much wall clock; 0 = off
@@ -32,9 +33,8 @@ def get_config():
   config.num_micro_batches = 1          # gradient accumulation: k micro-batches per step
   config.nonfinite_updates = "stop"     # NaN/Inf loss or gradient: "stop" the run or "skip" it
   # Training ends (saved, validated, tested) after this many minutes of the training loop, summed
-  # over resumed runs, if num_train_steps is not reached first; 0 = no limit. 22 keeps `make
-  # demo` within 30 minutes on slow CPUs (AVX2 only: BENCHMARKS.md, "The default recipe and how
-  # it was chosen"); fast ones finish all steps.
+  # over resumed runs, if num_train_steps is not reached first; 0 = no limit. A planned run's
+  # own budget (its planned training time and 5%) holds where it is shorter.
   config.time_budget_minutes = 22.0
   # With num_train_steps 0, the steps are planned to fit the whole run (set-up, training, the
   # validations and the test) into `minutes` from the command's start, from this machine's step
@@ -45,7 +45,10 @@ def get_config():
       f32_minutes=23.0,          # where bf16 is slow (AVX2 CPUs): within 25
       probe_steps=3,
       validation_share=0.05,     # of the training time, for the validations before the last
-      sampling_from_steps=1000,  # fewer planned steps: no subword sampling (BENCHMARKS.md)
+      # from 1,000 planned steps subword sampling at alpha 0.5 (config.data.subword_sampling);
+      # shorter runs lose by it (BENCHMARKS.md, "The default recipe and how it was chosen")
+      sampling_from_steps=1000,
+      sampling_alpha=0.5,
   ))
 
   config.model = ml_collections.ConfigDict()

@@ -31,6 +31,7 @@ from transformer_jax.workdir.checkpoints import Checkpointer
 RECORD = "import.json"
 FINETUNE_CONFIG = "finetune.py"
 FINETUNE_LEARNING_RATE = 1e-4  # (the default's 3e-3 is for training from scratch)
+FINETUNE_STEPS = 1000
 
 
 def config_for(options: dict, source_lang: str, target_lang: str):
@@ -41,6 +42,7 @@ def config_for(options: dict, source_lang: str, target_lang: str):
   config.model.update(options)
   config.data.source_lang, config.data.target_lang = source_lang, target_lang
   config.optimizer.ema_decay = 0.0
+  config.num_train_steps = FINETUNE_STEPS  # (a length, not a plan: the run is not trained here)
   # (float32: what the model was checked against transformers in; bf16 on request, --dtype)
   config.model.dtype = "float32"
   config.decode.max_length = min(config.decode.max_length, config.model.max_len)
@@ -70,6 +72,7 @@ def get_config():
   config.data.source_lang = {source_lang!r}
   config.data.target_lang = {target_lang!r}
   config.optimizer.learning_rate = {FINETUNE_LEARNING_RATE!r}
+  config.num_train_steps = {FINETUNE_STEPS!r}  # (0: as many as fit config.plan.minutes)
   config.init_from.workdir = {str(workdir)!r}
   config.init_from.checkpoint = "latest"  # (the imported weights: step 0)
   return config

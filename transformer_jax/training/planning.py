@@ -40,9 +40,14 @@ log = logging.getLogger(__name__)
 # has decoded anything. A model that decodes slower for its step (a much smaller one) overruns
 # by the difference, which the run's last line reports.
 STEPS_PER_DECODED_SENTENCE = 0.02
-# The training loop's time budget is the planned training time with this margin: a machine
-# that slows down mid-run still ends near the stated time, cooled down (decisions.cooldown_scale).
+# The training loop's time budget is the planned loop (steps and validations) with this margin:
+# a machine that slows down mid-run still ends near the stated time, cooled down
+# (decisions.cooldown_scale), while one that runs as planned ends on its last step.
 BUDGET_MARGIN = 1.05
+# The share of the stated minutes the plan leaves for what it does not time: the set-up after
+# it (the batches' pipeline, the validation sets, a restore), checkpoint saves, the plots, and
+# the data pipeline's share of the cores during steps.
+UNMEASURED_SHARE = 0.03
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,52 +62,100 @@ class Plan:
   num_train_steps: int
   eval_every_steps: int         # the validations before the last: what validation_share allows
   time_budget_minutes: float    # the training loop's (steps, validations, saves), with a margin
-  subword_sampling: bool        # whether the recipe samples segmentations (long runs only)
+  long_recipe: bool             # at least config.plan.sampling_from_steps steps
+  sampling_alpha: float         # the recipe's subword sampling (config.data.subword_sampling)
   machine: str                  # where it was measured
 
   @property
   def recipe(self) -> str:
-    return ("long (subword sampling on)" if self.subword_sampling
-            else "short (subword sampling off)")
+    sampling = f"subword sampling alpha {self.sampling_alpha:g}" if self.sampling_alpha else (
+        "no subword sampling")
+    return f"{'long' if self.long_recipe else 'short'} recipe ({sampling})"
 
   def summary(self) -> str:
     """The plan in one line."""
     train_minutes = self.num_train_steps * self.seconds_per_step / 60
     return (f"this machine trains ~{self.positions_per_step / self.seconds_per_step:,.0f} "
             f"token positions/s ({self.seconds_per_step:.3f} s a step): "
-            f"{self.num_train_steps:,} steps of the {self.recipe} recipe in "
+            f"{self.num_train_steps:,} steps of the {self.recipe} in "
             f"{train_minutes:.1f} minutes, validation every {self.eval_every_steps:,} steps, "
             f"{self.decode_seconds / 60:.1f} minutes kept for the validations and the test; "
             f"the run planned for {self.minutes:g} minutes ({self.minutes_key}) on {self.machine}")
 
 
 def planned(cfg: TrainConfig, config_dict: dict | None, workdir: Path, parts: dict,
-             tokenizer):
-  """`cfg` and `config_dict` with the steps, intervals and recipe of the workdir's plan, made
-  now (this machine's step timed: returned third) unless a run of the workdir made one."""
-  plan, made = recorded(workdir), None
+            tokenizer):
+  """`cfg` and `config_dict` with the steps, intervals and recipe of the workdir's plan, and
+  the plan made now (None: the workdir's own). A new run (no checkpoint) is planned here:
+  this machine's step timed. A run resumed keeps its plan.json; one trained before it had a
+  plan keeps the steps config.json records. With config.num_train_steps set, no plan: a
+  resumed planned run keeps only its recipe (its batches' segmentation)."""
+  plan = recorded(workdir)
+  if cfg.num_train_steps:
+    if plan is not None and plan.sampling_alpha != cfg.data.subword_sampling.alpha:
+      log.warning("config.num_train_steps=%d set: the plan in %s is not followed, but its "
+                  "recipe is (subword sampling alpha %g, as trained)", cfg.num_train_steps,
+                  workdir / layout.PLAN, plan.sampling_alpha)
+      return (*_with_alpha(cfg, config_dict, plan.sampling_alpha), None)
+    return cfg, config_dict, None
   if plan is not None:
-    log.info("The plan recorded in %s (made on %s) holds: %s steps of the %s recipe",
-             workdir / layout.PLAN, plan.machine, f"{plan.num_train_steps:,}", plan.recipe)
-  else:
-    lr_scale = (np.float32(1.0),) if cfg.optimizer.cooldown_fraction > 0 else ()
-    seconds = measure_step_seconds(
-        parts["step_fn"], parts["state"], probe_batch(cfg.data, parts["mesh"]),
-        parts["dropout_rng"], lr_scale, cfg.plan.probe_steps)
-    data = data_plan(cfg.data)
-    sentences = [sum(map(len, sets.values())) for sets in (
-        validation_sets(data, tokenizer, cfg.eval_max_sentences), scoring_sets(data, tokenizer))]
-    # (every host plans the same run: process 0's clock and step time)
-    seconds, before = _from_process_0(seconds, seconds_since_start())
-    plan = make_plan(
-        minutes_for(cfg.plan, cfg.model.dtype), before, seconds,
-        cfg.data.batch_size * (cfg.data.max_source_length + cfg.data.max_target_length),
-        *sentences, cfg.eval_every_steps,
-        cfg.plan.validation_share, cfg.plan.sampling_from_steps, hardware.describe_machine())
-    record(plan, workdir)
-    log.info("Plan: %s", plan.summary())
-    made = plan
-  return (*apply(plan, cfg, config_dict), made)
+    minutes = minutes_for(cfg.plan, cfg.model.dtype)[0]
+    log.info("The plan recorded in %s (made on %s) holds: %s steps of the %s", workdir /
+             layout.PLAN, plan.machine, f"{plan.num_train_steps:,}", plan.recipe)
+    if minutes != plan.minutes:
+      log.warning("The plan in %s was made for %g minutes, not the %g configured now: it "
+                  "holds (plan anew in another workdir)", workdir / layout.PLAN,
+                  plan.minutes, minutes)
+    return (*apply(plan, cfg, config_dict), None)
+  if layout.has_checkpoints(workdir):
+    return (*_as_trained(cfg, config_dict, workdir), None)
+  plan = _new_plan(cfg, parts, tokenizer)
+  log.info("Plan: %s", plan.summary())
+  return (*apply(plan, cfg, config_dict), plan)
+
+
+def _new_plan(cfg: TrainConfig, parts: dict, tokenizer) -> Plan:
+  lr_scale = (np.float32(1.0),) if cfg.optimizer.cooldown_fraction > 0 else ()
+  seconds = measure_step_seconds(
+      parts["step_fn"], parts["state"], probe_batch(cfg.data, parts["mesh"]),
+      parts["dropout_rng"], lr_scale, cfg.plan.probe_steps)
+  data = data_plan(cfg.data)
+  sentences = [sum(map(len, sets.values())) for sets in (
+      validation_sets(data, tokenizer, cfg.eval_max_sentences), scoring_sets(data, tokenizer))]
+  # (every host plans the same run: process 0's clock and step time)
+  seconds, before = _from_process_0(seconds, seconds_since_start())
+  long_alpha = cfg.plan.sampling_alpha or cfg.data.subword_sampling.alpha
+  return make_plan(
+      minutes_for(cfg.plan, cfg.model.dtype), before, seconds,
+      cfg.data.batch_size * (cfg.data.max_source_length + cfg.data.max_target_length),
+      *sentences, cfg.eval_every_steps, cfg.plan.validation_share,
+      (cfg.plan.sampling_from_steps, long_alpha, cfg.data.subword_sampling.alpha),
+      hardware.describe_machine())
+
+
+def _as_trained(cfg: TrainConfig, config_dict: dict | None, workdir: Path):
+  """A run trained before it had a plan, resumed with num_train_steps 0: its recorded steps,
+  interval, budget and recipe, with a warning."""
+  trained = layout.read_config(workdir)
+  keys = {key: trained[key] for key in ("num_train_steps", "eval_every_steps",
+                                        "time_budget_minutes")}
+  log.warning("config.num_train_steps=0 (planned), but %s was trained without a plan: it "
+              "resumes with the values its config.json records (%s)", workdir,
+              ", ".join(f"{k}={v}" for k, v in keys.items()))
+  cfg = dataclasses.replace(cfg, **keys)
+  config_dict = None if config_dict is None else {**config_dict, **keys}
+  return _with_alpha(cfg, config_dict, trained["data"]["subword_sampling"]["alpha"])
+
+
+def _with_alpha(cfg: TrainConfig, config_dict: dict | None, alpha: float):
+  """`cfg` and `config_dict` with config.data.subword_sampling.alpha `alpha`."""
+  sampling = dataclasses.replace(cfg.data.subword_sampling, alpha=alpha)
+  cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, subword_sampling=sampling))
+  if config_dict is not None:
+    data = config_dict["data"]
+    config_dict = {**config_dict, "data": {
+        **data, "subword_sampling": {**data["subword_sampling"], "alpha": alpha}}}
+  return cfg, config_dict
 
 
 def minutes_for(plan_cfg, dtype: str) -> tuple[float, str]:
@@ -115,18 +168,21 @@ def minutes_for(plan_cfg, dtype: str) -> tuple[float, str]:
 
 def make_plan(minutes: tuple[float, str], seconds_before: float, seconds_per_step: float,
               positions_per_step: int, validation_sentences: int, test_sentences: int,
-              eval_every_steps: int, validation_share: float, sampling_from_steps: int,
-              machine: str) -> Plan:
+              eval_every_steps: int, validation_share: float,
+              recipes: tuple[int, float, float], machine: str) -> Plan:
   """The steps that fit `minutes` (the number, and the key that set it) of wall clock from
   the command's start, `seconds_before` of them spent. Kept for decoding, each sentence at
   STEPS_PER_DECODED_SENTENCE steps' time: the test, the last validation, and the validations
   before it that `validation_share` of the training time allows (no more often than every
-  `eval_every_steps`). At least one step, whatever the clock says."""
-  (minutes, minutes_key) = minutes
+  `eval_every_steps`); UNMEASURED_SHARE of the minutes left for what the plan does not time.
+  `recipes`: (the steps from which the long recipe holds, its subword sampling alpha, the short
+  one's). At least one step, whatever the clock says."""
+  (minutes, minutes_key), (long_from, long_alpha, short_alpha) = minutes, recipes
   sentence_seconds = STEPS_PER_DECODED_SENTENCE * seconds_per_step
   validation_seconds = validation_sentences * sentence_seconds
   test_seconds = test_sentences * sentence_seconds
-  loop_seconds = max(minutes * 60 - seconds_before - test_seconds, 0.0)  # steps, validations
+  loop_seconds = max(minutes * 60 * (1 - UNMEASURED_SHARE) - seconds_before - test_seconds,
+                     0.0)  # (steps and validations)
   train_seconds = max(loop_seconds - validation_seconds, 0.0)
 
   def steps_with(validations: int) -> int:
@@ -141,26 +197,20 @@ def make_plan(minutes: tuple[float, str], seconds_before: float, seconds_per_ste
   every = max(-(-steps // (earlier + 1)), 1)  # (the last validation: at the last step)
   return Plan(minutes, minutes_key, seconds_before, seconds_per_step, positions_per_step,
               test_seconds + (earlier + 1) * validation_seconds, steps, every,
-              round(loop_seconds * BUDGET_MARGIN / 60, 2), steps >= sampling_from_steps,
-              machine)
+              round(loop_seconds * BUDGET_MARGIN / 60, 2), steps >= long_from,
+              long_alpha if steps >= long_from else short_alpha, machine)
 
 
 def apply(plan: Plan, cfg, config_dict: dict | None):
   """`cfg` and `config_dict` (as config.json records it) with `plan`'s steps, validation
-  interval, time budget and recipe."""
-  alpha = cfg.data.subword_sampling.alpha if plan.subword_sampling else 0.0
-  sampling = dataclasses.replace(cfg.data.subword_sampling, alpha=alpha)
+  interval, time budget (the config's where shorter) and recipe."""
   budget = (min(cfg.time_budget_minutes, plan.time_budget_minutes) if cfg.time_budget_minutes
             else plan.time_budget_minutes)
   run_keys = dict(num_train_steps=plan.num_train_steps, eval_every_steps=plan.eval_every_steps,
                   time_budget_minutes=budget)
-  cfg = dataclasses.replace(cfg, **run_keys, data=dataclasses.replace(
-      cfg.data, subword_sampling=sampling))
-  if config_dict is not None:
-    data = config_dict["data"]
-    config_dict = {**config_dict, **run_keys, "data": {
-        **data, "subword_sampling": {**data["subword_sampling"], "alpha": alpha}}}
-  return cfg, config_dict
+  cfg = dataclasses.replace(cfg, **run_keys)
+  config_dict = None if config_dict is None else {**config_dict, **run_keys}
+  return _with_alpha(cfg, config_dict, plan.sampling_alpha)
 
 
 def recorded(workdir: Path) -> Plan | None:
@@ -182,14 +232,17 @@ def record(plan: Plan, workdir: Path):
 
 
 def seconds_since_start() -> float:
-  """Wall-clock seconds since this process started (Linux: its start time in /proc; elsewhere
-  since this module was imported)."""
+  """Wall-clock seconds since this process started: from its start time in /proc (Linux)
+  where that agrees with the clock (a container may show the host's boot in one file and its
+  own in the other), else since this module was imported (after the interpreter and JAX)."""
+  since_import = time.time() - _IMPORTED
   try:
     ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
     uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return uptime - ticks / os.sysconf("SC_CLK_TCK")
+    seconds = uptime - ticks / os.sysconf("SC_CLK_TCK")
   except (OSError, ValueError, IndexError):
-    return time.time() - _IMPORTED
+    return since_import
+  return seconds if since_import <= seconds <= since_import + 300 else since_import
 
 
 _IMPORTED = time.time()

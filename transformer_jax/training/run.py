@@ -110,7 +110,8 @@ class Run:
       stop = self.validate(self.start_step) is not Outcome.GO_ON
     if start.budget_spent:
       log.warning("The time budget (config.time_budget_minutes=%g) was spent at step %d: no "
-                  "more training; raise it to train on", self.cfg.time_budget_minutes,
+                  "more training; raise it (a planned run: and set config.num_train_steps) "
+                  "to train on", self.cfg.time_budget_minutes,
                   self.start_step)
       stop = True
     return stop or self.start_step >= self.cfg.num_train_steps
@@ -226,7 +227,8 @@ class Run:
     if out_of_time and not self.tally.preempted:
       log.warning("Time budget of %g minutes spent: training ended at step %d of %d, "
                   "learning-rate factor %.6f (saved, validated; rerun with a larger "
-                  "config.time_budget_minutes to go on)", self.cfg.time_budget_minutes, step,
+                  "config.time_budget_minutes, a planned run with config.num_train_steps set, "
+                  "to go on)", self.cfg.time_budget_minutes, step,
                   self.cfg.num_train_steps, self.tally.lr_scale)
       self.tally.final["time_budget_stop_at_step"] = step
     log.info("Data: %s", self.pipeline.filter.summary())
@@ -255,10 +257,9 @@ def open_run(cfg: TrainConfig, workdir: Path, config_dict: dict | None, run_type
   cfg, config_dict = settled_config.keep_as_trained(cfg, config_dict, workdir)
   parts = _model(cfg, run_type)
   tokenizer = _tokenizer(cfg, workdir)
-  parts["plan_made"] = None
-  if not cfg.num_train_steps:  # (planned: before the batches, whose recipe the plan picks)
-    cfg, config_dict, parts["plan_made"] = planning.planned(cfg, config_dict, workdir, parts,
-                                                            tokenizer)
+  # (before the batches, whose recipe the plan picks)
+  cfg, config_dict, parts["plan_made"] = planning.planned(cfg, config_dict, workdir, parts,
+                                                          tokenizer)
   parts.update(_data(cfg, workdir, parts["mesh"], tokenizer))
   try:
     run = _resumed(parts, config_dict, run_type)
@@ -326,6 +327,8 @@ def _resumed(parts: dict, config_dict: dict | None, run_type) -> Run:
                                              parts["state"])
   if config_dict is not None:  # (only now: a config its checkpoints reject is not recorded)
     layout.save_config(config_dict, workdir)
+  if parts["plan_made"] is not None:  # (with it: what config.json records is the plan's)
+    planning.record(parts["plan_made"], workdir)
   faults, preemption, tally = parts["faults"], Preemption(parts["ckpt"].manager), Tally()
 
   def cancel_validation() -> bool:  # (between its batches: whether SIGTERM has arrived)

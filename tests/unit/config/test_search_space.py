@@ -130,6 +130,15 @@ def test_shipped_tpe_spec_loads_against_the_default_config():
                                     "model.dropout_rate", "label_smoothing"}
 
 
+def test_a_sweep_of_a_planned_length_is_refused_and_a_fixed_one_loads():
+  spec = default_tpe.get_config()
+  assert sweep_spec.load_spec(spec, default.get_config()).fixed["num_train_steps"] == 1200
+  del spec.fixed["num_train_steps"]  # (the default config plans its length: 0)
+  with pytest.raises(SweepError, match=r"config.num_train_steps=0 \(a length planned .* "
+                                       r"set sweep.fixed.num_train_steps"):
+    sweep_spec.load_spec(spec, default.get_config())
+
+
 def test_start_points_are_the_first_trials_and_the_others_are_sampled(tmp_path):
   spec = sweep_spec.load_spec(_spec(start_points=({"optimizer": {"learning_rate": 3e-3}},)),
                               tiny.get_config())

@@ -18,13 +18,14 @@ from transformer_jax.workdir import layout
 
 PLAN_ARGS = dict(minutes=(10.0, "config.plan.minutes"), seconds_before=60.0, seconds_per_step=0.5,
                  positions_per_step=8192, validation_sentences=1000, test_sentences=1000,
-                 eval_every_steps=100, validation_share=0.05, sampling_from_steps=1000,
+                 eval_every_steps=100, validation_share=0.05, recipes=(1000, 0.5, 0.0),
                  machine="a test machine")
 
 
 @pytest.fixture(autouse=True)
 def _a_sentence_decodes_in_three_hundredths_of_a_step(monkeypatch):
   monkeypatch.setattr(planning, "STEPS_PER_DECODED_SENTENCE", 0.03)  # (the figures below)
+  monkeypatch.setattr(planning, "UNMEASURED_SHARE", 0.0)  # (but in the test of it)
 
 
 def _plan(**changes) -> planning.Plan:
@@ -49,9 +50,18 @@ def test_the_plan_fits_its_minutes_with_the_decoding_it_keeps():
   assert plan.eval_every_steps == -(-plan.num_train_steps // 2)
   assert plan.time_budget_minutes == pytest.approx(
       (600 - 60 - 1000 * sentence) * planning.BUDGET_MARGIN / 60, abs=0.01)
-  assert plan.num_train_steps == 990 and not plan.subword_sampling  # (from 1,000 steps)
-  assert _plan(sampling_from_steps=990).subword_sampling
-  assert _plan(minutes=10.5).subword_sampling
+  assert plan.num_train_steps == 990 and not plan.long_recipe  # (from 1,000 steps)
+  assert plan.sampling_alpha == 0.0
+  at_990 = _plan(recipes=(990, 0.5, 0.0))
+  assert at_990.long_recipe and at_990.sampling_alpha == 0.5
+  assert _plan(minutes=10.5).long_recipe
+
+
+def test_a_share_of_the_minutes_is_left_for_what_the_plan_does_not_time(monkeypatch):
+  monkeypatch.setattr(planning, "UNMEASURED_SHARE", 0.05)
+  plan = _plan()
+  total = plan.seconds_before + plan.num_train_steps * 0.5 + plan.decode_seconds
+  assert 570 - 0.5 < total <= 570  # (5% of 600 s left)
 
 
 def test_validations_before_the_last_follow_the_share_and_the_configured_interval():
@@ -64,18 +74,19 @@ def test_validations_before_the_last_follow_the_share_and_the_configured_interva
   assert many.decode_seconds == pytest.approx(15.0 + 15.0 * (earlier + 1))  # each kept
 
 
-def test_a_short_plan_trains_without_subword_sampling_and_at_least_one_step():
+def test_a_short_plan_trains_the_short_recipe_and_at_least_one_step():
   short = _plan(minutes=3.0)
-  assert short.num_train_steps < 1000 and not short.subword_sampling
-  assert "short (subword sampling off)" in short.summary()
-  assert _plan(sampling_from_steps=0, minutes=3.0).subword_sampling
+  assert short.num_train_steps < 1000 and not short.long_recipe
+  assert "steps of the short recipe (no subword sampling) in" in short.summary()
+  assert "of the long recipe (subword sampling alpha 0.5)" in _plan(minutes=12.0).summary()
+  assert _plan(recipes=(0, 0.5, 0.0), minutes=3.0).sampling_alpha == 0.5
   spent = _plan(minutes=0.5)  # the set-up alone took longer
   assert spent.num_train_steps == 1
 
 
 def test_the_plan_is_applied_to_the_config_and_its_record():
   c = helpers.tiny_config(**{"num_train_steps": 0, "plan.minutes": 5.0,
-                             "data.subword_sampling.alpha": 0.5, "time_budget_minutes": 0.0})
+                             "data.subword_sampling.alpha": 0.3, "time_budget_minutes": 0.0})
   cfg, recorded = planning.apply(_plan(minutes=3.0), from_config_dict(c), c.to_dict())
   for values in (dataclasses.asdict(cfg), recorded):
     assert values["num_train_steps"] == _plan(minutes=3.0).num_train_steps
@@ -139,33 +150,72 @@ def test_a_planned_run_trains_its_plan_and_a_resumed_run_keeps_it(
     tfds_cache, tiny_tokenizer, tmp_path, monkeypatch, caplog):
   run = tmp_path / "run"
   over = {"num_train_steps": 0, "plan.minutes": 0.2, "plan.f32_minutes": 0.0,
-          "plan.validation_share": 0.0,
-          "time_budget_minutes": 0.0, "data.test_split": "", "data.subword_sampling.alpha": 0.5}
+          "plan.validation_share": 0.0, "plan.sampling_alpha": 0.5,
+          "time_budget_minutes": 0.0, "data.test_split": "", "data.subword_sampling.alpha": 0.0}
   # a machine whose step takes 1 s, 5 s after the command started: 12 s of plan, 5 spent,
-  # the last validation's time kept (a sentence: 0.03 steps)
+  # the last validation's time kept (a sentence: 0.03 steps). The real probe runs (its
+  # figure replaced): the run's steps must reuse the program it compiled.
+  probed, measure = [], planning.measure_step_seconds
+
+  def measured(step_fn, *args):
+    probed.append(step_fn)
+    assert measure(step_fn, *args) > 0
+    return 1.0
+
   monkeypatch.setattr(planning, "seconds_since_start", lambda: 5.0)
-  monkeypatch.setattr(planning, "measure_step_seconds", lambda *a, **k: 1.0)
+  monkeypatch.setattr(planning, "measure_step_seconds", measured)
   with caplog.at_level(logging.INFO, logger="transformer_jax"):
     helpers.train_in_process(run, tfds_cache, tiny_tokenizer, **over)
   plan = planning.recorded(run)
   assert plan.num_train_steps == int(12 - 5 - plan.decode_seconds) >= 5
-  assert not plan.subword_sampling
+  assert not plan.long_recipe and plan.sampling_alpha == 0.0  # (short: as configured)
   assert "Plan: this machine trains" in caplog.text and "(1.000 s a step)" in caplog.text
+  assert "The run took" in caplog.text
+  assert probed[0]._cache_size() == 1  # one program: the probe's batch is the batches' kind
   config = json.loads((run / "config.json").read_text())
   assert config["num_train_steps"] == plan.num_train_steps
-  assert config["data"]["subword_sampling"]["alpha"] == 0.0
+  assert config["eval_every_steps"] == plan.eval_every_steps == plan.num_train_steps
   assert helpers.checkpoint_steps(run)[-1] == plan.num_train_steps
 
-  # run again on another machine: the recorded plan holds (nothing left to train), nothing
-  # is measured
+  # run again on another machine with another alpha: the recorded plan holds (nothing left
+  # to train), nothing is measured
   monkeypatch.setattr(planning, "measure_step_seconds", pytest.fail)
   caplog.clear()
   with caplog.at_level(logging.INFO, logger="transformer_jax"):
-    helpers.train_in_process(run, tfds_cache, tiny_tokenizer, **over)
+    helpers.train_in_process(run, tfds_cache, tiny_tokenizer,
+                             **{**over, "data.subword_sampling.alpha": 0.3})
   assert "The plan recorded in" in caplog.text
   assert f"Resuming from step {plan.num_train_steps}" in caplog.text
-  assert helpers.checkpoint_steps(run)[-1] == plan.num_train_steps
+  assert json.loads((run / "config.json").read_text())["data"]["subword_sampling"][
+      "alpha"] == 0.0
 
+  # steps set by hand win over the plan; the batches keep its recipe
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="transformer_jax"):
+    helpers.train_in_process(run, tfds_cache, tiny_tokenizer,
+                             **{**over, "num_train_steps": plan.num_train_steps + 1,
+                                "data.subword_sampling.alpha": 0.3})
+  assert "is not followed, but its recipe is (subword sampling alpha 0, as trained)" in (
+      caplog.text)
+  assert helpers.checkpoint_steps(run)[-1] == plan.num_train_steps + 1
+  config = json.loads((run / "config.json").read_text())
+  assert config["num_train_steps"] == plan.num_train_steps + 1
+  assert config["data"]["subword_sampling"]["alpha"] == 0.0
+
+
+def test_a_run_trained_before_plans_resumes_as_it_was_trained(tiny_run, tfds_cache,
+                                                               tiny_tokenizer, tmp_path,
+                                                               monkeypatch, caplog):
+  run = helpers.copy_run(tiny_run, tmp_path / "run")
+  monkeypatch.setattr(planning, "measure_step_seconds", pytest.fail)
+  with caplog.at_level(logging.INFO, logger="transformer_jax"):
+    final = helpers.train_in_process(run, tfds_cache, tiny_tokenizer,
+                                     **{"num_train_steps": 0, "data.test_split": ""})
+  assert "was trained without a plan: it resumes with the values its config.json records " \
+         "(num_train_steps=20" in caplog.text
+  assert final == {} and helpers.checkpoint_steps(run) == [10, 20]  # (nothing more to train)
+  assert json.loads((run / "config.json").read_text())["num_train_steps"] == 20
+  assert not (run / layout.PLAN).exists()
 
 
 def test_steps_set_by_hand_win_over_the_plan(tiny_run):

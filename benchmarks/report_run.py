@@ -46,6 +46,14 @@ def main():
           f"tokens/s")
   if decode:
     print(f"- test decoding: {decode[-1]:.1f} sentences/s (beam {test['decode']['beam_size']})")
+  if (workdir / "plan.json").is_file():  # (a planned run: what it chose, and how it went)
+    plan = json.loads((workdir / "plan.json").read_text())
+    took = [r["time/run_minutes"] for r in records if "time/run_minutes" in r]
+    print(f"- plan: {plan['num_train_steps']:,} steps at {plan['seconds_per_step']:.3f} s "
+          f"(measured), subword sampling alpha {plan['sampling_alpha']:g}, validation every "
+          f"{plan['eval_every_steps']:,} steps, {plan['seconds_before']:.0f} s before it; "
+          f"planned for {plan['minutes']:g} minutes"
+          + (f", the training command took {took[-1]:.1f}" if took else ""))
 
 
 if __name__ == "__main__":

@@ -241,6 +241,7 @@ class Run:
     if self.plan_made is not None:
       minutes = planning.seconds_since_start() / 60
       self.tally.final["run_minutes"] = minutes
+      self.writer.write(step, {"time/run_minutes": minutes})
       log.info("The run took %.1f minutes from the command's start; planned: %g (%s)",
                minutes, self.plan_made.minutes, self.plan_made.minutes_key)
     plots.plot_metrics(self.workdir)

@@ -171,6 +171,7 @@ def test_a_planned_run_trains_its_plan_and_a_resumed_run_keeps_it(
   assert not plan.long_recipe and plan.sampling_alpha == 0.0  # (short: as configured)
   assert "Plan: this machine trains" in caplog.text and "(1.000 s a step)" in caplog.text
   assert "The run took" in caplog.text
+  assert helpers.logged(run, "time/run_minutes", plan.num_train_steps) > 0  # (and metrics say it)
   assert probed[0]._cache_size() == 1  # one program: the probe's batch is the batches' kind
   config = json.loads((run / "config.json").read_text())
   assert config["num_train_steps"] == plan.num_train_steps

@@ -197,6 +197,8 @@ class PlanConfig:
   f32_minutes: float = declared(before=0.0)
   # timed steps on a batch of the training's shape before step 1 (after one that compiles)
   probe_steps: int = declared(before=1)
+  # at most this many steps, however fast the machine (more over-fit the corpus); 0 = no limit
+  max_steps: int = declared(before=0)
   # the share of the training time that validations before the last one may take
   validation_share: float = declared(before=0.0)
   # a plan of at least this many steps trains the long recipe: subword sampling (which costs BLEU
@@ -207,7 +209,8 @@ class PlanConfig:
   sampling_alpha: float = declared(before=0.0)
 
   def __post_init__(self):
-    for name in ("minutes", "f32_minutes", "sampling_from_steps", "sampling_alpha"):
+    for name in ("minutes", "f32_minutes", "max_steps", "sampling_from_steps",
+                 "sampling_alpha"):
       if getattr(self, name) < 0:
         raise ConfigError(f"config.plan.{name}={getattr(self, name)} must be >= 0")
     if self.probe_steps < 1:

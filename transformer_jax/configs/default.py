@@ -43,6 +43,8 @@ def get_config():
   config.plan = ml_collections.ConfigDict(dict(
       minutes=18.0,              # `make demo` within 20 minutes with the install
       f32_minutes=23.0,          # where bf16 is slow (AVX2 CPUs): within 25
+      max_steps=2500,            # a faster machine stops here: Multi30k en→de over-fitted
+                                 # beyond (BENCHMARKS.md, "Multi30k en→de")
       probe_steps=3,
       validation_share=0.05,     # of the training time, for the validations before the last
       # from 1,000 planned steps subword sampling at alpha 0.5 (config.data.subword_sampling);

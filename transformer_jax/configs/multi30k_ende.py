@@ -4,7 +4,7 @@
 
 configs/default.py (3+3 layers, d_model 256, rotary positions, RMSNorm, EMA 0.999, peak lr 3e-3)
 with the languages swapped, subword regularization (SentencePiece sampling, alpha 0.5: +1.6
-validation BLEU de→en at the demo's 1,200 steps) and a longer run: 2,500 steps (~21 epochs) or
+validation BLEU de→en at 1,200 steps) and a longer run: 2,500 steps (~21 epochs) or
 58 minutes of training, whichever ends first, the learning rate cooled down over the last 20% of
 either. 2,500: where a 58-minute run's validation BLEU and loss peaked (40.61, 1.598; 39.71 and
 1.652 at its end, step 3,977: over-fitted). Validation every 500 steps keeps the best checkpoint.

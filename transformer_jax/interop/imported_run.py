@@ -31,7 +31,7 @@ from transformer_jax.workdir.checkpoints import Checkpointer
 RECORD = "import.json"
 FINETUNE_CONFIG = "finetune.py"
 FINETUNE_LEARNING_RATE = 1e-4  # (the default's 3e-3 is for training from scratch)
-FINETUNE_STEPS = 1000
+FINETUNE_STEPS = 1200
 
 
 def config_for(options: dict, source_lang: str, target_lang: str):

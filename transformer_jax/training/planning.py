@@ -27,7 +27,7 @@ from transformer_jax import atomic
 from transformer_jax.config.sections import TrainConfig
 from transformer_jax.data.eval_sets import scoring_sets, validation_sets
 from transformer_jax.data.plan import data_plan
-from transformer_jax.errors import CheckpointError
+from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.parallel import hardware
 from transformer_jax.parallel import mesh as mesh_lib
 from transformer_jax.workdir import layout
@@ -111,6 +111,10 @@ def planned(cfg: TrainConfig, config_dict: dict | None, workdir: Path, parts: di
     return (*_as_trained(cfg, config_dict, workdir), None)
   plan = _new_plan(cfg, parts, tokenizer)
   log.info("Plan: %s", plan.summary())
+  if 0 < cfg.time_budget_minutes < plan.time_budget_minutes:
+    log.warning("config.time_budget_minutes=%g is shorter than the plan's %g: training will "
+                "end on that clock, before its planned last step", cfg.time_budget_minutes,
+                plan.time_budget_minutes)
   return (*apply(plan, cfg, config_dict), plan)
 
 
@@ -124,13 +128,25 @@ def _new_plan(cfg: TrainConfig, parts: dict, tokenizer) -> Plan:
       validation_sets(data, tokenizer, cfg.eval_max_sentences), scoring_sets(data, tokenizer))]
   # (every host plans the same run: process 0's clock and step time)
   seconds, before = _from_process_0(seconds, seconds_since_start())
-  long_alpha = cfg.plan.sampling_alpha or cfg.data.subword_sampling.alpha
   return make_plan(
       minutes_for(cfg.plan, cfg.model.dtype), before, seconds,
       cfg.data.batch_size * (cfg.data.max_source_length + cfg.data.max_target_length),
-      *sentences, cfg.eval_every_steps, cfg.plan.validation_share,
-      (cfg.plan.sampling_from_steps, long_alpha, cfg.data.subword_sampling.alpha),
+      *sentences, cfg.eval_every_steps, cfg.plan.validation_share, cfg.plan.max_steps,
+      (cfg.plan.sampling_from_steps, long_recipe_alpha(cfg), cfg.data.subword_sampling.alpha),
       hardware.describe_machine())
+
+
+def long_recipe_alpha(cfg: TrainConfig) -> float:
+  """The subword sampling alpha of the long recipe: config.plan.sampling_alpha (0: the
+  configured one), or the configured one where the data cannot sample (a mixture, the text
+  path: config.data's own check says why)."""
+  alpha = cfg.plan.sampling_alpha or cfg.data.subword_sampling.alpha
+  try:
+    _with_alpha(cfg, None, alpha)
+  except ConfigError as e:
+    log.info("The long recipe trains as configured, without its subword sampling: %s", e)
+    return cfg.data.subword_sampling.alpha
+  return alpha
 
 
 def _as_trained(cfg: TrainConfig, config_dict: dict | None, workdir: Path):
@@ -168,13 +184,14 @@ def minutes_for(plan_cfg, dtype: str) -> tuple[float, str]:
 
 def make_plan(minutes: tuple[float, str], seconds_before: float, seconds_per_step: float,
               positions_per_step: int, validation_sentences: int, test_sentences: int,
-              eval_every_steps: int, validation_share: float,
+              eval_every_steps: int, validation_share: float, max_steps: int,
               recipes: tuple[int, float, float], machine: str) -> Plan:
   """The steps that fit `minutes` (the number, and the key that set it) of wall clock from
   the command's start, `seconds_before` of them spent. Kept for decoding, each sentence at
   STEPS_PER_DECODED_SENTENCE steps' time: the test, the last validation, and the validations
   before it that `validation_share` of the training time allows (no more often than every
-  `eval_every_steps`); UNMEASURED_SHARE of the minutes left for what the plan does not time.
+  `eval_every_steps`); UNMEASURED_SHARE of the minutes left for what the plan does not time;
+  no more than `max_steps` (0: no limit).
   `recipes`: (the steps from which the long recipe holds, its subword sampling alpha, the short
   one's). At least one step, whatever the clock says."""
   (minutes, minutes_key), (long_from, long_alpha, short_alpha) = minutes, recipes
@@ -186,7 +203,8 @@ def make_plan(minutes: tuple[float, str], seconds_before: float, seconds_per_ste
   train_seconds = max(loop_seconds - validation_seconds, 0.0)
 
   def steps_with(validations: int) -> int:
-    return max(int((train_seconds - validations * validation_seconds) / seconds_per_step), 1)
+    steps = max(int((train_seconds - validations * validation_seconds) / seconds_per_step), 1)
+    return min(steps, max_steps) if max_steps else steps
 
   earlier = (int(validation_share * train_seconds / validation_seconds)
              if validation_seconds > 0 else 0)
@@ -197,7 +215,7 @@ def make_plan(minutes: tuple[float, str], seconds_before: float, seconds_per_ste
   every = max(-(-steps // (earlier + 1)), 1)  # (the last validation: at the last step)
   return Plan(minutes, minutes_key, seconds_before, seconds_per_step, positions_per_step,
               test_seconds + (earlier + 1) * validation_seconds, steps, every,
-              round(loop_seconds * BUDGET_MARGIN / 60, 2), steps >= long_from,
+              max(round(loop_seconds * BUDGET_MARGIN / 60, 2), 0.01), steps >= long_from,
               long_alpha if steps >= long_from else short_alpha, machine)
 
 
@@ -220,10 +238,12 @@ def recorded(workdir: Path) -> Plan | None:
   if not path.is_file():
     return None
   try:
-    return Plan(**json.loads(path.read_text(encoding="utf-8")))
-  except (ValueError, TypeError, UnicodeDecodeError) as e:
-    raise CheckpointError(f"{path} is damaged ({e}); it is left as it is: remove it to plan "
-                          "the run anew, or set config.num_train_steps") from None
+    values = json.loads(path.read_text(encoding="utf-8"))
+    return Plan(**{f.name: values[f.name] for f in dataclasses.fields(Plan)})
+  except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
+    raise CheckpointError(f"{path} is damaged ({type(e).__name__}: {e}); it is left as it "
+                          "is: mend it, or set config.num_train_steps to go on without "
+                          "it") from None
 
 
 def record(plan: Plan, workdir: Path):

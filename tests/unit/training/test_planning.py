@@ -18,7 +18,8 @@ from transformer_jax.workdir import layout
 
 PLAN_ARGS = dict(minutes=(10.0, "config.plan.minutes"), seconds_before=60.0, seconds_per_step=0.5,
                  positions_per_step=8192, validation_sentences=1000, test_sentences=1000,
-                 eval_every_steps=100, validation_share=0.05, recipes=(1000, 0.5, 0.0),
+                 eval_every_steps=100, validation_share=0.05, max_steps=0,
+                 recipes=(1000, 0.5, 0.0),
                  machine="a test machine")
 
 
@@ -55,6 +56,23 @@ def test_the_plan_fits_its_minutes_with_the_decoding_it_keeps():
   at_990 = _plan(recipes=(990, 0.5, 0.0))
   assert at_990.long_recipe and at_990.sampling_alpha == 0.5
   assert _plan(minutes=10.5).long_recipe
+
+
+def test_a_fast_machine_stops_at_the_most_steps():
+  capped = _plan(minutes=60.0, max_steps=2500)
+  assert _plan(minutes=60.0).num_train_steps > 2500 and capped.num_train_steps == 2500
+  assert capped.eval_every_steps >= 100 and capped.long_recipe
+
+
+def test_the_long_recipe_samples_only_where_the_data_can():
+  planned = {"num_train_steps": 0, "plan.minutes": 5.0, "plan.sampling_alpha": 0.5,
+             "data.subword_sampling.alpha": 0.0}
+  assert planning.long_recipe_alpha(from_config_dict(helpers.tiny_config(**planned))) == 0.5
+  text_path = from_config_dict(helpers.tiny_config(**planned, **{"data.pretokenize": False}))
+  assert planning.long_recipe_alpha(text_path) == 0.0  # (sampling needs the token-id store)
+  unset = from_config_dict(helpers.tiny_config(**{**planned, "plan.sampling_alpha": 0.0,
+                                                  "data.subword_sampling.alpha": 0.3}))
+  assert planning.long_recipe_alpha(unset) == 0.3  # (0: the configured alpha)
 
 
 def test_a_share_of_the_minutes_is_left_for_what_the_plan_does_not_time(monkeypatch):
@@ -112,10 +130,15 @@ def test_a_recorded_plan_is_read_back_and_a_damaged_one_named(tmp_path):
   plan = _plan()
   planning.record(plan, tmp_path)
   assert planning.recorded(tmp_path) == plan
-  (tmp_path / layout.PLAN).write_text('{"minutes": 3')
-  with pytest.raises(CheckpointError, match=r"plan\.json is damaged"):
-    planning.recorded(tmp_path)
-  assert (tmp_path / layout.PLAN).read_text() == '{"minutes": 3'  # left as it was
+  values = json.loads((tmp_path / layout.PLAN).read_text())
+  (tmp_path / layout.PLAN).write_text(json.dumps({**values, "a_later_field": 1}))
+  assert planning.recorded(tmp_path) == plan  # (a newer version's fields are not damage)
+  for damaged in ('{"minutes": 3', '{"minutes": 3}'):  # (not JSON; a field missing)
+    (tmp_path / layout.PLAN).write_text(damaged)
+    with pytest.raises(CheckpointError, match=r"plan\.json is damaged .*: mend it, or set "
+                                              r"config.num_train_steps"):
+      planning.recorded(tmp_path)
+    assert (tmp_path / layout.PLAN).read_text() == damaged  # left as it was
 
 
 @pytest.mark.parametrize("overrides, message", [
